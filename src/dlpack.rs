@@ -1,0 +1,446 @@
+//! Validated views of borrowed DLPack tensors.
+//!
+//! [`TensorView::new`] checks a caller's `DLTensor` once (through dlpark's structural
+//! validation, then strata's own rules: non-negative strides, no address overflow,
+//! element alignment) and keeps what the gather loops need. A view borrows the caller's
+//! memory: it holds raw pointers and must not outlive the call it was made for.
+
+use crate::error::{Error, Result};
+use dlpark::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLTensor};
+
+/// Integer dtypes accepted for keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyDtype {
+    I32,
+    I64,
+    U32,
+    U64,
+}
+
+impl KeyDtype {
+    /// The key dtype of `dt`, or an error naming `arg`.
+    pub fn of(dt: DLDataType, arg: &'static str) -> Result<Self> {
+        let k = match (dt.code, dt.bits, dt.lanes) {
+            (DLDataTypeCode::INT, 32, 1) => KeyDtype::I32,
+            (DLDataTypeCode::INT, 64, 1) => KeyDtype::I64,
+            (DLDataTypeCode::UINT, 32, 1) => KeyDtype::U32,
+            (DLDataTypeCode::UINT, 64, 1) => KeyDtype::U64,
+            _ => {
+                return Err(Error::Dtype {
+                    arg,
+                    got: dtype_name(dt),
+                    expected: "int32, int64, uint32 or uint64",
+                });
+            }
+        };
+        Ok(k)
+    }
+
+    /// Whether values of this dtype are signed.
+    pub fn signed(self) -> bool {
+        matches!(self, KeyDtype::I32 | KeyDtype::I64)
+    }
+
+    /// Reads the key at `p` as its 64-bit two's-complement pattern (sign-extended for signed
+    /// dtypes), the canonical form strata indexes by.
+    ///
+    /// # Safety
+    /// `p` must be valid for reads of one element of this dtype and aligned for it.
+    #[inline(always)]
+    pub unsafe fn read(self, p: *const u8) -> u64 {
+        unsafe {
+            match self {
+                KeyDtype::I32 => *(p as *const i32) as i64 as u64,
+                KeyDtype::I64 => *(p as *const i64) as u64,
+                KeyDtype::U32 => *(p as *const u32) as u64,
+                KeyDtype::U64 => *(p as *const u64),
+            }
+        }
+    }
+
+    /// The value a canonical key stands for, for messages.
+    pub fn value(self, canonical: u64) -> i128 {
+        if self.signed() { canonical as i64 as i128 } else { canonical as i128 }
+    }
+}
+
+/// Floating-point dtypes accepted for vectors and outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FloatDtype {
+    F32,
+    F16,
+    BF16,
+}
+
+impl FloatDtype {
+    /// The float dtype of `dt`, or an error naming `arg`.
+    pub fn of(dt: DLDataType, arg: &'static str) -> Result<Self> {
+        match (dt.code, dt.bits, dt.lanes) {
+            (DLDataTypeCode::FLOAT, 32, 1) => Ok(FloatDtype::F32),
+            (DLDataTypeCode::FLOAT, 16, 1) => Ok(FloatDtype::F16),
+            (DLDataTypeCode::BFLOAT, 16, 1) => Ok(FloatDtype::BF16),
+            _ => Err(Error::Dtype { arg, got: dtype_name(dt), expected: "float32, float16 or bfloat16" }),
+        }
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            FloatDtype::F32 => 4,
+            FloatDtype::F16 | FloatDtype::BF16 => 2,
+        }
+    }
+
+    /// The DLPack dtype.
+    pub fn dl(self) -> DLDataType {
+        match self {
+            FloatDtype::F32 => DLDataType { code: DLDataTypeCode::FLOAT, bits: 32, lanes: 1 },
+            FloatDtype::F16 => DLDataType { code: DLDataTypeCode::FLOAT, bits: 16, lanes: 1 },
+            FloatDtype::BF16 => DLDataType { code: DLDataTypeCode::BFLOAT, bits: 16, lanes: 1 },
+        }
+    }
+}
+
+/// A human name for a DLPack dtype: `float32`, `int64`, `bfloat16`, `float32x4`, `code9:8`.
+pub fn dtype_name(dt: DLDataType) -> String {
+    let base = match dt.code {
+        DLDataTypeCode::INT => "int",
+        DLDataTypeCode::UINT => "uint",
+        DLDataTypeCode::FLOAT => "float",
+        DLDataTypeCode::BFLOAT => "bfloat",
+        DLDataTypeCode::COMPLEX => "complex",
+        DLDataTypeCode::BOOL => "bool",
+        DLDataTypeCode::OPAQUEHANDLE => "opaque",
+        c => return format!("code{}:{}x{}", c.0, dt.bits, dt.lanes),
+    };
+    if dt.lanes == 1 { format!("{base}{}", dt.bits) } else { format!("{base}{}x{}", dt.bits, dt.lanes) }
+}
+
+/// A human name for a DLPack device.
+pub fn device_name(d: DLDevice) -> String {
+    let name = match d.device_type {
+        DLDeviceType::CPU => "kDLCPU",
+        DLDeviceType::CUDA => "kDLCUDA",
+        DLDeviceType::CUDAHOST => "kDLCUDAHost",
+        DLDeviceType::CUDAMANAGED => "kDLCUDAManaged",
+        DLDeviceType::OPENCL => "kDLOpenCL",
+        DLDeviceType::VULKAN => "kDLVulkan",
+        DLDeviceType::METAL => "kDLMetal",
+        DLDeviceType::ROCM => "kDLROCM",
+        DLDeviceType::ROCMHOST => "kDLROCMHost",
+        DLDeviceType::ONEAPI => "kDLOneAPI",
+        _ => return format!("device_type {}:{}", d.device_type.0, d.device_id),
+    };
+    format!("{name}:{}", d.device_id)
+}
+
+/// Fails unless `d` is memory the CPU path can read and write directly.
+pub fn require_host(d: DLDevice, arg: &'static str) -> Result<()> {
+    match d.device_type {
+        DLDeviceType::CPU | DLDeviceType::CUDAHOST => Ok(()),
+        _ => Err(Error::Device {
+            arg,
+            msg: format!(
+                "device {}; this build of strata serves host memory only (kDLCPU, kDLCUDAHost): \
+                 it was built without CUDA support",
+                device_name(d)
+            ),
+        }),
+    }
+}
+
+/// A structurally validated, borrowed tensor: shape, non-negative element strides, and the
+/// byte-offset-adjusted base pointer, checked so that every element address is computed
+/// without overflow and is aligned for the dtype.
+#[derive(Debug, Clone)]
+pub struct TensorView {
+    /// Address of element `[0, ..., 0]` (data + byte_offset). Dangling for empty tensors.
+    pub ptr: *mut u8,
+    pub dtype: DLDataType,
+    pub device: DLDevice,
+    pub shape: Vec<usize>,
+    /// Strides in elements (DLPack convention), never negative.
+    pub strides: Vec<usize>,
+    pub numel: usize,
+    /// Bytes per element.
+    pub elem: usize,
+    /// Bytes from `ptr` to one past the last element reachable; 0 for empty tensors.
+    pub span: usize,
+}
+
+impl TensorView {
+    /// Validates `t`, naming `arg` in every error.
+    ///
+    /// # Safety
+    /// `t.shape` and `t.strides` must be readable for `t.ndim` elements (or NULL).
+    pub unsafe fn new(t: &DLTensor, arg: &'static str) -> Result<Self> {
+        let r = unsafe { dlpark::TensorRef::from_raw(t) }.map_err(|e| dlpark_error(e, arg))?;
+        let shape: Vec<usize> = r.shape().iter().map(|&s| s as usize).collect();
+        let elem_bits = t.dtype.bits as usize * t.dtype.lanes as usize;
+        if elem_bits % 8 != 0 {
+            return Err(Error::Dtype { arg, got: dtype_name(t.dtype), expected: "a whole-byte dtype" });
+        }
+        let elem = elem_bits / 8;
+        let strides: Vec<usize> = match r.strides() {
+            None => {
+                let mut s = vec![0usize; shape.len()];
+                let mut acc = 1usize;
+                for d in (0..shape.len()).rev() {
+                    s[d] = acc;
+                    acc = acc.saturating_mul(shape[d].max(1));
+                }
+                s
+            }
+            Some(st) => {
+                let mut out = Vec::with_capacity(st.len());
+                for (d, &s) in st.iter().enumerate() {
+                    if s < 0 {
+                        return Err(Error::layout(
+                            arg,
+                            format!("strides[{d}] = {s} is negative; expected non-negative strides"),
+                        ));
+                    }
+                    out.push(s as usize);
+                }
+                out
+            }
+        };
+        let numel = r.num_elements();
+        let overflow = || {
+            Error::layout(
+                arg,
+                format!(
+                    "shape {:?} with strides {:?} spans more bytes than the address space holds",
+                    shape, strides
+                ),
+            )
+        };
+        let (ptr, span) = if numel == 0 {
+            (std::ptr::NonNull::<u8>::dangling().as_ptr(), 0)
+        } else {
+            if t.data.is_null() {
+                return Err(Error::layout(arg, format!("data is NULL but the tensor has {numel} elements")));
+            }
+            let mut last = 0usize;
+            for (&n, &s) in shape.iter().zip(&strides) {
+                let step = (n - 1).checked_mul(s).ok_or_else(overflow)?;
+                last = last.checked_add(step).ok_or_else(overflow)?;
+            }
+            let span = last.checked_add(1).and_then(|x| x.checked_mul(elem)).ok_or_else(overflow)?;
+            let off = usize::try_from(t.byte_offset).map_err(|_| overflow())?;
+            let addr = (t.data as usize).checked_add(off).ok_or_else(overflow)?;
+            if addr.checked_add(span).is_none() || span > isize::MAX as usize {
+                return Err(overflow());
+            }
+            let align = elem.min(8).max(1);
+            if elem.is_power_of_two() && addr % align != 0 {
+                return Err(Error::layout(
+                    arg,
+                    format!(
+                        "data + byte_offset = {addr:#x} is not aligned to {align} bytes ({}); expected aligned elements",
+                        dtype_name(t.dtype)
+                    ),
+                ));
+            }
+            ((t.data as *mut u8).wrapping_add(off), span)
+        };
+        Ok(TensorView { ptr, dtype: t.dtype, device: t.device, shape, strides, numel, elem, span })
+    }
+
+    /// The byte range `[start, end)` this view can touch (empty for empty tensors).
+    pub fn byte_range(&self) -> (usize, usize) {
+        let s = self.ptr as usize;
+        (s, s + self.span)
+    }
+
+    /// Whether the elements of this view occupy distinct addresses (checked conservatively:
+    /// sorted by stride, each stride must step past everything the smaller ones reach).
+    pub fn is_non_overlapping(&self) -> bool {
+        if self.numel == 0 {
+            return true;
+        }
+        let mut dims: Vec<(usize, usize)> =
+            self.shape.iter().zip(&self.strides).filter(|(n, _)| **n > 1).map(|(&n, &s)| (n, s)).collect();
+        dims.sort_by_key(|&(_, s)| s);
+        let mut reach = 0usize; // largest element offset reached by the dims so far
+        for (n, s) in dims {
+            if s <= reach {
+                return false;
+            }
+            reach += (n - 1) * s;
+        }
+        true
+    }
+}
+
+fn dlpark_error(e: dlpark::tensor::Error, arg: &'static str) -> Error {
+    use dlpark::tensor::Error as E;
+    match e {
+        E::NullShapePtr { ndim } => Error::Null { arg: null_shape_arg(arg, ndim) },
+        E::NegativeNdim { ndim } => Error::invalid(arg, format!("ndim = {ndim}; expected ndim >= 0")),
+        E::NegativeDimension { axis, value } => {
+            Error::invalid(arg, format!("shape[{axis}] = {value}; expected non-negative sizes"))
+        }
+        E::ZeroDtypeBits | E::ZeroDtypeLanes => Error::Dtype {
+            arg,
+            got: "with zero bits or lanes".into(),
+            expected: "a dtype with bits > 0 and lanes > 0",
+        },
+        E::NumElementsOverflow | E::NumBytesOverflow => {
+            Error::layout(arg, "the number of elements or bytes overflows the address space")
+        }
+        other => Error::invalid(arg, other.to_string()),
+    }
+}
+
+fn null_shape_arg(arg: &'static str, _ndim: i32) -> &'static str {
+    match arg {
+        "keys" => "keys->shape",
+        "out" => "out->shape",
+        "vectors" => "vectors->shape",
+        _ => "shape",
+    }
+}
+
+/// Maps flat (row-major logical) indices of a shape to element offsets under its strides.
+///
+/// Dimensions of size 1 are dropped and dimensions that are contiguous with each other are
+/// merged, so the common cases (contiguous, or one strided axis) need no index arithmetic.
+#[derive(Debug, Clone)]
+pub struct Walk {
+    /// (size, stride) pairs, outermost first, after merging.
+    dims: Vec<(usize, usize)>,
+}
+
+impl Walk {
+    /// A walk over `shape` with element `strides`.
+    pub fn new(shape: &[usize], strides: &[usize]) -> Self {
+        let mut dims: Vec<(usize, usize)> = Vec::with_capacity(shape.len());
+        for (&n, &s) in shape.iter().zip(strides) {
+            if n == 1 {
+                continue;
+            }
+            if let Some(last) = dims.last_mut() {
+                if last.1 == s * n {
+                    *last = (last.0 * n, s);
+                    continue;
+                }
+            }
+            dims.push((n, s));
+        }
+        Walk { dims }
+    }
+
+    /// The uniform stride when the walk is one-dimensional (or trivial).
+    #[inline]
+    pub fn linear_stride(&self) -> Option<usize> {
+        match self.dims.as_slice() {
+            [] => Some(0),
+            [(_, s)] => Some(*s),
+            _ => None,
+        }
+    }
+
+    /// Writes the element offsets of flat indices `start .. start + out.len()` into `out`.
+    #[inline]
+    pub fn fill(&self, start: usize, out: &mut [usize]) {
+        if let Some(s) = self.linear_stride() {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = (start + i) * s;
+            }
+            return;
+        }
+        let nd = self.dims.len();
+        let mut idx = [0usize; 16];
+        let mut heap;
+        let idx: &mut [usize] = if nd <= 16 {
+            &mut idx[..nd]
+        } else {
+            heap = vec![0usize; nd];
+            &mut heap
+        };
+        let mut rem = start;
+        let mut off = 0usize;
+        for d in (0..nd).rev() {
+            let (n, s) = self.dims[d];
+            idx[d] = rem % n;
+            rem /= n;
+            off += idx[d] * s;
+        }
+        let (inner_n, inner_s) = self.dims[nd - 1];
+        for o in out.iter_mut() {
+            *o = off;
+            idx[nd - 1] += 1;
+            off += inner_s;
+            if idx[nd - 1] == inner_n {
+                let mut d = nd - 1;
+                loop {
+                    let (n, s) = self.dims[d];
+                    off -= idx[d] * s;
+                    idx[d] = 0;
+                    if d == 0 {
+                        break;
+                    }
+                    d -= 1;
+                    idx[d] += 1;
+                    off += self.dims[d].1;
+                    if idx[d] < self.dims[d].0 {
+                        break;
+                    }
+                    let _ = n;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reference_offsets(shape: &[usize], strides: &[usize]) -> Vec<usize> {
+        let n: usize = shape.iter().product();
+        (0..n)
+            .map(|mut i| {
+                let mut off = 0;
+                for d in (0..shape.len()).rev() {
+                    off += (i % shape[d]) * strides[d];
+                    i /= shape[d];
+                }
+                off
+            })
+            .collect()
+    }
+
+    #[test]
+    fn walk_matches_reference_for_every_start() {
+        let cases: &[(&[usize], &[usize])] = &[
+            (&[5], &[1]),
+            (&[5], &[3]),
+            (&[2, 3], &[3, 1]),
+            (&[2, 3], &[1, 2]),
+            (&[3, 1, 4], &[10, 99, 2]),
+            (&[2, 2, 2, 3], &[50, 20, 7, 2]),
+            (&[4, 3], &[0, 1]),
+            (&[1, 1], &[5, 5]),
+        ];
+        for (shape, strides) in cases {
+            let want = reference_offsets(shape, strides);
+            let w = Walk::new(shape, strides);
+            for start in 0..want.len() {
+                for len in 0..=(want.len() - start) {
+                    let mut got = vec![usize::MAX; len];
+                    w.fill(start, &mut got);
+                    assert_eq!(got, want[start..start + len], "shape {shape:?} strides {strides:?} start {start}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn dtype_names() {
+        assert_eq!(dtype_name(FloatDtype::BF16.dl()), "bfloat16");
+        assert_eq!(dtype_name(DLDataType { code: DLDataTypeCode::FLOAT, bits: 32, lanes: 4 }), "float32x4");
+        assert_eq!(KeyDtype::I32.value(unsafe { KeyDtype::I32.read((&-5i32 as *const i32).cast()) }), -5);
+    }
+}

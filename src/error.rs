@@ -1,0 +1,201 @@
+//! The one error type of strata and its mapping to `strata_status`.
+//!
+//! Every fallible function in the core returns [`Result<T>`]; the FFI layer turns an
+//! [`Error`] into a [`Status`] with [`Error::status`] (the only place that mapping lives)
+//! and stores its message for `strata_last_error`.
+
+use std::ffi::CStr;
+
+/// Result of every fallible strata operation.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Status code returned by every fallible C function. `STRATA_OK` is zero.
+///
+/// The values are part of the ABI: new codes are only ever appended.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)]
+pub enum Status {
+    /// Success.
+    STRATA_OK = 0,
+    /// A required pointer argument was NULL.
+    STRATA_NULL_ARGUMENT = 1,
+    /// An argument has the wrong rank, shape or value.
+    STRATA_INVALID_ARGUMENT = 2,
+    /// A tensor's dtype is not one this function accepts.
+    STRATA_UNSUPPORTED_DTYPE = 3,
+    /// A tensor lives on a device this build or machine cannot serve.
+    STRATA_UNSUPPORTED_DEVICE = 4,
+    /// Strides, byte offset or alignment describe memory strata cannot use safely.
+    STRATA_INVALID_LAYOUT = 5,
+    /// `out` is flagged read-only.
+    STRATA_READ_ONLY = 6,
+    /// A key is missing and the table's options make that an error.
+    STRATA_KEY_NOT_FOUND = 7,
+    /// The same key appears twice in a table's keys.
+    STRATA_DUPLICATE_KEY = 8,
+    /// A file could not be opened, read or mapped.
+    STRATA_IO_ERROR = 9,
+    /// A table file is truncated or does not match its companion file or `dim`.
+    STRATA_INVALID_FILE = 10,
+    /// Memory for a table or index could not be allocated.
+    STRATA_OUT_OF_MEMORY = 11,
+    /// A bug inside strata (a caught panic); the message says where.
+    STRATA_INTERNAL = 12,
+}
+
+impl Status {
+    /// Every status, in value order.
+    pub(crate) const ALL: [Status; 13] = [
+        Status::STRATA_OK,
+        Status::STRATA_NULL_ARGUMENT,
+        Status::STRATA_INVALID_ARGUMENT,
+        Status::STRATA_UNSUPPORTED_DTYPE,
+        Status::STRATA_UNSUPPORTED_DEVICE,
+        Status::STRATA_INVALID_LAYOUT,
+        Status::STRATA_READ_ONLY,
+        Status::STRATA_KEY_NOT_FOUND,
+        Status::STRATA_DUPLICATE_KEY,
+        Status::STRATA_IO_ERROR,
+        Status::STRATA_INVALID_FILE,
+        Status::STRATA_OUT_OF_MEMORY,
+        Status::STRATA_INTERNAL,
+    ];
+
+    /// The status's C name, e.g. `"STRATA_KEY_NOT_FOUND"`, as a static C string.
+    pub fn name(self) -> &'static CStr {
+        match self {
+            Status::STRATA_OK => c"STRATA_OK",
+            Status::STRATA_NULL_ARGUMENT => c"STRATA_NULL_ARGUMENT",
+            Status::STRATA_INVALID_ARGUMENT => c"STRATA_INVALID_ARGUMENT",
+            Status::STRATA_UNSUPPORTED_DTYPE => c"STRATA_UNSUPPORTED_DTYPE",
+            Status::STRATA_UNSUPPORTED_DEVICE => c"STRATA_UNSUPPORTED_DEVICE",
+            Status::STRATA_INVALID_LAYOUT => c"STRATA_INVALID_LAYOUT",
+            Status::STRATA_READ_ONLY => c"STRATA_READ_ONLY",
+            Status::STRATA_KEY_NOT_FOUND => c"STRATA_KEY_NOT_FOUND",
+            Status::STRATA_DUPLICATE_KEY => c"STRATA_DUPLICATE_KEY",
+            Status::STRATA_IO_ERROR => c"STRATA_IO_ERROR",
+            Status::STRATA_INVALID_FILE => c"STRATA_INVALID_FILE",
+            Status::STRATA_OUT_OF_MEMORY => c"STRATA_OUT_OF_MEMORY",
+            Status::STRATA_INTERNAL => c"STRATA_INTERNAL",
+        }
+    }
+}
+
+/// Everything that can go wrong in strata. `arg` fields name the C argument at fault
+/// (`"keys"`, `"out"`, `"vectors"`, `"dir"`, ...), and the message says what was expected.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A required pointer was NULL.
+    #[error("{arg}: is NULL; expected a valid pointer")]
+    Null { arg: &'static str },
+
+    /// Wrong rank, shape or value.
+    #[error("{arg}: {msg}")]
+    Invalid { arg: &'static str, msg: String },
+
+    /// Unsupported dtype.
+    #[error("{arg}: dtype {got}; expected {expected}")]
+    Dtype { arg: &'static str, got: String, expected: &'static str },
+
+    /// Unsupported device.
+    #[error("{arg}: {msg}")]
+    Device { arg: &'static str, msg: String },
+
+    /// Unusable strides, offset or alignment.
+    #[error("{arg}: {msg}")]
+    Layout { arg: &'static str, msg: String },
+
+    /// `out` is flagged read-only.
+    #[error("{arg}: is flagged DLPACK_FLAG_BITMASK_READ_ONLY; expected a writable tensor")]
+    ReadOnly { arg: &'static str },
+
+    /// A key is missing and missing keys are errors for this table.
+    #[error("keys: key {key} (element {index}) is not in the table; the table's options make a missing key an error")]
+    KeyNotFound { key: i128, index: usize },
+
+    /// A key appears twice among a table's keys.
+    #[error("{arg}: key {key} appears at rows {first} and {second}; expected unique keys")]
+    DuplicateKey { arg: &'static str, key: i128, first: u64, second: u64 },
+
+    /// A file could not be opened, read or mapped.
+    #[error("{arg}: {path}: {source}")]
+    Io { arg: &'static str, path: String, source: std::io::Error },
+
+    /// A table file does not hold what it should.
+    #[error("{arg}: {msg}")]
+    File { arg: &'static str, msg: String },
+
+    /// An allocation failed.
+    #[error("{what}: cannot allocate {bytes} bytes")]
+    OutOfMemory { what: &'static str, bytes: usize },
+
+    /// A bug in strata: a caught panic or a broken invariant.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// The status this error is reported with. The only error-to-status mapping in strata.
+    pub fn status(&self) -> Status {
+        match self {
+            Error::Null { .. } => Status::STRATA_NULL_ARGUMENT,
+            Error::Invalid { .. } => Status::STRATA_INVALID_ARGUMENT,
+            Error::Dtype { .. } => Status::STRATA_UNSUPPORTED_DTYPE,
+            Error::Device { .. } => Status::STRATA_UNSUPPORTED_DEVICE,
+            Error::Layout { .. } => Status::STRATA_INVALID_LAYOUT,
+            Error::ReadOnly { .. } => Status::STRATA_READ_ONLY,
+            Error::KeyNotFound { .. } => Status::STRATA_KEY_NOT_FOUND,
+            Error::DuplicateKey { .. } => Status::STRATA_DUPLICATE_KEY,
+            Error::Io { .. } => Status::STRATA_IO_ERROR,
+            Error::File { .. } => Status::STRATA_INVALID_FILE,
+            Error::OutOfMemory { .. } => Status::STRATA_OUT_OF_MEMORY,
+            Error::Internal(_) => Status::STRATA_INTERNAL,
+        }
+    }
+
+    /// Shorthand for [`Error::Invalid`].
+    pub fn invalid(arg: &'static str, msg: impl Into<String>) -> Self {
+        Error::Invalid { arg, msg: msg.into() }
+    }
+
+    /// Shorthand for [`Error::Layout`].
+    pub fn layout(arg: &'static str, msg: impl Into<String>) -> Self {
+        Error::Layout { arg, msg: msg.into() }
+    }
+
+    /// Shorthand for [`Error::File`].
+    pub fn file(arg: &'static str, msg: impl Into<String>) -> Self {
+        Error::File { arg, msg: msg.into() }
+    }
+}
+
+/// Reserves `n` more elements in `v`, reporting failure as [`Error::OutOfMemory`].
+pub(crate) fn try_reserve<T>(v: &mut Vec<T>, n: usize, what: &'static str) -> Result<()> {
+    v.try_reserve_exact(n).map_err(|_| Error::OutOfMemory {
+        what,
+        bytes: n.saturating_mul(std::mem::size_of::<T>()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_values_and_names_agree() {
+        for (i, s) in Status::ALL.iter().enumerate() {
+            assert_eq!(*s as i32, i as i32);
+            assert!(s.name().to_str().unwrap().starts_with("STRATA_"));
+            assert_eq!(format!("{s:?}"), s.name().to_str().unwrap());
+        }
+    }
+
+    #[test]
+    fn messages_name_the_argument() {
+        let e = Error::Dtype { arg: "keys", got: "float32".into(), expected: "int32, int64, uint32 or uint64" };
+        assert_eq!(e.to_string(), "keys: dtype float32; expected int32, int64, uint32 or uint64");
+        assert_eq!(e.status(), Status::STRATA_UNSUPPORTED_DTYPE);
+        assert_eq!(Error::Null { arg: "table" }.status(), Status::STRATA_NULL_ARGUMENT);
+    }
+}

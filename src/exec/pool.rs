@@ -1,0 +1,130 @@
+//! The CPU worker pool and the thread-count policy.
+//!
+//! One process-wide pool of `default_threads() - 1` workers is created on first parallel use
+//! (the calling thread is always the remaining participant). A call asking for `n` threads
+//! runs on the calling thread plus at most `n - 1` pool workers, so it never has more than `n`
+//! threads working for it; `n = 1` never touches the pool. Many host threads may submit at
+//! once; they share the workers.
+
+use crate::error::{Error, Result};
+use std::sync::OnceLock;
+
+/// The library's default thread count: `STRATA_NUM_THREADS` when set to a positive integer,
+/// else the number of CPUs in the process's affinity mask (read once, at first use).
+pub fn default_threads() -> usize {
+    static N: OnceLock<usize> = OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("STRATA_NUM_THREADS")
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or_else(affinity_cpus)
+    })
+}
+
+/// CPUs this process may run on (`sched_getaffinity`), at least 1.
+fn affinity_cpus() -> usize {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0 {
+                let n = libc::CPU_COUNT(&set);
+                if n > 0 {
+                    return n as usize;
+                }
+            }
+        }
+    }
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Resolves a caller's `num_threads` (0 = default, n > 0 = at most n) to a thread count.
+pub fn resolve_threads(requested: i32) -> Result<usize> {
+    match requested {
+        0 => Ok(default_threads()),
+        n if n > 0 => Ok(n as usize),
+        n => Err(Error::invalid(
+            "opts->num_threads",
+            format!("{n}; expected 0 (library default), 1 (inline on the calling thread) or a positive count"),
+        )),
+    }
+}
+
+fn pool() -> Option<&'static rayon_core::ThreadPool> {
+    static POOL: OnceLock<Option<rayon_core::ThreadPool>> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let workers = default_threads().saturating_sub(1);
+        if workers == 0 {
+            return None;
+        }
+        rayon_core::ThreadPoolBuilder::new()
+            .num_threads(workers)
+            .thread_name(|i| format!("strata-{i}"))
+            .build()
+            .ok()
+    })
+    .as_ref()
+}
+
+/// Runs `work` on `threads` participants at once (the caller plus up to `threads - 1` pool
+/// workers) and returns each participant's result. `work` must share out its own work items
+/// (e.g. with an atomic counter): a participant may start late or not at all before the others
+/// have finished everything. Panics in `work` propagate to the caller.
+pub fn run<R: Send>(threads: usize, work: impl Fn() -> R + Sync) -> Vec<R> {
+    let helpers = match pool() {
+        Some(p) if threads > 1 => (threads - 1).min(p.current_num_threads()),
+        _ => 0,
+    };
+    if helpers == 0 {
+        return vec![work()];
+    }
+    let p = pool().expect("checked above");
+    let results = std::sync::Mutex::new(Vec::with_capacity(helpers + 1));
+    p.in_place_scope(|s| {
+        for _ in 0..helpers {
+            s.spawn(|_| {
+                let r = work();
+                results.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+            });
+        }
+        let r = work();
+        results.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+    });
+    results.into_inner().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+
+    #[test]
+    fn one_thread_runs_inline() {
+        let me = std::thread::current().id();
+        let ids = run(1, || std::thread::current().id());
+        assert_eq!(ids, vec![me]);
+    }
+
+    #[test]
+    fn never_more_participants_than_asked() {
+        for t in 1..=4 {
+            let seen = Mutex::new(HashSet::new());
+            let out = run(t, || {
+                seen.lock().unwrap().insert(std::thread::current().id());
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            });
+            assert!(out.len() <= t);
+            assert!(seen.lock().unwrap().len() <= t);
+        }
+    }
+
+    #[test]
+    fn negative_threads_rejected() {
+        assert!(resolve_threads(-1).unwrap_err().to_string().contains("opts->num_threads"));
+        assert_eq!(resolve_threads(3).unwrap(), 3);
+        assert!(resolve_threads(0).unwrap() >= 1);
+    }
+}

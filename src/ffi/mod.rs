@@ -1,0 +1,134 @@
+//! The C ABI: `extern "C"` functions, argument checks, the panic boundary and status mapping.
+//! No logic lives here: every export checks its pointers, makes one call into the core and
+//! returns a status.
+
+mod lookup;
+mod table;
+
+use crate::error::{Error, Result, Status};
+use std::cell::RefCell;
+use std::ffi::{CString, c_char};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+/// Major version of this library (agrees with Cargo.toml).
+pub const STRATA_VERSION_MAJOR: u32 = 0;
+/// Minor version of this library (agrees with Cargo.toml).
+pub const STRATA_VERSION_MINOR: u32 = 1;
+/// Patch version of this library (agrees with Cargo.toml).
+pub const STRATA_VERSION_PATCH: u32 = 0;
+/// `MAJOR * 10000 + MINOR * 100 + PATCH`, for `#if STRATA_VERSION_NUMBER >= ...` checks.
+pub const STRATA_VERSION_NUMBER: u32 = STRATA_VERSION_MAJOR * 10000 + STRATA_VERSION_MINOR * 100 + STRATA_VERSION_PATCH;
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_last_error(msg: &str) {
+    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic payload".into())
+}
+
+/// Runs an export's body: catches panics, records the error message for
+/// `strata_last_error`, and maps the result to a status. Every fallible export goes through it.
+pub(crate) fn boundary(f: impl FnOnce() -> Result<()>) -> Status {
+    let err = match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => return Status::STRATA_OK,
+        Ok(Err(e)) => e,
+        Err(p) => Error::Internal(format!("panic inside strata: {}", panic_message(p.as_ref()))),
+    };
+    set_last_error(&err.to_string());
+    err.status()
+}
+
+/// Borrows a required pointer argument, or fails with `STRATA_NULL_ARGUMENT` naming `arg`.
+pub(crate) unsafe fn arg_ref<'a, T>(p: *const T, arg: &'static str) -> Result<&'a T> {
+    unsafe { p.as_ref() }.ok_or(Error::Null { arg })
+}
+
+/// Borrows an optional pointer argument.
+pub(crate) unsafe fn opt_ref<'a, T>(p: *const T) -> Option<&'a T> {
+    unsafe { p.as_ref() }
+}
+
+/// Checks an out-parameter, clears it, and returns it for writing.
+pub(crate) unsafe fn out_arg<'a, T>(p: *mut *mut T, arg: &'static str) -> Result<&'a mut *mut T> {
+    let slot = unsafe { p.as_mut() }.ok_or(Error::Null { arg })?;
+    *slot = std::ptr::null_mut();
+    Ok(slot)
+}
+
+/// The library version, `"MAJOR.MINOR.PATCH"`, as a static string.
+#[unsafe(no_mangle)]
+pub extern "C" fn strata_version() -> *const c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}
+
+/// The message of the last failed call on this thread (naming the argument at fault and what
+/// was expected), or "" if none failed yet. The string is owned by strata and stays valid until
+/// the next failing call on this thread.
+#[unsafe(no_mangle)]
+pub extern "C" fn strata_last_error() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+/// The name of a `strata_status` value (`"STRATA_KEY_NOT_FOUND"`), or
+/// `"STRATA_UNKNOWN_STATUS"` for a value that is not one. The string is static.
+#[unsafe(no_mangle)]
+pub extern "C" fn strata_status_name(status: i32) -> *const c_char {
+    Status::ALL
+        .iter()
+        .find(|s| **s as i32 == status)
+        .map_or(c"STRATA_UNKNOWN_STATUS".as_ptr(), |s| s.name().as_ptr())
+}
+
+/// The number of threads a lookup with `num_threads = 0` may use: `STRATA_NUM_THREADS` if
+/// set, else the CPUs in the process's affinity mask (read once, at first use).
+#[unsafe(no_mangle)]
+pub extern "C" fn strata_default_num_threads() -> i32 {
+    match catch_unwind(crate::exec::pool::default_threads) {
+        Ok(n) => n.min(i32::MAX as usize) as i32,
+        Err(_) => 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CStr;
+
+    #[test]
+    fn version_agrees_with_cargo() {
+        let v = unsafe { CStr::from_ptr(strata_version()) }.to_str().unwrap();
+        assert_eq!(v, env!("CARGO_PKG_VERSION"));
+        assert_eq!(STRATA_VERSION_MAJOR.to_string(), env!("CARGO_PKG_VERSION_MAJOR"));
+        assert_eq!(STRATA_VERSION_MINOR.to_string(), env!("CARGO_PKG_VERSION_MINOR"));
+        assert_eq!(STRATA_VERSION_PATCH.to_string(), env!("CARGO_PKG_VERSION_PATCH"));
+        assert_eq!(
+            STRATA_VERSION_NUMBER,
+            STRATA_VERSION_MAJOR * 10000 + STRATA_VERSION_MINOR * 100 + STRATA_VERSION_PATCH
+        );
+    }
+
+    #[test]
+    fn panics_become_internal_errors() {
+        let s = boundary(|| panic!("boom"));
+        assert_eq!(s, Status::STRATA_INTERNAL);
+        let msg = unsafe { CStr::from_ptr(strata_last_error()) }.to_str().unwrap();
+        assert!(msg.contains("boom"), "{msg}");
+    }
+
+    #[test]
+    fn status_names() {
+        let n = |s| unsafe { CStr::from_ptr(strata_status_name(s)) }.to_str().unwrap();
+        assert_eq!(n(0), "STRATA_OK");
+        assert_eq!(n(7), "STRATA_KEY_NOT_FOUND");
+        assert_eq!(n(-3), "STRATA_UNKNOWN_STATUS");
+    }
+}

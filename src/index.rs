@@ -1,0 +1,213 @@
+//! The keyed index: 64-bit key -> row number, in at most 16 bytes per key.
+//!
+//! Open addressing over cache-line buckets: each 64-byte bucket holds up to five
+//! (key, row) pairs, filled left to right; a key lives in the bucket its hash selects or,
+//! when that one is full, in the next bucket with room (linear probing by bucket). The table
+//! is sized for a load of at most 0.85, so a lookup reads one cache line almost always and a
+//! miss stops at the first bucket with a free slot. `64 / (5 * 0.85) = 15.1` bytes per key.
+//!
+//! Built once, then read-only: any number of threads may look up at once.
+
+use crate::error::{Error, Result, try_reserve};
+
+const SLOTS: usize = 5;
+const EMPTY: u32 = u32::MAX;
+/// Highest load factor the index is built for.
+const MAX_LOAD: f64 = 0.85;
+/// Largest row number a keyed index can hold.
+pub(crate) const MAX_ROWS: u64 = EMPTY as u64 - 1;
+
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct Bucket {
+    keys: [u64; SLOTS],
+    rows: [u32; SLOTS],
+    _pad: u32,
+}
+
+const EMPTY_BUCKET: Bucket = Bucket { keys: [0; SLOTS], rows: [EMPTY; SLOTS], _pad: 0 };
+
+/// A read-only hash index from canonical 64-bit keys to row numbers.
+pub struct KeyIndex {
+    buckets: Vec<Bucket>,
+    len: usize,
+}
+
+/// Mixes a key into a well-distributed 64-bit hash (the MurmurHash3 finaliser).
+#[inline(always)]
+fn mix(mut k: u64) -> u64 {
+    k ^= k >> 33;
+    k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    k ^= k >> 33;
+    k = k.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    k ^ (k >> 33)
+}
+
+impl KeyIndex {
+    /// Builds an index over `keys`, where `keys[i]` is the key of row `i`.
+    ///
+    /// `value` turns a canonical key back into the caller's value for messages; `arg` names
+    /// the argument the keys came from. Fails on a duplicate key or more than [`MAX_ROWS`] rows.
+    pub fn build(
+        keys: impl ExactSizeIterator<Item = u64>,
+        value: impl Fn(u64) -> i128,
+        arg: &'static str,
+    ) -> Result<Self> {
+        let n = keys.len();
+        if n as u64 > MAX_ROWS {
+            return Err(Error::invalid(arg, format!("{n} keys; a keyed table holds at most {MAX_ROWS} rows")));
+        }
+        let nb = ((n as f64 / (SLOTS as f64 * MAX_LOAD)).ceil() as usize).max(1);
+        // Always leave at least one free slot so every probe sequence ends.
+        let nb = if nb * SLOTS <= n { n / SLOTS + 1 } else { nb };
+        let mut buckets = Vec::new();
+        try_reserve(&mut buckets, nb, "keyed index")?;
+        buckets.resize(nb, EMPTY_BUCKET);
+        let mut idx = KeyIndex { buckets, len: 0 };
+        for (row, key) in keys.enumerate() {
+            idx.insert(key, row as u32).map_err(|first| Error::DuplicateKey {
+                arg,
+                key: value(key),
+                first: first as u64,
+                second: row as u64,
+            })?;
+        }
+        Ok(idx)
+    }
+
+    /// Inserts a new key; on a duplicate returns the row already holding it.
+    fn insert(&mut self, key: u64, row: u32) -> std::result::Result<(), u32> {
+        let nb = self.buckets.len();
+        let mut b = self.home(key);
+        loop {
+            let bucket = &mut self.buckets[b];
+            for s in 0..SLOTS {
+                if bucket.rows[s] == EMPTY {
+                    bucket.keys[s] = key;
+                    bucket.rows[s] = row;
+                    self.len += 1;
+                    return Ok(());
+                }
+                if bucket.keys[s] == key {
+                    return Err(bucket.rows[s]);
+                }
+            }
+            b += 1;
+            if b == nb {
+                b = 0;
+            }
+        }
+    }
+
+    /// The bucket a key hashes to.
+    #[inline(always)]
+    fn home(&self, key: u64) -> usize {
+        ((mix(key) as u128 * self.buckets.len() as u128) >> 64) as usize
+    }
+
+    /// Hints the CPU to fetch the bucket `key` starts in.
+    #[inline(always)]
+    pub fn prefetch(&self, key: u64) {
+        crate::exec::prefetch(self.buckets.as_ptr().wrapping_add(self.home(key)) as *const u8);
+    }
+
+    /// The row of `key`, if present.
+    #[inline(always)]
+    pub fn get(&self, key: u64) -> Option<usize> {
+        let nb = self.buckets.len();
+        let mut b = self.home(key);
+        loop {
+            // SAFETY: b < nb always (home() < nb; wraps below).
+            let bucket = unsafe { self.buckets.get_unchecked(b) };
+            for s in 0..SLOTS {
+                let r = bucket.rows[s];
+                if r == EMPTY {
+                    return None;
+                }
+                if bucket.keys[s] == key {
+                    return Some(r as usize);
+                }
+            }
+            b += 1;
+            if b == nb {
+                b = 0;
+            }
+        }
+    }
+
+    /// Number of keys.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the index holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes of memory the index holds.
+    pub fn bytes(&self) -> usize {
+        self.buckets.len() * std::mem::size_of::<Bucket>()
+    }
+
+    /// Every (key, row) pair, in bucket order.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, usize)> + '_ {
+        self.buckets.iter().flat_map(|b| {
+            (0..SLOTS).filter(move |&s| b.rows[s] != EMPTY).map(move |s| (b.keys[s], b.rows[s] as usize))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lcg(state: &mut u64) -> u64 {
+        *state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *state
+    }
+
+    #[test]
+    fn finds_every_key_and_rejects_others() {
+        for n in [0usize, 1, 4, 5, 6, 17, 1000, 100_000] {
+            let mut s = n as u64 + 1;
+            let mut keys: Vec<u64> = (0..n).map(|_| lcg(&mut s)).collect();
+            keys.sort_unstable();
+            keys.dedup();
+            let idx = KeyIndex::build(keys.iter().copied(), |k| k as i128, "keys").unwrap();
+            assert_eq!(idx.len(), keys.len());
+            let set: std::collections::HashMap<u64, usize> = keys.iter().enumerate().map(|(i, &k)| (k, i)).collect();
+            for (i, &k) in keys.iter().enumerate() {
+                assert_eq!(idx.get(k), Some(i));
+            }
+            for _ in 0..1000 {
+                let k = lcg(&mut s);
+                assert_eq!(idx.get(k), set.get(&k).copied());
+            }
+            let mut pairs: Vec<_> = idx.iter().collect();
+            pairs.sort_by_key(|p| p.1);
+            assert_eq!(pairs, keys.iter().copied().zip(0..).collect::<Vec<_>>());
+            if n >= 1000 {
+                let per_key = idx.bytes() as f64 / n as f64;
+                assert!(per_key <= 16.0, "{per_key} bytes per key");
+            }
+        }
+    }
+
+    #[test]
+    fn sequential_and_clustered_keys() {
+        // Dense ranges and keys that share low bits must not pile up in one bucket.
+        let keys: Vec<u64> = (1..50_000u64).map(|i| i << 20).chain(0..50_000).collect();
+        let idx = KeyIndex::build(keys.iter().copied(), |k| k as i128, "keys").unwrap();
+        for (i, &k) in keys.iter().enumerate() {
+            assert_eq!(idx.get(k), Some(i));
+        }
+        assert_eq!(idx.get(u64::MAX), None);
+    }
+
+    #[test]
+    fn duplicate_key_names_both_rows() {
+        let e = KeyIndex::build([7u64, 8, 9, 8].into_iter(), |k| k as i128, "keys").err().unwrap();
+        assert_eq!(e.to_string(), "keys: key 8 appears at rows 1 and 3; expected unique keys");
+    }
+}

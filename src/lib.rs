@@ -1,0 +1,42 @@
+//! strata: HPS-style embedding lookups straight from DLPack tensors, behind a C ABI.
+//!
+//! The crate is a safe core plus a thin C layer:
+//! - [`dlpack`]: validated views of borrowed DLPack tensors;
+//! - [`table`]: tables (vectors + dense or keyed rows), built by copy, by adoption or from a
+//!   HugeCTR sparse folder;
+//! - [`store`]: where vectors live; [`index`]: the keyed hash index;
+//! - [`lookup`]: `Table::lookup`; [`exec`]: the CPU pool and gather kernels;
+//! - [`error`]: the one error type and its status mapping;
+//! - [`ffi`]: the `extern "C"` functions of `include/strata.h`, and nothing else.
+
+pub mod dlpack;
+pub mod error;
+pub mod exec;
+pub mod ffi;
+pub mod index;
+pub mod lookup;
+pub mod store;
+pub mod table;
+
+pub use error::{Error, Result, Status};
+pub use lookup::{LookupOptions, LookupStats};
+pub use table::{MissingKey, Table, TableInfo, TableOptions};
+
+#[cfg(test)]
+mod header_tests {
+    /// The committed header must equal the one build.rs generates from the current sources.
+    /// `STRATA_UPDATE_HEADER=1 cargo test header` rewrites it.
+    #[test]
+    fn header_is_fresh() {
+        let generated = include_str!(concat!(env!("OUT_DIR"), "/strata.h"));
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/include/strata.h");
+        if std::env::var_os("STRATA_UPDATE_HEADER").is_some() {
+            std::fs::write(path, generated).unwrap();
+        }
+        let committed = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            committed == generated,
+            "include/strata.h is stale: run `STRATA_UPDATE_HEADER=1 cargo test header` and commit it"
+        );
+    }
+}

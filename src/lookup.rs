@@ -1,0 +1,109 @@
+//! `Table::lookup`: validates keys and out against the table, then runs the executor.
+
+use crate::dlpack::{FloatDtype, KeyDtype, TensorView, Walk, require_host};
+use crate::error::{Error, Result};
+use crate::exec::cpu::{Gather, KeySource, OutTarget};
+use crate::exec::pool;
+use crate::table::Table;
+use dlpark::ffi::DLTensor;
+use std::ffi::c_void;
+
+/// Per-call lookup options. Initialise with `strata_lookup_options_default()`; a NULL pointer
+/// means the defaults.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct LookupOptions {
+    /// A `cudaStream_t` / `CUstream` for CUDA tensors. Ignored for host tensors, which are
+    /// read and written before the call returns. Default NULL.
+    pub stream: *mut c_void,
+    /// CPU threads for this call: 0 = the library default (the process affinity mask, or
+    /// `STRATA_NUM_THREADS`), 1 = only the calling thread, n = at most n threads. Default 0.
+    pub num_threads: i32,
+}
+
+impl Default for LookupOptions {
+    fn default() -> Self {
+        LookupOptions { stream: std::ptr::null_mut(), num_threads: 0 }
+    }
+}
+
+/// What one lookup found.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LookupStats {
+    /// Keys found in the table.
+    pub hits: u64,
+    /// Keys not in the table (filled with the default value).
+    pub misses: u64,
+}
+
+fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
+    a.0 < a.1 && b.0 < b.1 && a.0 < b.1 && b.0 < a.1
+}
+
+impl Table {
+    /// Looks up `keys` (int32/int64/uint32/uint64, any shape and strides) into `out`
+    /// (float32/float16/bfloat16, shape `[*keys.shape, dim]` or `[numel(keys), dim]`, any
+    /// non-overlapping strides). Both are borrowed for the call only. Missing keys get the
+    /// default row, or fail the call with `STRATA_KEY_NOT_FOUND` when the table's options say
+    /// so (then `out` is unspecified). Safe to call from many threads at once.
+    ///
+    /// # Safety
+    /// The tensors must describe memory that is valid as DLPack requires: `keys` readable,
+    /// `out` writable, for every element their shape and strides reach.
+    pub unsafe fn lookup(&self, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions) -> Result<LookupStats> {
+        let threads = pool::resolve_threads(opts.num_threads)?;
+        let k = unsafe { TensorView::new(keys, "keys") }?;
+        let o = unsafe { TensorView::new(out, "out") }?;
+        require_host(k.device, "keys")?;
+        require_host(o.device, "out")?;
+        let kd = KeyDtype::of(k.dtype, "keys")?;
+        let od = FloatDtype::of(o.dtype, "out")?;
+        let dim = self.dim();
+        let n = k.numel;
+
+        let nd = k.shape.len();
+        let (lead_shape, lead_strides): (Vec<usize>, Vec<usize>) =
+            if o.shape.len() == nd + 1 && o.shape[..nd] == k.shape[..] && o.shape[nd] == dim {
+                (k.shape.clone(), o.strides[..nd].to_vec())
+            } else if o.shape.len() == 2 && o.shape[0] == n && o.shape[1] == dim {
+                (vec![n], vec![o.strides[0]])
+            } else {
+                let mut want = k.shape.clone();
+                want.push(dim);
+                return Err(Error::invalid(
+                    "out",
+                    format!("shape {:?}; expected [*keys.shape, dim] = {want:?} or [numel(keys), dim] = [{n}, {dim}]", o.shape),
+                ));
+            };
+        let col_stride = *o.strides.last().expect("out has at least one dimension");
+        if n == 0 {
+            return Ok(LookupStats::default());
+        }
+        if !o.is_non_overlapping() {
+            return Err(Error::layout(
+                "out",
+                format!("strides {:?} make elements of shape {:?} overlap; expected distinct addresses", o.strides, o.shape),
+            ));
+        }
+        if overlaps(o.byte_range(), k.byte_range()) {
+            return Err(Error::layout("out", "overlaps the memory of keys; expected separate buffers"));
+        }
+        if overlaps(o.byte_range(), self.store().byte_range()) {
+            return Err(Error::layout("out", "overlaps the table's vectors; expected a separate buffer"));
+        }
+
+        let gather = Gather {
+            table: self,
+            keys: KeySource { ptr: k.ptr, dtype: kd, walk: Walk::new(&k.shape, &k.strides), elem: k.elem },
+            out: OutTarget { ptr: o.ptr, dtype: od, walk: Walk::new(&lead_shape, &lead_strides), col_stride },
+            n,
+            threads,
+        };
+        let found = gather.run();
+        if let Some((index, key)) = found.first_miss {
+            return Err(Error::KeyNotFound { key: kd.value(key), index });
+        }
+        Ok(LookupStats { hits: found.hits, misses: found.misses })
+    }
+}

@@ -1,0 +1,365 @@
+//! Embedding tables: vectors (a [`Store`]) plus how keys find rows (dense or a [`KeyIndex`]),
+//! the default row for missing keys and what a missing key means.
+//!
+//! A [`Table`] is immutable after construction and `Send + Sync`: any number of threads may
+//! look it up at once (see [`crate::lookup`]).
+
+use crate::dlpack::{FloatDtype, KeyDtype, TensorView, Walk, require_host};
+use crate::error::{Error, Result};
+use crate::index::KeyIndex;
+use crate::store::Store;
+use dlpark::ManagedTensorBase;
+use dlpark::ffi::DLTensor;
+use std::path::Path;
+
+/// What a lookup does with a key the table does not hold (`strata_table_options.missing_key`).
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
+pub enum MissingKey {
+    /// Write the table's default value into the key's output row and count a miss.
+    STRATA_MISSING_FILL = 0,
+    /// Fail the lookup with `STRATA_KEY_NOT_FOUND`; `out` is then unspecified.
+    STRATA_MISSING_ERROR = 1,
+}
+
+/// Options for building a table. Initialise with `strata_table_options_default()`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct TableOptions {
+    /// Value written to every element of a missing key's row (HPS
+    /// `default_value_for_each_table`). Default 0.
+    pub default_value: f32,
+    /// A `strata_missing_key`: whether a missing key is filled with `default_value`
+    /// (`STRATA_MISSING_FILL`, the default) or is an error (`STRATA_MISSING_ERROR`).
+    pub missing_key: i32,
+}
+
+impl Default for TableOptions {
+    fn default() -> Self {
+        TableOptions { default_value: 0.0, missing_key: MissingKey::STRATA_MISSING_FILL as i32 }
+    }
+}
+
+impl TableOptions {
+    /// The missing-key policy, checking a value a C caller may have set out of range.
+    pub fn missing(&self) -> Result<MissingKey> {
+        match self.missing_key {
+            0 => Ok(MissingKey::STRATA_MISSING_FILL),
+            1 => Ok(MissingKey::STRATA_MISSING_ERROR),
+            m => Err(Error::invalid(
+                "opts->missing_key",
+                format!("{m}; expected STRATA_MISSING_FILL (0) or STRATA_MISSING_ERROR (1)"),
+            )),
+        }
+    }
+}
+
+/// How keys map to rows.
+pub(crate) enum Rows {
+    /// Key `k` is row `k` for `0 <= k < rows`.
+    Dense,
+    /// Arbitrary 64-bit keys.
+    Keyed(KeyIndex),
+}
+
+/// An embedding table. See the module docs for threading.
+pub struct Table {
+    pub(crate) store: Store,
+    pub(crate) rows: Rows,
+    /// The default row, `dim` elements in the store's dtype (4-byte words for alignment).
+    default_row: Vec<u32>,
+    pub(crate) options: TableOptions,
+    pub(crate) missing: MissingKey,
+}
+
+impl Table {
+    fn assemble(store: Store, rows: Rows, options: TableOptions) -> Result<Self> {
+        let dim = store.dim();
+        let dtype = store.dtype();
+        let mut default_row = vec![0u32; (dim * dtype.size()).div_ceil(4)];
+        let bytes = default_row.as_mut_ptr() as *mut u8;
+        for i in 0..dim {
+            // SAFETY: default_row holds dim * size bytes, 4-byte aligned.
+            unsafe { crate::exec::cpu::store_f32(dtype, bytes.add(i * dtype.size()), options.default_value) };
+        }
+        let missing = options.missing()?;
+        Ok(Table { store, rows, default_row, options, missing })
+    }
+
+    /// Copies `vectors` ([rows, dim], float32/float16/bfloat16, any non-negative strides, host
+    /// memory) into a new table. `keys` is `None` for a dense table, else a 1-D tensor of
+    /// `rows` unique integer keys. The caller's tensors are only read during the call.
+    ///
+    /// # Safety
+    /// The tensors must describe readable host memory as DLPack requires.
+    pub unsafe fn from_dlpack(vectors: &DLTensor, keys: Option<&DLTensor>, options: TableOptions) -> Result<Self> {
+        options.missing()?;
+        let v = unsafe { TensorView::new(vectors, "vectors") }?;
+        let (dtype, rows, dim) = check_vectors(&v)?;
+        let index = unsafe { build_rows(keys, rows) }?;
+        let (rs, cs) = (v.strides[0], v.strides[1]);
+        let size = dtype.size();
+        let store = Store::alloc(dtype, rows, dim, |buf| {
+            for r in 0..rows {
+                let dst = &mut buf[r * dim * size..(r + 1) * dim * size];
+                if cs == 1 {
+                    // SAFETY: the view validated that row r's dim elements are addressable.
+                    let src = unsafe { std::slice::from_raw_parts(v.ptr.add(r * rs * size), dim * size) };
+                    dst.copy_from_slice(src);
+                } else {
+                    for c in 0..dim {
+                        let src = unsafe { std::slice::from_raw_parts(v.ptr.add((r * rs + c * cs) * size), size) };
+                        dst[c * size..(c + 1) * size].copy_from_slice(src);
+                    }
+                }
+            }
+        })?;
+        Table::assemble(store, index, options)
+    }
+
+    /// Builds a table over the vectors of a managed DLPack tensor without copying them. On
+    /// success the table owns `managed` and calls its deleter exactly once when dropped; on
+    /// failure the caller still owns it (the deleter is not called). The rows must have unit
+    /// element stride; `keys` is read during the call only.
+    ///
+    /// # Safety
+    /// `managed` must point to a valid managed tensor whose memory stays readable until its
+    /// deleter runs, with a deleter callable once from any thread.
+    pub unsafe fn adopt<M: ManagedTensorBase>(
+        managed: *mut M,
+        keys: Option<&DLTensor>,
+        options: TableOptions,
+    ) -> Result<Self> {
+        options.missing()?;
+        let m = unsafe { &*managed };
+        if let Some(ver) = m.version() {
+            if ver.major != dlpark::ffi::DLPACK_MAJOR_VERSION {
+                return Err(Error::invalid(
+                    "vectors",
+                    format!("DLPack version {}.{}; expected major version 1", ver.major, ver.minor),
+                ));
+            }
+            if ver.minor >= 2 && m.tensor().ndim != 0 && m.tensor().strides.is_null() {
+                return Err(Error::layout(
+                    "vectors",
+                    format!("strides is NULL in a DLPack {}.{} tensor; expected explicit strides", ver.major, ver.minor),
+                ));
+            }
+        }
+        let v = unsafe { TensorView::new(m.tensor(), "vectors") }?;
+        let (dtype, rows, dim) = check_vectors(&v)?;
+        let (rs, cs) = (v.strides[0], v.strides[1]);
+        if rows > 0 && dim > 1 && cs != 1 {
+            return Err(Error::layout(
+                "vectors",
+                format!("strides[1] = {cs}; adopting without a copy needs unit element stride (use strata_table_from_dlpack to copy)"),
+            ));
+        }
+        if rows > 1 && rs < dim {
+            return Err(Error::layout(
+                "vectors",
+                format!("strides[0] = {rs} is less than dim = {dim}; rows overlap"),
+            ));
+        }
+        let index = unsafe { build_rows(keys, rows) }?;
+        // SAFETY: validated above; ownership moves into the deleter only now that nothing can fail.
+        let owned = unsafe { dlpark::Managed::<M>::from_raw(managed) }
+            .map_err(|e| Error::invalid("vectors", e.to_string()))?;
+        let store = unsafe { Store::adopted(v.ptr, dtype, rows, dim, rs.max(dim), owned.into_deleter()) };
+        Table::assemble(store, index, options)
+    }
+
+    /// Opens a table in HugeCTR's sparse format: `dir/key` (little-endian int64, one per row)
+    /// and `dir/emb_vector` (float32, rows x `dim`, same order), no headers. The vectors are
+    /// memory-mapped, not copied; the keys are read into the index and the key file is
+    /// unmapped. The files must not be truncated while the table is open.
+    pub fn open(dir: &Path, dim: i64, options: TableOptions) -> Result<Self> {
+        options.missing()?;
+        if dim <= 0 {
+            return Err(Error::invalid("dim", format!("{dim}; expected dim >= 1")));
+        }
+        let dim = dim as usize;
+        let key_path = dir.join("key");
+        let vec_path = dir.join("emb_vector");
+        let key_map = map_file(&key_path, "dir")?;
+        let vec_map = map_file(&vec_path, "dir")?;
+        let key_len = key_map.as_ref().map_or(0, |m| m.len());
+        let vec_len = vec_map.as_ref().map_or(0, |m| m.len());
+        if key_len % 8 != 0 {
+            return Err(Error::file(
+                "dir",
+                format!("{}: {key_len} bytes is not a whole number of int64 keys (8 bytes each); the file is truncated", key_path.display()),
+            ));
+        }
+        let row_bytes = dim * 4;
+        if vec_len % row_bytes != 0 {
+            return Err(Error::file(
+                "dim",
+                format!(
+                    "{dim} does not divide {}: {vec_len} bytes is not a whole number of {dim}-float32 rows ({row_bytes} bytes each)",
+                    vec_path.display()
+                ),
+            ));
+        }
+        let rows = key_len / 8;
+        if vec_len / row_bytes != rows {
+            return Err(Error::file(
+                "dir",
+                format!(
+                    "{} holds {rows} keys but {} holds {} rows of dim {dim}; expected one row per key",
+                    key_path.display(),
+                    vec_path.display(),
+                    vec_len / row_bytes
+                ),
+            ));
+        }
+        let keys = key_map.as_deref().unwrap_or(&[]);
+        let index = KeyIndex::build(
+            keys.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())),
+            |k| k as i64 as i128,
+            "dir/key",
+        )?;
+        drop(key_map);
+        let store = match vec_map {
+            Some(m) => {
+                #[cfg(unix)]
+                let _ = m.advise(memmap2::Advice::Random);
+                Store::mapped(m, rows, dim)
+            }
+            None => Store::alloc(FloatDtype::F32, 0, dim, |_| {})?,
+        };
+        Table::assemble(store, Rows::Keyed(index), options)
+    }
+
+    /// Elements per row.
+    pub fn dim(&self) -> usize {
+        self.store.dim()
+    }
+
+    /// Number of rows (keys).
+    pub fn len(&self) -> usize {
+        self.store.rows()
+    }
+
+    /// Whether the table has no rows.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Dtype of the stored vectors.
+    pub fn dtype(&self) -> FloatDtype {
+        self.store.dtype()
+    }
+
+    /// Whether keys are arbitrary (hash index) rather than row numbers.
+    pub fn is_keyed(&self) -> bool {
+        matches!(self.rows, Rows::Keyed(_))
+    }
+
+    /// Bytes the keyed index takes (0 for dense tables).
+    pub fn index_bytes(&self) -> usize {
+        match &self.rows {
+            Rows::Dense => 0,
+            Rows::Keyed(ix) => ix.bytes(),
+        }
+    }
+
+    /// The options the table was built with.
+    pub fn options(&self) -> &TableOptions {
+        &self.options
+    }
+
+    /// The vector store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The default row (`dim` elements in the table's dtype), as bytes.
+    pub(crate) fn default_row_ptr(&self) -> *const u8 {
+        self.default_row.as_ptr() as *const u8
+    }
+}
+
+/// Checks `vectors` is a host [rows, dim >= 1] float tensor.
+fn check_vectors(v: &TensorView) -> Result<(FloatDtype, usize, usize)> {
+    require_host(v.device, "vectors")?;
+    let dtype = FloatDtype::of(v.dtype, "vectors")?;
+    if v.shape.len() != 2 {
+        return Err(Error::invalid("vectors", format!("ndim = {}; expected 2 ([rows, dim])", v.shape.len())));
+    }
+    let (rows, dim) = (v.shape[0], v.shape[1]);
+    if dim == 0 {
+        return Err(Error::invalid("vectors", "shape[1] = 0; expected dim >= 1"));
+    }
+    Ok((dtype, rows, dim))
+}
+
+/// Builds the row mapping: dense when `keys` is `None`, else an index over the 1-D `keys`.
+unsafe fn build_rows(keys: Option<&DLTensor>, rows: usize) -> Result<Rows> {
+    let Some(keys) = keys else { return Ok(Rows::Dense) };
+    let k = unsafe { TensorView::new(keys, "keys") }?;
+    require_host(k.device, "keys")?;
+    let kd = KeyDtype::of(k.dtype, "keys")?;
+    if k.shape.len() != 1 || k.shape[0] != rows {
+        return Err(Error::invalid(
+            "keys",
+            format!("shape {:?}; expected [{rows}] (one key per row of vectors)", k.shape),
+        ));
+    }
+    let walk = Walk::new(&k.shape, &k.strides);
+    let stride = walk.linear_stride().unwrap_or(0) * k.elem;
+    let it = (0..rows).map(|i| unsafe { kd.read(k.ptr.add(i * stride)) });
+    Ok(Rows::Keyed(KeyIndex::build(it, |c| kd.value(c), "keys")?))
+}
+
+/// Maps a whole file read-only; `None` for an empty file (which cannot be mapped).
+fn map_file(path: &Path, arg: &'static str) -> Result<Option<memmap2::Mmap>> {
+    let io = |source| Error::Io { arg, path: path.display().to_string(), source };
+    let f = std::fs::File::open(path).map_err(io)?;
+    let len = f.metadata().map_err(io)?.len();
+    if len == 0 {
+        return Ok(None);
+    }
+    // SAFETY: mapped read-only; documented that the file must not be truncated while open.
+    let m = unsafe { memmap2::Mmap::map(&f) }.map_err(io)?;
+    Ok(Some(m))
+}
+
+/// A summary of a table, for hosts and reports.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct TableInfo {
+    /// Number of rows.
+    pub rows: i64,
+    /// Elements per row.
+    pub dim: i64,
+    /// Dtype of the stored vectors.
+    pub dtype: dlpark::ffi::DLDataType,
+    /// Whether keys are arbitrary 64-bit values (hash index) rather than row numbers.
+    pub keyed: bool,
+    /// Whether the vectors are a memory-mapped file (`strata_table_open`).
+    pub mapped: bool,
+    /// Whether the vectors are an adopted caller tensor.
+    pub adopted: bool,
+    /// Bytes of the keyed index (0 for dense tables).
+    pub index_bytes: u64,
+    /// Bytes of the vectors (rows * dim * element size).
+    pub vector_bytes: u64,
+}
+
+impl Table {
+    /// A summary of the table.
+    pub fn info(&self) -> TableInfo {
+        TableInfo {
+            rows: self.len() as i64,
+            dim: self.dim() as i64,
+            dtype: self.dtype().dl(),
+            keyed: self.is_keyed(),
+            mapped: self.store.is_mapped(),
+            adopted: self.store.is_adopted(),
+            index_bytes: self.index_bytes() as u64,
+            vector_bytes: self.store.vector_bytes() as u64,
+        }
+    }
+}
