@@ -170,14 +170,6 @@ impl Error {
     }
 }
 
-/// Reserves `n` more elements in `v`, reporting failure as [`Error::OutOfMemory`].
-pub(crate) fn try_reserve<T>(v: &mut Vec<T>, n: usize, what: &'static str) -> Result<()> {
-    v.try_reserve_exact(n).map_err(|_| Error::OutOfMemory {
-        what,
-        bytes: n.saturating_mul(std::mem::size_of::<T>()),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

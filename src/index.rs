@@ -6,16 +6,19 @@
 //! is sized for a load of at most 0.85, so a lookup reads one cache line almost always and a
 //! miss stops at the first bucket with a free slot. `64 / (5 * 0.85) = 15.1` bytes per key.
 //!
+//! Slots store `row + 1`, so zeroed memory is an empty index: the buckets live in anonymous
+//! memory (huge-page advised when large) that needs no initialising pass.
+//!
 //! Built once, then read-only: any number of threads may look up at once.
 
-use crate::error::{Error, Result, try_reserve};
+use crate::error::{Error, Result};
 
 const SLOTS: usize = 5;
-const EMPTY: u32 = u32::MAX;
+const EMPTY: u32 = 0;
 /// Highest load factor the index is built for.
 const MAX_LOAD: f64 = 0.85;
 /// Largest row number a keyed index can hold.
-pub(crate) const MAX_ROWS: u64 = EMPTY as u64 - 1;
+pub(crate) const MAX_ROWS: u64 = u32::MAX as u64 - 1;
 
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
@@ -25,13 +28,18 @@ struct Bucket {
     _pad: u32,
 }
 
-const EMPTY_BUCKET: Bucket = Bucket { keys: [0; SLOTS], rows: [EMPTY; SLOTS], _pad: 0 };
-
 /// A read-only hash index from canonical 64-bit keys to row numbers.
 pub struct KeyIndex {
-    buckets: Vec<Bucket>,
+    /// The buckets: `nb` of them at `map[start..]`.
+    map: memmap2::MmapMut,
+    start: usize,
+    nb: usize,
     len: usize,
 }
+
+// SAFETY: the mapping is only written during `build`, before the index is shared.
+unsafe impl Send for KeyIndex {}
+unsafe impl Sync for KeyIndex {}
 
 /// Mixes a key into a well-distributed 64-bit hash (the MurmurHash3 finaliser).
 #[inline(always)]
@@ -60,10 +68,9 @@ impl KeyIndex {
         let nb = ((n as f64 / (SLOTS as f64 * MAX_LOAD)).ceil() as usize).max(1);
         // Always leave at least one free slot so every probe sequence ends.
         let nb = if nb * SLOTS <= n { n / SLOTS + 1 } else { nb };
-        let mut buckets = Vec::new();
-        try_reserve(&mut buckets, nb, "keyed index")?;
-        buckets.resize(nb, EMPTY_BUCKET);
-        let mut idx = KeyIndex { buckets, len: 0 };
+        let bytes = nb * std::mem::size_of::<Bucket>();
+        let (map, start) = crate::store::anon(bytes, "keyed index")?;
+        let mut idx = KeyIndex { map, start, nb, len: 0 };
         for (row, key) in keys.enumerate() {
             idx.insert(key, row as u32).map_err(|first| Error::DuplicateKey {
                 arg,
@@ -75,21 +82,32 @@ impl KeyIndex {
         Ok(idx)
     }
 
+    fn buckets(&self) -> &[Bucket] {
+        // SAFETY: the mapping holds nb zero-initialised (valid) buckets from `start`, which is
+        // page-aligned (so aligned for Bucket).
+        unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(self.start) as *const Bucket, self.nb) }
+    }
+
+    fn buckets_mut(&mut self) -> &mut [Bucket] {
+        // SAFETY: as in `buckets`, and `&mut self` makes this the only access.
+        unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(self.start) as *mut Bucket, self.nb) }
+    }
+
     /// Inserts a new key; on a duplicate returns the row already holding it.
     fn insert(&mut self, key: u64, row: u32) -> std::result::Result<(), u32> {
-        let nb = self.buckets.len();
+        let nb = self.nb;
         let mut b = self.home(key);
         loop {
-            let bucket = &mut self.buckets[b];
+            let bucket = &mut self.buckets_mut()[b];
             for s in 0..SLOTS {
                 if bucket.rows[s] == EMPTY {
                     bucket.keys[s] = key;
-                    bucket.rows[s] = row;
+                    bucket.rows[s] = row + 1;
                     self.len += 1;
                     return Ok(());
                 }
                 if bucket.keys[s] == key {
-                    return Err(bucket.rows[s]);
+                    return Err(bucket.rows[s] - 1);
                 }
             }
             b += 1;
@@ -102,31 +120,37 @@ impl KeyIndex {
     /// The bucket a key hashes to.
     #[inline(always)]
     fn home(&self, key: u64) -> usize {
-        ((mix(key) as u128 * self.buckets.len() as u128) >> 64) as usize
+        ((mix(key) as u128 * self.nb as u128) >> 64) as usize
     }
 
     /// Hints the CPU to fetch the bucket `key` starts in.
     #[inline(always)]
     pub fn prefetch(&self, key: u64) {
-        crate::exec::prefetch(self.buckets.as_ptr().wrapping_add(self.home(key)) as *const u8);
+        crate::exec::prefetch(self.buckets().as_ptr().wrapping_add(self.home(key)) as *const u8);
     }
 
-    /// The row of `key`, if present.
+    /// The row of `key`, if present. Each bucket is checked without data-dependent branches
+    /// (match and free-slot masks), so a lookup costs one predictable branch per bucket.
     #[inline(always)]
     pub fn get(&self, key: u64) -> Option<usize> {
-        let nb = self.buckets.len();
+        let nb = self.nb;
+        let buckets = self.buckets();
         let mut b = self.home(key);
         loop {
             // SAFETY: b < nb always (home() < nb; wraps below).
-            let bucket = unsafe { self.buckets.get_unchecked(b) };
+            let bucket = unsafe { buckets.get_unchecked(b) };
+            let mut hit = 0u32;
+            let mut free = 0u32;
             for s in 0..SLOTS {
-                let r = bucket.rows[s];
-                if r == EMPTY {
-                    return None;
-                }
-                if bucket.keys[s] == key {
-                    return Some(r as usize);
-                }
+                let used = bucket.rows[s] != EMPTY;
+                hit |= ((used & (bucket.keys[s] == key)) as u32) << s;
+                free |= (!used as u32) << s;
+            }
+            if hit != 0 {
+                return Some(bucket.rows[hit.trailing_zeros() as usize] as usize - 1);
+            }
+            if free != 0 {
+                return None;
             }
             b += 1;
             if b == nb {
@@ -147,13 +171,13 @@ impl KeyIndex {
 
     /// Bytes of memory the index holds.
     pub fn bytes(&self) -> usize {
-        self.buckets.len() * std::mem::size_of::<Bucket>()
+        self.nb * std::mem::size_of::<Bucket>()
     }
 
     /// Every (key, row) pair, in bucket order.
     pub fn iter(&self) -> impl Iterator<Item = (u64, usize)> + '_ {
-        self.buckets.iter().flat_map(|b| {
-            (0..SLOTS).filter(move |&s| b.rows[s] != EMPTY).map(move |s| (b.keys[s], b.rows[s] as usize))
+        self.buckets().iter().flat_map(|b| {
+            (0..SLOTS).filter(move |&s| b.rows[s] != EMPTY).map(move |s| (b.keys[s], b.rows[s] as usize - 1))
         })
     }
 }

@@ -1,5 +1,6 @@
-//! Where a table's vectors live: an owned 64-byte-aligned copy, a caller's DLPack tensor
-//! adopted without a copy, or a read-only memory map of a file.
+//! Where a table's vectors live: an owned copy (in anonymous memory backed by transparent huge
+//! pages where the kernel allows, so random row reads do not miss the TLB on every row), a
+//! caller's DLPack tensor adopted without a copy, or a read-only memory map of a file.
 //!
 //! A [`Store`] is immutable once built and is `Send + Sync`: lookups on many threads read it
 //! at once. Dropping it frees the copy, calls the adopted tensor's deleter exactly once, or
@@ -7,12 +8,14 @@
 
 use crate::dlpack::FloatDtype;
 use crate::error::{Error, Result};
-use std::alloc::{Layout, alloc, dealloc};
+
+/// Size of a transparent huge page on x86-64 and most aarch64 kernels.
+const HUGE_PAGE: usize = 2 << 20;
 
 /// Keeps the memory behind a [`Store`] alive.
 enum Owner {
-    /// A 64-byte-aligned heap buffer of `layout`.
-    Heap { ptr: *mut u8, layout: Layout },
+    /// An anonymous mapping owned by the table.
+    Anon(#[allow(dead_code)] memmap2::MmapMut),
     /// A caller's DLPack tensor; dropping it calls the producer's deleter once.
     Adopted(#[allow(dead_code)] dlpark::AllocationDeleter),
     /// A read-only file mapping.
@@ -37,23 +40,14 @@ pub struct Store {
 unsafe impl Send for Store {}
 unsafe impl Sync for Store {}
 
-impl Drop for Store {
-    fn drop(&mut self) {
-        if let Owner::Heap { ptr, layout } = self.owner {
-            // SAFETY: allocated in `Store::alloc` with this layout.
-            unsafe { dealloc(ptr, layout) };
-        }
-    }
-}
-
 impl Store {
-    /// Allocates an uninitialised, 64-byte-aligned store for `rows x dim` compact elements and
-    /// lets `fill` write it. `fill` receives the whole buffer as bytes.
+    /// Allocates a zeroed store for `rows x dim` compact elements (page-aligned; aligned to and
+    /// advised for 2 MiB huge pages when large) and lets `fill` write it as bytes.
     pub fn alloc(dtype: FloatDtype, rows: usize, dim: usize, fill: impl FnOnce(&mut [u8])) -> Result<Self> {
         let bytes = rows
             .checked_mul(dim)
             .and_then(|n| n.checked_mul(dtype.size()))
-            .filter(|&b| b <= isize::MAX as usize - 64)
+            .filter(|&b| b <= isize::MAX as usize - HUGE_PAGE)
             .ok_or_else(|| Error::invalid("vectors", format!("{rows} x {dim} elements overflow the address space")))?;
         if bytes == 0 {
             return Ok(Store {
@@ -65,21 +59,10 @@ impl Store {
                 owner: Owner::None,
             });
         }
-        let layout = Layout::from_size_align(bytes, 64).expect("size checked above");
-        // SAFETY: layout has non-zero size.
-        let ptr = unsafe { alloc(layout) };
-        if ptr.is_null() {
-            return Err(Error::OutOfMemory { what: "table vectors", bytes });
-        }
-        let store = Store { ptr, dtype, rows, dim, row_stride: dim, owner: Owner::Heap { ptr, layout } };
-        // SAFETY: freshly allocated, `bytes` long, exclusively ours until returned. Zeroed first
-        // so `fill` never sees uninitialised memory.
-        let buf = unsafe {
-            std::ptr::write_bytes(ptr, 0, bytes);
-            std::slice::from_raw_parts_mut(ptr, bytes)
-        };
-        fill(buf);
-        Ok(store)
+        let (mut map, start) = anon(bytes, "table vectors")?;
+        fill(&mut map[start..start + bytes]);
+        let ptr = map[start..].as_ptr();
+        Ok(Store { ptr, dtype, rows, dim, row_stride: dim, owner: Owner::Anon(map) })
     }
 
     /// Wraps memory owned by an adopted DLPack tensor; `deleter` is dropped (calling the
@@ -151,4 +134,25 @@ impl Store {
     pub fn is_adopted(&self) -> bool {
         matches!(self.owner, Owner::Adopted(_))
     }
+}
+
+/// Maps `bytes` of zeroed anonymous memory; returns the mapping and the offset of the usable
+/// range. A large range starts on a 2 MiB boundary and is advised for transparent huge pages
+/// (random row reads then rarely miss the TLB); the range is populated up front, which costs
+/// far less than faulting it in page by page while filling it.
+pub(crate) fn anon(bytes: usize, what: &'static str) -> Result<(memmap2::MmapMut, usize)> {
+    let huge = bytes >= HUGE_PAGE;
+    let len = if huge { bytes + HUGE_PAGE } else { bytes };
+    let map = memmap2::MmapMut::map_anon(len).map_err(|_| Error::OutOfMemory { what, bytes })?;
+    let start = if huge { (map.as_ptr() as usize).next_multiple_of(HUGE_PAGE) - map.as_ptr() as usize } else { 0 };
+    #[cfg(target_os = "linux")]
+    {
+        if huge && std::env::var_os("STRATA_NO_HUGE_PAGES").is_none() {
+            let _ = map.advise_range(memmap2::Advice::HugePage, start, bytes - bytes % HUGE_PAGE);
+        }
+        // SAFETY: the range lies inside the mapping; MADV_POPULATE_WRITE only faults pages in
+        // (kernels before 5.14 reject it, and the pages then fault in on first write).
+        unsafe { libc::madvise(map.as_ptr().add(start) as *mut libc::c_void, bytes, libc::MADV_POPULATE_WRITE) };
+    }
+    Ok((map, start))
 }

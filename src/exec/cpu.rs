@@ -8,19 +8,25 @@
 
 use crate::dlpack::{FloatDtype, KeyDtype, Walk};
 use crate::exec::{pool, prefetch};
+use crate::index::KeyIndex;
 use crate::table::{MissingKey, Rows, Table};
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Keys per chunk (stack buffers hold one chunk).
-const CHUNK: usize = 128;
+const CHUNK: usize = 256;
 /// Keys a participant takes from the shared counter at a time.
 const TASK: usize = 2048;
 /// Output bytes below which one more participant is not worth waking.
 const BYTES_PER_THREAD: usize = 256 * 1024;
+/// Output bytes from which rows are written with non-temporal (streaming) stores: an output
+/// this large will not stay in cache, and streaming skips the read-for-ownership of each line.
+const STREAM_BYTES: usize = 4 << 20;
 /// How many keys ahead rows are prefetched.
-const AHEAD: usize = 6;
+const AHEAD: usize = 8;
+fn ahead() -> usize { static A: std::sync::OnceLock<usize> = std::sync::OnceLock::new(); *A.get_or_init(|| std::env::var("XA").ok().and_then(|s| s.parse().ok()).unwrap_or(AHEAD)) }
+fn hint() -> usize { static A: std::sync::OnceLock<usize> = std::sync::OnceLock::new(); *A.get_or_init(|| std::env::var("XH").ok().and_then(|s| s.parse().ok()).unwrap_or(0)) }
 const NO_ROW: usize = usize::MAX;
 
 /// Where keys are read from.
@@ -107,6 +113,53 @@ unsafe fn copy_contiguous<const SIZE: usize>(src: *const u8, dst: *mut u8, dim: 
     unsafe { std::ptr::copy_nonoverlapping(src, dst, dim * SIZE) };
 }
 
+/// Copies `dim * SIZE` bytes with non-temporal stores (x86-64), ordinary ones elsewhere. The
+/// caller issues [`store_fence`] before the output is handed back.
+unsafe fn copy_streaming<const SIZE: usize>(src: *const u8, dst: *mut u8, dim: usize, _: usize) {
+    let bytes = dim * SIZE;
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+        let head = ((16 - (dst as usize & 15)) & 15).min(bytes);
+        std::ptr::copy_nonoverlapping(src, dst, head);
+        let (mut s, mut d, mut left) = (src.add(head), dst.add(head), bytes - head);
+        while left >= 64 {
+            let a = _mm_loadu_si128(s as *const __m128i);
+            let b = _mm_loadu_si128(s.add(16) as *const __m128i);
+            let c = _mm_loadu_si128(s.add(32) as *const __m128i);
+            let e = _mm_loadu_si128(s.add(48) as *const __m128i);
+            _mm_stream_si128(d as *mut __m128i, a);
+            _mm_stream_si128(d.add(16) as *mut __m128i, b);
+            _mm_stream_si128(d.add(32) as *mut __m128i, c);
+            _mm_stream_si128(d.add(48) as *mut __m128i, e);
+            s = s.add(64);
+            d = d.add(64);
+            left -= 64;
+        }
+        while left >= 16 {
+            _mm_stream_si128(d as *mut __m128i, _mm_loadu_si128(s as *const __m128i));
+            s = s.add(16);
+            d = d.add(16);
+            left -= 16;
+        }
+        std::ptr::copy_nonoverlapping(s, d, left);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unsafe {
+        std::ptr::copy_nonoverlapping(src, dst, bytes)
+    };
+}
+
+/// Orders earlier non-temporal stores before anything that follows.
+#[inline]
+fn store_fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: sfence has no preconditions.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
+}
+
 unsafe fn copy_strided<T: Copy>(src: *const u8, dst: *mut u8, dim: usize, cs: usize) {
     let (s, d) = (src as *const T, dst as *mut T);
     for i in 0..dim {
@@ -149,10 +202,12 @@ unsafe fn bf16_to_f32(src: *const u8, dst: *mut u8, dim: usize, _: usize) {
     s.convert_to_f32_slice(d);
 }
 
-/// The row kernel for a (table dtype, out dtype, contiguous row?) combination.
-fn row_fn(src: FloatDtype, dst: FloatDtype, contiguous: bool) -> RowFn {
+/// The row kernel for a (table dtype, out dtype, contiguous row?, streaming?) combination.
+fn row_fn(src: FloatDtype, dst: FloatDtype, contiguous: bool, stream: bool) -> RowFn {
     use FloatDtype::*;
     match (src, dst, contiguous) {
+        (F32, F32, true) if stream => copy_streaming::<4>,
+        (F16, F16, true) | (BF16, BF16, true) if stream => copy_streaming::<2>,
         (F32, F32, true) => copy_contiguous::<4>,
         (F16, F16, true) | (BF16, BF16, true) => copy_contiguous::<2>,
         (F32, F32, false) => copy_strided::<u32>,
@@ -191,11 +246,13 @@ impl Gather<'_> {
         let by_size = (self.n.saturating_mul(row_bytes) / BYTES_PER_THREAD).max(1);
         let by_tasks = self.n.div_ceil(TASK).max(1);
         let threads = self.threads.min(by_size).min(by_tasks).max(1);
-        let rowf = row_fn(self.table.dtype(), self.out.dtype, self.out.col_stride == 1);
+        let stream = self.n.saturating_mul(row_bytes) >= STREAM_BYTES;
+        let rowf = row_fn(self.table.dtype(), self.out.dtype, self.out.col_stride == 1, stream);
         let track_first = self.table.missing == MissingKey::STRATA_MISSING_ERROR;
         if threads == 1 {
             let mut f = Found::default();
             self.range(0, self.n, rowf, track_first, &mut f);
+            store_fence();
             return f;
         }
         let next = AtomicUsize::new(0);
@@ -208,6 +265,7 @@ impl Gather<'_> {
                 }
                 self.range(lo, (lo + TASK).min(self.n), rowf, track_first, &mut f);
             }
+            store_fence();
             f
         });
         parts.into_iter().fold(Found::default(), |a, b| Found {
@@ -222,61 +280,45 @@ impl Gather<'_> {
 
     /// Gathers flat key indices `lo..hi`.
     fn range(&self, lo: usize, hi: usize, rowf: RowFn, track_first: bool, found: &mut Found) {
-        let table = self.table;
-        let store = &table.store;
-        let dim = table.dim();
+        match &self.table.rows {
+            Rows::Dense => self.range_with(&Dense(self.table.store.rows() as u64), lo, hi, rowf, track_first, found),
+            Rows::Keyed(ix) => self.range_with(ix, lo, hi, rowf, track_first, found),
+        }
+    }
+
+    /// The gather loop, a three-stage software pipeline per chunk: at key `i` it prefetches the
+    /// index bucket of key `i + 2 * AHEAD`, resolves key `i + AHEAD` and prefetches its row, and
+    /// copies row `i`, so the memory latency of buckets and rows overlaps the copies.
+    #[inline(always)]
+    fn range_with<R: Resolve>(&self, r: &R, lo: usize, hi: usize, rowf: RowFn, track_first: bool, found: &mut Found) {
+        let store = &self.table.store;
+        let dim = self.table.dim();
+        let row_bytes = dim * store.dtype().size();
         let out_size = self.out.dtype.size();
-        let default = table.default_row_ptr();
+        let default = self.table.default_row_ptr();
         let mut offs = [0usize; CHUNK];
         let mut keys = [0u64; CHUNK];
         let mut rows = [0usize; CHUNK];
         let mut start = lo;
+        let ahead_n = ahead();
         while start < hi {
             let n = CHUNK.min(hi - start);
-            // 1. Keys, in canonical 64-bit form.
-            let k = &self.keys;
-            match k.walk.linear_stride() {
-                Some(s) => {
-                    let step = s * k.elem;
-                    let base = k.ptr.wrapping_add(start * step);
-                    for (i, key) in keys[..n].iter_mut().enumerate() {
-                        // SAFETY: validated: every key index below self.n is addressable.
-                        *key = unsafe { k.dtype.read(base.wrapping_add(i * step)) };
-                    }
-                }
-                None => {
-                    k.walk.fill(start, &mut offs[..n]);
-                    for i in 0..n {
-                        keys[i] = unsafe { k.dtype.read(k.ptr.wrapping_add(offs[i] * k.elem)) };
-                    }
-                }
-            }
-            // 2. Rows.
-            match &table.rows {
-                Rows::Dense => {
-                    let len = store.rows() as u64;
-                    for i in 0..n {
-                        rows[i] = if keys[i] < len { keys[i] as usize } else { NO_ROW };
-                    }
-                }
-                Rows::Keyed(ix) => {
-                    for &key in &keys[..n] {
-                        ix.prefetch(key);
-                    }
-                    for i in 0..n {
-                        rows[i] = ix.get(keys[i]).unwrap_or(NO_ROW);
-                    }
-                }
-            }
-            // 3. Copy.
+            self.read_keys(start, &mut keys[..n], &mut offs[..n]);
             self.out.walk.fill(start, &mut offs[..n]);
-            let row_bytes = dim * store.dtype().size();
-            for i in 0..n.min(AHEAD) {
+            for &key in &keys[..n.min(2 * ahead_n)] {
+                r.prefetch(key);
+            }
+            for i in 0..n.min(ahead_n) {
+                rows[i] = r.row(keys[i]);
                 prefetch_row(store, rows[i], row_bytes);
             }
             for i in 0..n {
-                if i + AHEAD < n {
-                    prefetch_row(store, rows[i + AHEAD], row_bytes);
+                if i + 2 * ahead_n < n {
+                    r.prefetch(keys[i + 2 * ahead_n]);
+                }
+                if i + ahead_n < n {
+                    rows[i + ahead_n] = r.row(keys[i + ahead_n]);
+                    prefetch_row(store, rows[i + ahead_n], row_bytes);
                 }
                 let src = if rows[i] == NO_ROW {
                     found.misses += 1;
@@ -295,6 +337,57 @@ impl Gather<'_> {
             start += n;
         }
     }
+
+    /// Reads keys `start .. start + keys.len()` in canonical form (`offs` is scratch).
+    #[inline(always)]
+    fn read_keys(&self, start: usize, keys: &mut [u64], offs: &mut [usize]) {
+        let k = &self.keys;
+        match k.walk.linear_stride() {
+            Some(s) => {
+                let step = s * k.elem;
+                let base = k.ptr.wrapping_add(start * step);
+                for (i, key) in keys.iter_mut().enumerate() {
+                    // SAFETY: validated: every key index below self.n is addressable.
+                    *key = unsafe { k.dtype.read(base.wrapping_add(i * step)) };
+                }
+            }
+            None => {
+                k.walk.fill(start, offs);
+                for (key, &o) in keys.iter_mut().zip(offs.iter()) {
+                    *key = unsafe { k.dtype.read(k.ptr.wrapping_add(o * k.elem)) };
+                }
+            }
+        }
+    }
+}
+
+/// Maps canonical keys to row numbers ([`NO_ROW`] when absent).
+trait Resolve {
+    fn prefetch(&self, key: u64);
+    fn row(&self, key: u64) -> usize;
+}
+
+/// Dense tables: key `k` is row `k` below the row count.
+struct Dense(u64);
+
+impl Resolve for Dense {
+    #[inline(always)]
+    fn prefetch(&self, _: u64) {}
+    #[inline(always)]
+    fn row(&self, key: u64) -> usize {
+        if key < self.0 { key as usize } else { NO_ROW }
+    }
+}
+
+impl Resolve for KeyIndex {
+    #[inline(always)]
+    fn prefetch(&self, key: u64) {
+        KeyIndex::prefetch(self, key)
+    }
+    #[inline(always)]
+    fn row(&self, key: u64) -> usize {
+        self.get(key).unwrap_or(NO_ROW)
+    }
 }
 
 #[inline(always)]
@@ -304,8 +397,9 @@ fn prefetch_row(store: &crate::store::Store, row: usize, row_bytes: usize) {
     }
     let p = store.row_ptr(row);
     let mut off = 0;
+    let h = hint();
     while off < row_bytes.min(1024) {
-        prefetch(p.wrapping_add(off));
+        if h == 0 { prefetch(p.wrapping_add(off)); } else { unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p.wrapping_add(off) as *const i8) } }
         off += 64;
     }
 }

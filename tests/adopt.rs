@@ -1,0 +1,198 @@
+//! Adopting DLPack managed tensors: zero copy, the deleter runs exactly once at free (and never
+//! on a failed adoption), and the managed lookup variants borrow without deleting.
+
+mod common;
+use common::*;
+use dlpark::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLPackVersion, DLTensor};
+use std::ffi::c_void;
+use std::ptr::{null, null_mut};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// What a producer keeps behind `manager_ctx`: the data, shape/strides and a deleter counter.
+struct Producer {
+    data: Vec<f32>,
+    desc: Desc,
+    deleted: &'static AtomicUsize,
+}
+
+fn producer(data: Vec<f32>, shape: &[i64], strides: &[i64], deleted: &'static AtomicUsize) -> Box<Producer> {
+    let desc = Desc::new(data.as_ptr().cast(), F32, shape, strides, 0);
+    Box::new(Producer { data, desc, deleted })
+}
+
+unsafe extern "C" fn delete_legacy(m: *mut DLManagedTensor) {
+    let m = unsafe { Box::from_raw(m) };
+    let p = unsafe { Box::from_raw(m.manager_ctx as *mut Producer) };
+    p.deleted.fetch_add(1, Ordering::SeqCst);
+}
+
+unsafe extern "C" fn delete_versioned(m: *mut DLManagedTensorVersioned) {
+    let m = unsafe { Box::from_raw(m) };
+    let p = unsafe { Box::from_raw(m.manager_ctx as *mut Producer) };
+    p.deleted.fetch_add(1, Ordering::SeqCst);
+}
+
+fn legacy(p: Box<Producer>) -> *mut DLManagedTensor {
+    let t: DLTensor = p.desc.t;
+    Box::into_raw(Box::new(DLManagedTensor {
+        dl_tensor: t,
+        manager_ctx: Box::into_raw(p) as *mut c_void,
+        deleter: Some(delete_legacy),
+    }))
+}
+
+fn versioned(p: Box<Producer>, version: DLPackVersion, flags: u64) -> *mut DLManagedTensorVersioned {
+    let t: DLTensor = p.desc.t;
+    Box::into_raw(Box::new(DLManagedTensorVersioned {
+        version,
+        manager_ctx: Box::into_raw(p) as *mut c_void,
+        deleter: Some(delete_versioned),
+        flags: dlpark::DlpackFlags::from_bits_retain(flags),
+        dl_tensor: t,
+    }))
+}
+
+const V1_0: DLPackVersion = DLPackVersion { major: 1, minor: 0 };
+
+fn lookup_rows(t: *mut Table, keys: &[i64], dim: usize) -> Vec<f32> {
+    let mut out = vec![f32::NAN; keys.len() * dim];
+    let k = Desc::compact(keys.as_ptr().cast(), I64, &[keys.len() as i64]);
+    let mut o = Desc::compact(out.as_mut_ptr().cast(), F32, &[keys.len() as i64, dim as i64]);
+    ok(unsafe { strata_lookup(t, &k.t, &mut o.t, null(), null_mut()) });
+    out
+}
+
+#[test]
+fn legacy_adoption_is_zero_copy_and_deletes_once() {
+    static DELETED: AtomicUsize = AtomicUsize::new(0);
+    let data: Vec<f32> = (0..12).map(|i| i as f32).collect();
+    let p = producer(data, &[4, 3], &[3, 1], &DELETED);
+    let raw_data = p.data.as_ptr() as *mut f32;
+    let m = legacy(p);
+    let mut t = null_mut();
+    ok(unsafe { strata_table_adopt_dlpack(m, null(), null(), &mut t) });
+    assert_eq!(DELETED.load(Ordering::SeqCst), 0);
+    assert_eq!(lookup_rows(t, &[2, 0], 3), vec![6.0, 7.0, 8.0, 0.0, 1.0, 2.0]);
+    // zero copy: the producer's memory is the table's
+    unsafe { *raw_data.add(7) = 70.0 };
+    assert_eq!(lookup_rows(t, &[2], 3), vec![6.0, 70.0, 8.0]);
+    let mut info = unsafe { std::mem::zeroed::<TableInfo>() };
+    ok(unsafe { strata_table_info(t, &mut info) });
+    assert!(info.adopted && !info.mapped && !info.keyed);
+    unsafe { strata_table_free(t) };
+    assert_eq!(DELETED.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn versioned_adoption_with_keys_and_padded_rows() {
+    static DELETED: AtomicUsize = AtomicUsize::new(0);
+    // 3 rows of dim 2 with row stride 5
+    let data: Vec<f32> = (0..15).map(|i| i as f32).collect();
+    let p = producer(data, &[3, 2], &[5, 1], &DELETED);
+    let m = versioned(p, V1_0, 1); // READ_ONLY vectors are fine for a table
+    let keys = [10u32, 20, 30];
+    let k = Desc::compact(keys.as_ptr().cast(), U32, &[3]);
+    let mut t = null_mut();
+    ok(unsafe { strata_table_adopt_dlpack_versioned(m, &k.t, null(), &mut t) });
+    assert_eq!(lookup_rows(t, &[30, 10, 11], 2), vec![10.0, 11.0, 0.0, 1.0, 0.0, 0.0]);
+    // the table may be freed from another thread; the deleter runs there, once
+    let t = t as usize;
+    std::thread::spawn(move || unsafe { strata_table_free(t as *mut Table) }).join().unwrap();
+    assert_eq!(DELETED.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn failed_adoption_leaves_ownership_with_the_caller() {
+    static DELETED: AtomicUsize = AtomicUsize::new(0);
+    let cases: Vec<(Box<Producer>, DLPackVersion, Status, &str)> = vec![
+        (producer(vec![0.0; 8], &[8], &[1], &DELETED), V1_0, Status::STRATA_INVALID_ARGUMENT, "vectors: ndim = 1"),
+        (producer(vec![0.0; 8], &[4, 2], &[1, 4], &DELETED), V1_0, Status::STRATA_INVALID_LAYOUT, "unit element stride"),
+        (producer(vec![0.0; 8], &[4, 2], &[1, 1], &DELETED), V1_0, Status::STRATA_INVALID_LAYOUT, "strides[0] = 1 is less than dim = 2; rows overlap"),
+        (producer(vec![0.0; 8], &[2, 2], &[-2, 1], &DELETED), V1_0, Status::STRATA_INVALID_LAYOUT, "strides[0] = -2 is negative"),
+        (
+            producer(vec![0.0; 8], &[4, 2], &[2, 1], &DELETED),
+            DLPackVersion { major: 2, minor: 0 },
+            Status::STRATA_INVALID_ARGUMENT,
+            "DLPack version 2.0; expected major version 1",
+        ),
+    ];
+    for (i, (p, version, want, needle)) in cases.into_iter().enumerate() {
+        let m = versioned(p, version, 0);
+        let mut t = null_mut();
+        let s = unsafe { strata_table_adopt_dlpack_versioned(m, null(), null(), &mut t) };
+        fails(s, want, &[needle]);
+        assert!(t.is_null());
+        assert_eq!(DELETED.load(Ordering::SeqCst), i, "deleter called on a failed adoption");
+        // the caller still owns it: release it as a producer would
+        unsafe { ((*m).deleter.unwrap())(m) };
+    }
+    // a versioned 1.2 tensor must carry strides
+    let p = producer(vec![0.0; 8], &[4, 2], &[2, 1], &DELETED);
+    let m = versioned(p, DLPackVersion { major: 1, minor: 2 }, 0);
+    unsafe { (*m).dl_tensor.strides = null_mut() };
+    let mut t = null_mut();
+    let s = unsafe { strata_table_adopt_dlpack_versioned(m, null(), null(), &mut t) };
+    fails(s, Status::STRATA_INVALID_LAYOUT, &["strides is NULL in a DLPack 1.2 tensor"]);
+    unsafe { ((*m).deleter.unwrap())(m) };
+    // duplicate keys fail after the vectors were checked: still not deleted
+    let p = producer(vec![0.0; 8], &[4, 2], &[2, 1], &DELETED);
+    let m = legacy(p);
+    let dup = [1i64, 1, 2, 3];
+    let k = Desc::compact(dup.as_ptr().cast(), I64, &[4]);
+    let s = unsafe { strata_table_adopt_dlpack(m, &k.t, null(), &mut t) };
+    fails(s, Status::STRATA_DUPLICATE_KEY, &["keys: key 1 appears at rows 0 and 1"]);
+    assert_eq!(DELETED.load(Ordering::SeqCst), 6);
+    unsafe { ((*m).deleter.unwrap())(m) };
+    assert_eq!(DELETED.load(Ordering::SeqCst), 7);
+}
+
+#[test]
+fn managed_lookups_borrow_and_refuse_read_only_out() {
+    static DELETED: AtomicUsize = AtomicUsize::new(0);
+    let vectors: Vec<f32> = (0..20).map(|i| i as f32 * 0.5).collect();
+    let table = Owned::build(&vectors, 5, 4, None, &TableOptions::default());
+
+    // keys as a managed float buffer is wrong; build keys by hand
+    let keys = [4i64, 1, 9];
+    let kdesc = Desc::compact(keys.as_ptr().cast(), I64, &[3]);
+    let mut kl = DLManagedTensor { dl_tensor: kdesc.t, manager_ctx: null_mut(), deleter: None };
+    let out = producer(vec![f32::NAN; 12], &[3, 4], &[4, 1], &DELETED);
+    let out_data = out.data.as_ptr();
+    let ol = legacy(out);
+    let mut s = LookupStats::default();
+    ok(unsafe { strata_lookup_managed(table.0, &mut kl, ol, null(), &mut s) });
+    let got = unsafe { std::slice::from_raw_parts(out_data, 12) };
+    assert_eq!(got, &[8.0, 8.5, 9.0, 9.5, 2.0, 2.5, 3.0, 3.5, 0.0, 0.0, 0.0, 0.0]);
+    assert_eq!((s.hits, s.misses), (2, 1));
+    assert_eq!(DELETED.load(Ordering::SeqCst), 0, "lookup must not call deleters");
+    unsafe { ((*ol).deleter.unwrap())(ol) };
+
+    let kv = DLManagedTensorVersioned {
+        version: V1_0,
+        manager_ctx: null_mut(),
+        deleter: None,
+        flags: dlpark::DlpackFlags::READ_ONLY, // read-only keys are fine
+        dl_tensor: kdesc.t,
+    };
+    let out = producer(vec![f32::NAN; 12], &[3, 4], &[4, 1], &DELETED);
+    let out_data = out.data.as_ptr();
+    let ov = versioned(out, V1_0, 0);
+    ok(unsafe { strata_lookup_managed_versioned(table.0, &kv, ov, null(), null_mut()) });
+    assert_eq!(unsafe { *out_data.add(4) }, 2.0);
+    unsafe { ((*ov).deleter.unwrap())(ov) };
+
+    let out = producer(vec![-1.0; 12], &[3, 4], &[4, 1], &DELETED);
+    let out_data = out.data.as_ptr();
+    let ro = versioned(out, V1_0, 1);
+    let st = unsafe { strata_lookup_managed_versioned(table.0, &kv, ro, null(), null_mut()) };
+    fails(st, Status::STRATA_READ_ONLY, &["out: is flagged DLPACK_FLAG_BITMASK_READ_ONLY"]);
+    assert!(unsafe { std::slice::from_raw_parts(out_data, 12) }.iter().all(|&x| x == -1.0));
+    unsafe { ((*ro).deleter.unwrap())(ro) };
+    let kbad = DLManagedTensorVersioned { version: DLPackVersion { major: 3, minor: 0 }, ..kv };
+    let out = producer(vec![-1.0; 12], &[3, 4], &[4, 1], &DELETED);
+    let ov = versioned(out, V1_0, 0);
+    let st = unsafe { strata_lookup_managed_versioned(table.0, &kbad, ov, null(), null_mut()) };
+    fails(st, Status::STRATA_INVALID_ARGUMENT, &["keys: DLPack version 3.0"]);
+    unsafe { ((*ov).deleter.unwrap())(ov) };
+    assert_eq!(DELETED.load(Ordering::SeqCst), 4);
+}

@@ -1,0 +1,242 @@
+//! Shared helpers for the integration tests: the C functions under test, DLTensor
+//! descriptions that own their shape and strides, a seeded RNG and reference conversions.
+#![allow(dead_code)]
+
+use dlpark::ffi::{
+    DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned, DLTensor,
+};
+use std::ffi::{CStr, c_char, c_void};
+pub use strata::{LookupOptions, LookupStats, Status, Table, TableInfo, TableOptions};
+
+#[allow(improper_ctypes)]
+unsafe extern "C" {
+    pub fn strata_version() -> *const c_char;
+    pub fn strata_last_error() -> *const c_char;
+    pub fn strata_status_name(s: i32) -> *const c_char;
+    pub fn strata_default_num_threads() -> i32;
+    pub fn strata_table_options_default() -> TableOptions;
+    pub fn strata_lookup_options_default() -> LookupOptions;
+    pub fn strata_table_from_dlpack(
+        vectors: *const DLTensor,
+        keys: *const DLTensor,
+        opts: *const TableOptions,
+        out: *mut *mut Table,
+    ) -> Status;
+    pub fn strata_table_adopt_dlpack(
+        vectors: *mut DLManagedTensor,
+        keys: *const DLTensor,
+        opts: *const TableOptions,
+        out: *mut *mut Table,
+    ) -> Status;
+    pub fn strata_table_adopt_dlpack_versioned(
+        vectors: *mut DLManagedTensorVersioned,
+        keys: *const DLTensor,
+        opts: *const TableOptions,
+        out: *mut *mut Table,
+    ) -> Status;
+    pub fn strata_table_open(dir: *const c_char, dim: i64, opts: *const TableOptions, out: *mut *mut Table) -> Status;
+    pub fn strata_table_free(t: *mut Table);
+    pub fn strata_table_dim(t: *const Table) -> i64;
+    pub fn strata_table_len(t: *const Table) -> i64;
+    pub fn strata_table_info(t: *const Table, info: *mut TableInfo) -> Status;
+    pub fn strata_lookup(
+        t: *mut Table,
+        keys: *const DLTensor,
+        out: *mut DLTensor,
+        opts: *const LookupOptions,
+        stats: *mut LookupStats,
+    ) -> Status;
+    pub fn strata_lookup_managed(
+        t: *mut Table,
+        keys: *const DLManagedTensor,
+        out: *mut DLManagedTensor,
+        opts: *const LookupOptions,
+        stats: *mut LookupStats,
+    ) -> Status;
+    pub fn strata_lookup_managed_versioned(
+        t: *mut Table,
+        keys: *const DLManagedTensorVersioned,
+        out: *mut DLManagedTensorVersioned,
+        opts: *const LookupOptions,
+        stats: *mut LookupStats,
+    ) -> Status;
+}
+
+/// The message of the last failure on this thread.
+pub fn last_error() -> String {
+    unsafe { CStr::from_ptr(strata_last_error()) }.to_string_lossy().into_owned()
+}
+
+/// Asserts a call succeeded, showing strata's message if not.
+#[track_caller]
+pub fn ok(s: Status) {
+    assert_eq!(s, Status::STRATA_OK, "{}", last_error());
+}
+
+/// Asserts a call failed with `want` and a message containing every piece of `needles`.
+#[track_caller]
+pub fn fails(s: Status, want: Status, needles: &[&str]) -> String {
+    let msg = last_error();
+    assert_eq!(s, want, "message: {msg}");
+    for n in needles {
+        assert!(msg.contains(n), "message {msg:?} lacks {n:?}");
+    }
+    msg
+}
+
+pub const F32: DLDataType = DLDataType { code: DLDataTypeCode::FLOAT, bits: 32, lanes: 1 };
+pub const F16: DLDataType = DLDataType { code: DLDataTypeCode::FLOAT, bits: 16, lanes: 1 };
+pub const BF16: DLDataType = DLDataType { code: DLDataTypeCode::BFLOAT, bits: 16, lanes: 1 };
+pub const I32: DLDataType = DLDataType { code: DLDataTypeCode::INT, bits: 32, lanes: 1 };
+pub const I64: DLDataType = DLDataType { code: DLDataTypeCode::INT, bits: 64, lanes: 1 };
+pub const U32: DLDataType = DLDataType { code: DLDataTypeCode::UINT, bits: 32, lanes: 1 };
+pub const U64: DLDataType = DLDataType { code: DLDataTypeCode::UINT, bits: 64, lanes: 1 };
+pub const CPU: DLDevice = DLDevice { device_type: DLDeviceType::CPU, device_id: 0 };
+
+/// A DLTensor description that owns its shape and strides (the data stays the caller's).
+pub struct Desc {
+    pub t: DLTensor,
+    pub shape: Box<[i64]>,
+    pub strides: Box<[i64]>,
+}
+
+impl Desc {
+    /// A description of `data` with explicit `strides` (elements) and `byte_offset`.
+    pub fn new(data: *const u8, dtype: DLDataType, shape: &[i64], strides: &[i64], byte_offset: u64) -> Self {
+        let mut shape: Box<[i64]> = shape.into();
+        let mut strides: Box<[i64]> = strides.into();
+        let t = DLTensor {
+            data: data as *mut c_void,
+            device: CPU,
+            ndim: shape.len() as i32,
+            dtype,
+            shape: shape.as_mut_ptr(),
+            strides: strides.as_mut_ptr(),
+            byte_offset,
+        };
+        Desc { t, shape, strides }
+    }
+
+    /// A compact row-major description of `data`.
+    pub fn compact(data: *const u8, dtype: DLDataType, shape: &[i64]) -> Self {
+        Desc::new(data, dtype, shape, &compact_strides(shape), 0)
+    }
+
+    pub fn device(mut self, device_type: DLDeviceType) -> Self {
+        self.t.device = DLDevice { device_type, device_id: 0 };
+        self
+    }
+}
+
+pub fn compact_strides(shape: &[i64]) -> Vec<i64> {
+    let mut s = vec![1i64; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        s[d] = s[d + 1] * shape[d + 1].max(1);
+    }
+    s
+}
+
+/// A small seeded RNG (splitmix64), so failures reproduce.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    pub fn f32(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+/// Bytes of one element of `dt`.
+pub fn elem_size(dt: DLDataType) -> usize {
+    (dt.bits as usize * dt.lanes as usize).div_ceil(8)
+}
+
+/// Writes `v` as one element of the float dtype `dt` at `p` (unaligned-safe).
+pub fn write_float(dt: DLDataType, p: *mut u8, v: f32) {
+    unsafe {
+        match (dt.code, dt.bits) {
+            (DLDataTypeCode::FLOAT, 32) => (p as *mut f32).write_unaligned(v),
+            (DLDataTypeCode::FLOAT, 16) => (p as *mut u16).write_unaligned(half::f16::from_f32(v).to_bits()),
+            (DLDataTypeCode::BFLOAT, 16) => (p as *mut u16).write_unaligned(half::bf16::from_f32(v).to_bits()),
+            _ => panic!("not a float dtype"),
+        }
+    }
+}
+
+/// Reads one element of the float dtype `dt` at `p` as f32.
+pub fn read_float(dt: DLDataType, p: *const u8) -> f32 {
+    unsafe {
+        match (dt.code, dt.bits) {
+            (DLDataTypeCode::FLOAT, 32) => (p as *const f32).read_unaligned(),
+            (DLDataTypeCode::FLOAT, 16) => half::f16::from_bits((p as *const u16).read_unaligned()).to_f32(),
+            (DLDataTypeCode::BFLOAT, 16) => half::bf16::from_bits((p as *const u16).read_unaligned()).to_f32(),
+            _ => panic!("not a float dtype"),
+        }
+    }
+}
+
+/// Rounds `v` through the float dtype `dt` (what a table or output of that dtype holds).
+pub fn round_to(dt: DLDataType, v: f32) -> f32 {
+    let mut b = [0u8; 4];
+    write_float(dt, b.as_mut_ptr(), v);
+    read_float(dt, b.as_ptr())
+}
+
+/// Writes integer `v` as one element of the key dtype `dt` at `p`.
+pub fn write_key(dt: DLDataType, p: *mut u8, v: i64) {
+    unsafe {
+        match (dt.code, dt.bits) {
+            (DLDataTypeCode::INT, 32) => (p as *mut i32).write_unaligned(v as i32),
+            (DLDataTypeCode::INT, 64) => (p as *mut i64).write_unaligned(v),
+            (DLDataTypeCode::UINT, 32) => (p as *mut u32).write_unaligned(v as u32),
+            (DLDataTypeCode::UINT, 64) => (p as *mut u64).write_unaligned(v as u64),
+            _ => panic!("not a key dtype"),
+        }
+    }
+}
+
+/// A table built by copy from f32 `vectors` [rows, dim], dense or keyed by i64 `keys`.
+pub struct Owned(pub *mut Table);
+
+// SAFETY: strata tables may be looked up from many threads at once (the contract under test).
+unsafe impl Send for Owned {}
+unsafe impl Sync for Owned {}
+
+impl Owned {
+    pub fn build(vectors: &[f32], rows: usize, dim: usize, keys: Option<&[i64]>, opts: &TableOptions) -> Owned {
+        let v = Desc::compact(vectors.as_ptr().cast(), F32, &[rows as i64, dim as i64]);
+        let k = keys.map(|k| Desc::compact(k.as_ptr().cast(), I64, &[k.len() as i64]));
+        let mut t = std::ptr::null_mut();
+        ok(unsafe { strata_table_from_dlpack(&v.t, k.as_ref().map_or(std::ptr::null(), |k| &k.t), opts, &mut t) });
+        Owned(t)
+    }
+}
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        unsafe { strata_table_free(self.0) };
+    }
+}
+
+/// Random distinct keys (some negative) and random vectors.
+pub fn random_table(rng: &mut Rng, rows: usize, dim: usize) -> (Vec<i64>, Vec<f32>) {
+    let mut seen = std::collections::HashSet::new();
+    let mut keys = Vec::with_capacity(rows);
+    while keys.len() < rows {
+        let k = (rng.next() as i64) >> rng.below(40);
+        if seen.insert(k) {
+            keys.push(k);
+        }
+    }
+    let vectors = (0..rows * dim).map(|_| rng.f32()).collect();
+    (keys, vectors)
+}
