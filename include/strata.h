@@ -26,7 +26,11 @@
 extern "C" {
 #endif
 typedef struct { uint32_t major; uint32_t minor; } DLPackVersion;
+#ifdef __cplusplus
+typedef enum : int32_t {
+#else
 typedef enum {
+#endif
   kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, kDLOpenCL = 4, kDLVulkan = 7, kDLMetal = 8,
   kDLVPI = 9, kDLROCM = 10, kDLROCMHost = 11, kDLExtDev = 12, kDLCUDAManaged = 13,
   kDLOneAPI = 14, kDLWebGPU = 15, kDLHexagon = 16, kDLMAIA = 17
@@ -311,7 +315,8 @@ int64_t strata_table_dim(const struct strata_table *table);
 int64_t strata_table_len(const struct strata_table *table);
 
 // Fills `*info` with a summary of `table` (rows, dim, dtype, index and vector bytes).
-strata_status strata_table_info(const struct strata_table *table, struct strata_table_info *info);
+strata_status strata_table_get_info(const struct strata_table *table,
+                                    struct strata_table_info *info);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -67,9 +67,9 @@ fn null_pointers() {
     fails(s, Status::STRATA_NULL_ARGUMENT, &["vectors: is NULL"]);
     let s = unsafe { strata_table_open(null(), 4, null(), &mut t) };
     fails(s, Status::STRATA_NULL_ARGUMENT, &["dir: is NULL"]);
-    let s = unsafe { strata_table_info(null(), null_mut()) };
+    let s = unsafe { strata_table_get_info(null(), null_mut()) };
     fails(s, Status::STRATA_NULL_ARGUMENT, &["table: is NULL"]);
-    let s = unsafe { strata_table_info(c.table.0, null_mut()) };
+    let s = unsafe { strata_table_get_info(c.table.0, null_mut()) };
     fails(s, Status::STRATA_NULL_ARGUMENT, &["info: is NULL"]);
     assert_eq!(unsafe { strata_table_dim(null()) }, -1);
     assert_eq!(unsafe { strata_table_len(null()) }, -1);

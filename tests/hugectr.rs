@@ -33,7 +33,7 @@ fn opens_and_looks_up_like_the_files_say() {
     ok(s);
     let t = Owned(t);
     let mut info = unsafe { std::mem::zeroed::<TableInfo>() };
-    ok(unsafe { strata_table_info(t.0, &mut info) });
+    ok(unsafe { strata_table_get_info(t.0, &mut info) });
     assert_eq!((info.rows, info.dim, info.keyed, info.mapped), (rows as i64, dim as i64, true, true));
     assert!((info.index_bytes as f64) / (rows as f64) <= 16.0, "{} bytes per key", info.index_bytes as f64 / rows as f64);
 

@@ -318,7 +318,7 @@ fn copied_tables_from_strided_vectors_and_int32_keys() {
         f.check(&q, &Layout::compact(kd, &[64], F32, dim as i64), 1);
     }
     let mut info = unsafe { std::mem::zeroed::<TableInfo>() };
-    ok(unsafe { strata_table_info(f.table.0, &mut info) });
+    ok(unsafe { strata_table_get_info(f.table.0, &mut info) });
     assert_eq!((info.rows, info.dim, info.keyed, info.mapped, info.adopted), (30, 4, true, false, false));
     assert!(info.index_bytes > 0 && info.index_bytes <= 16 * 30 + 64 * 2);
     assert_eq!(unsafe { strata_table_len(f.table.0) }, 30);

@@ -13,7 +13,9 @@ pub extern "C" fn strata_lookup_options_default() -> LookupOptions {
     LookupOptions::default()
 }
 
-fn run(
+/// # Safety
+/// `table` must be NULL or a live table; `stats` NULL or writable.
+unsafe fn run(
     table: *const Table,
     keys: &DLTensor,
     out: &DLTensor,
@@ -54,7 +56,7 @@ pub unsafe extern "C" fn strata_lookup(
     boundary(|| {
         let keys = unsafe { arg_ref(keys, "keys") }?;
         let out = unsafe { arg_ref(out, "out") }?;
-        run(table, keys, out, opts, stats)
+        unsafe { run(table, keys, out, opts, stats) }
     })
 }
 
@@ -77,7 +79,9 @@ fn check_managed<M: ManagedTensorBase>(m: &M, arg: &'static str, writable: bool)
     Ok(())
 }
 
-fn run_managed<M: ManagedTensorBase>(
+/// # Safety
+/// Pointers as for `strata_lookup_managed`: NULL or valid managed tensors and table.
+unsafe fn run_managed<M: ManagedTensorBase>(
     table: *mut Table,
     keys: *const M,
     out: *mut M,
@@ -89,7 +93,7 @@ fn run_managed<M: ManagedTensorBase>(
         let out = unsafe { arg_ref(out, "out") }?;
         check_managed(keys, "keys", false)?;
         check_managed(out, "out", true)?;
-        run(table, keys.tensor(), out.tensor(), opts, stats)
+        unsafe { run(table, keys.tensor(), out.tensor(), opts, stats) }
     })
 }
 
@@ -102,7 +106,7 @@ pub unsafe extern "C" fn strata_lookup_managed(
     opts: *const LookupOptions,
     stats: *mut LookupStats,
 ) -> Status {
-    run_managed(table, keys, out, opts, stats)
+    unsafe { run_managed(table, keys, out, opts, stats) }
 }
 
 /// `strata_lookup` on versioned managed tensors (DLPack 1.x). An `out` flagged
@@ -116,5 +120,5 @@ pub unsafe extern "C" fn strata_lookup_managed_versioned(
     opts: *const LookupOptions,
     stats: *mut LookupStats,
 ) -> Status {
-    run_managed(table, keys, out, opts, stats)
+    unsafe { run_managed(table, keys, out, opts, stats) }
 }

@@ -153,7 +153,7 @@ pub unsafe extern "C" fn strata_table_len(table: *const Table) -> i64 {
 
 /// Fills `*info` with a summary of `table` (rows, dim, dtype, index and vector bytes).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn strata_table_info(table: *const Table, info: *mut TableInfo) -> Status {
+pub unsafe extern "C" fn strata_table_get_info(table: *const Table, info: *mut TableInfo) -> Status {
     boundary(|| {
         let t = unsafe { arg_ref(table, "table") }?;
         let info = unsafe { info.as_mut() }.ok_or(Error::Null { arg: "info" })?;

@@ -38,7 +38,7 @@ unsafe extern "C" {
     pub fn strata_table_free(t: *mut Table);
     pub fn strata_table_dim(t: *const Table) -> i64;
     pub fn strata_table_len(t: *const Table) -> i64;
-    pub fn strata_table_info(t: *const Table, info: *mut TableInfo) -> Status;
+    pub fn strata_table_get_info(t: *const Table, info: *mut TableInfo) -> Status;
     pub fn strata_lookup(
         t: *mut Table,
         keys: *const DLTensor,

@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# strata's C-side test suite, runnable from any folder:
+#   - builds libstrata (cargo build --release);
+#   - configures and builds the CMake project in build/c-asan with STRATA_SANITIZE=ON and runs
+#     each ctest test (the C examples) under AddressSanitizer, LeakSanitizer and UBSan;
+#   - compiles the header tests in tests/c/ as C11 and C++17 (and C17 / C++11 / C++20) with
+#     -Wall -Wextra -Werror -pedantic, and links and runs the ones with a main();
+#   - checks the version macros against strata_version() and Cargo.toml;
+#   - runs the examples under valgrind when valgrind is installed.
+# Ends with `c-tests: N passed, M failed` and a non-zero exit status if anything failed.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+ASAN_BUILD="$ROOT/build/c-asan"
+WORK="$ROOT/build/c-tests"
+LIBDIR="$ROOT/target/release"
+WARN=(-Wall -Wextra -Werror -pedantic)
+LINK=(-L"$LIBDIR" -lstrata -Wl,-rpath,"$LIBDIR")
+JOBS="$(nproc 2>/dev/null || echo 2)"
+
+passed=0
+failed=0
+last_ok=0
+failures=()
+
+# check NAME COMMAND...: runs one check and counts it.
+check() {
+    local name=$1
+    shift
+    echo "--- $name"
+    if "$@"; then
+        passed=$((passed + 1))
+        last_ok=1
+        echo "ok   $name"
+    else
+        last_ok=0
+        failed=$((failed + 1))
+        failures+=("$name")
+        echo "FAIL $name"
+    fi
+}
+
+finish() {
+    echo
+    local f
+    for f in ${failures[@]+"${failures[@]}"}; do
+        echo "failed: $f"
+    done
+    echo "c-tests: $passed passed, $failed failed"
+    [ "$failed" -eq 0 ]
+}
+
+# require NAME COMMAND...: a check everything else depends on; stops the suite if it fails.
+require() {
+    check "$@"
+    if [ "$last_ok" -ne 1 ]; then
+        finish || exit 1
+    fi
+}
+
+if ! command -v cmake >/dev/null 2>&1; then
+    echo "c-tests: cmake is not installed; install it with: apt-get install -y cmake" >&2
+    failed=$((failed + 1))
+    failures+=("cmake installed")
+    finish || exit 1
+fi
+
+mkdir -p "$WORK"
+
+# ---- the library and the CMake project under sanitizers --------------------------------
+
+require "cargo build --release" cargo build --release
+check "cmake configure (build/c-asan, STRATA_SANITIZE=ON)" \
+    cmake -S "$ROOT" -B "$ASAN_BUILD" -DCMAKE_BUILD_TYPE=Debug -DSTRATA_BUILD_EXAMPLES=ON -DSTRATA_SANITIZE=ON
+cmake_ok=$last_ok
+if [ "$cmake_ok" -eq 1 ]; then
+    check "cmake build (build/c-asan)" cmake --build "$ASAN_BUILD" --parallel "$JOBS"
+    cmake_ok=$last_ok
+fi
+
+# LeakSanitizer stops the world with ptrace; some sandboxes forbid that. Probe with a
+# program that leaks on purpose: if LSan cannot report it, run without leak detection.
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1"
+printf '#include <stdlib.h>\nvoid *volatile p;\nint main(void) { p = malloc(64); p = 0; return 0; }\n' >"$WORK/lsan_probe.c"
+if gcc -fsanitize=address -g "$WORK/lsan_probe.c" -o "$WORK/lsan_probe" 2>"$WORK/lsan_probe.log"; then
+    if ASAN_OPTIONS="detect_leaks=1" "$WORK/lsan_probe" >>"$WORK/lsan_probe.log" 2>&1 ||
+        ! grep -q "ERROR: LeakSanitizer: detected memory leaks" "$WORK/lsan_probe.log"; then
+        echo "note: LeakSanitizer cannot run here (no ptrace permission?); running ASan with detect_leaks=0:"
+        sed -n '1,3p' "$WORK/lsan_probe.log" | sed 's/^/    /'
+        export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1"
+    fi
+else
+    echo "note: cannot build the LeakSanitizer probe; running ASan with detect_leaks=0"
+    export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1"
+fi
+echo "ASAN_OPTIONS=$ASAN_OPTIONS"
+
+# (cd instead of ctest --test-dir, which needs CMake 3.20)
+run_ctest() { (cd "$ASAN_BUILD" && ctest "$@"); }
+ctests=()
+if [ "$cmake_ok" -eq 1 ]; then
+    mapfile -t ctests < <(run_ctest -N 2>/dev/null | sed -n 's/^ *Test *#[0-9]*: *//p')
+    if [ "${#ctests[@]}" -eq 0 ]; then
+        check "ctest finds the example tests" false
+    fi
+else
+    echo "note: the CMake build failed; skipping the ctest runs"
+fi
+for t in ${ctests[@]+"${ctests[@]}"}; do
+    check "ctest $t (ASan+UBSan)" run_ctest --output-on-failure -R "^${t}\$"
+done
+
+# ---- header tests --------------------------------------------------------------------------
+
+# compile_only STD COMPILER SOURCE
+compile_only() {
+    "$2" "-std=$1" "${WARN[@]}" -I"$ROOT/include" -c "$3" -o "$WORK/$(basename "$3").$1.o"
+}
+# build_and_run STD COMPILER SOURCE [ARGS...]
+build_and_run() {
+    local std=$1 cc=$2 src=$3
+    shift 3
+    local exe="$WORK/$(basename "$src").$std"
+    "$cc" "-std=$std" "${WARN[@]}" -I"$ROOT/include" -I"$ROOT/tests/c" "$src" "${LINK[@]}" -o "$exe" && "$exe" "$@"
+}
+
+check "strata.h alone as C11" compile_only c11 gcc tests/c/header_c.c
+check "strata.h alone as C17" compile_only c17 gcc tests/c/header_c.c
+check "strata.h alone as C++17" compile_only c++17 g++ tests/c/header_cxx.cpp
+check "strata.h alone as C++11" compile_only c++11 g++ tests/c/header_cxx.cpp
+check "strata.h alone as C++20" compile_only c++20 g++ tests/c/header_cxx.cpp
+check "strata.h after a host dlpack.h, C11 (build and run)" build_and_run c11 gcc tests/c/header_after_host.c
+check "strata.h after a host dlpack.h, C++17 (build and run)" build_and_run c++17 g++ tests/c/header_after_host.cpp
+
+CARGO_VERSION="$(sed -n 's/^version = "\([^"]*\)".*/\1/p' Cargo.toml | head -n 1)"
+check "version macros agree with strata_version() and Cargo.toml ($CARGO_VERSION)" \
+    build_and_run c11 gcc tests/c/version.c "$CARGO_VERSION"
+
+# ---- valgrind ------------------------------------------------------------------------------
+
+# valgrind_example NAME [ARGS...]: builds c_examples/NAME.c without sanitizers and runs it under
+# memcheck; memory errors and definite leaks fail it.
+valgrind_example() {
+    local name=$1
+    shift
+    gcc -std=c11 "${WARN[@]}" -O1 -g -I"$ROOT/include" "c_examples/$name.c" "${LINK[@]}" -lm -o "$WORK/$name.vg" &&
+        valgrind -q --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite,indirect \
+            "$WORK/$name.vg" "$@"
+}
+
+if command -v valgrind >/dev/null 2>&1; then
+    check "valgrind demo 4000 32 1000" valgrind_example demo 4000 32 1000
+    check "valgrind errors" valgrind_example errors
+    check "valgrind adopt" valgrind_example adopt
+else
+    echo "note: valgrind is not installed; skipping the valgrind runs (apt-get install -y valgrind)"
+fi
+
+finish

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs every strata test, from any folder. On a fresh Debian machine with Rust it first installs
+# what the tests need (cmake, valgrind, libabsl-dev for the baseline benchmark smoke run, and
+# NumPy/pytest from PyPI) when run as root, and says what to install otherwise.
+#   1. cargo test: unit tests, integration tests through the C ABI, the header freshness check,
+#      and the bounded property test (tests/fuzz.rs; PROPTEST_CASES, default 1000 here);
+#   2. the C side (scripts/c-tests.sh): examples under ASan/UBSan and valgrind, header compiles;
+#   3. the Python ctypes tests (scripts/py-tests.sh);
+#   4. a smoke run of the benchmark on small sizes (proves it builds and runs; times are not
+#      checked).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+missing=()
+command -v cmake >/dev/null 2>&1 || missing+=(cmake)
+command -v valgrind >/dev/null 2>&1 || missing+=(valgrind)
+command -v g++ >/dev/null 2>&1 || missing+=(g++)
+[ -e /usr/include/absl/container/flat_hash_map.h ] || missing+=(libabsl-dev)
+if [ "${#missing[@]}" -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "== installing ${missing[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    else
+        echo "missing: ${missing[*]} (install with: apt-get install -y ${missing[*]})" >&2
+        exit 1
+    fi
+fi
+if ! python3 -c 'import numpy, pytest, sys; sys.exit(0 if tuple(map(int, numpy.__version__.split(".")[:2])) >= (2, 1) else 1)' 2>/dev/null; then
+    echo "== installing numpy>=2.1 and pytest"
+    python3 -m pip install -q --disable-pip-version-check 'numpy>=2.1' pytest
+fi
+
+export PROPTEST_CASES="${PROPTEST_CASES:-1000}"
+echo "== cargo test"
+cargo test
+echo "== benchmark builds"
+cargo bench --bench lookup --no-run
+echo "== C tests"
+bash scripts/c-tests.sh
+echo "== Python tests"
+bash scripts/py-tests.sh
+echo "== benchmark smoke run (small sizes; the numbers mean nothing here)"
+cargo bench --bench lookup -- 20000 64 5000 2
+echo "all test suites passed"
