@@ -83,6 +83,10 @@ typedef struct DLManagedTensorVersioned {
 // `MAJOR * 10000 + MINOR * 100 + PATCH`, for `#if STRATA_VERSION_NUMBER >= ...` checks.
 #define STRATA_VERSION_NUMBER (((STRATA_VERSION_MAJOR * 10000) + (STRATA_VERSION_MINOR * 100)) + STRATA_VERSION_PATCH)
 
+// Largest `dim` (elements per row) a table may have: far above any embedding, and small
+// enough that a row's byte size never overflows.
+#define STRATA_MAX_DIM (1 << 24)
+
 // Status code returned by every fallible C function. `STRATA_OK` is zero.
 //
 // The values are part of the ABI: new codes are only ever appended.

@@ -149,27 +149,30 @@ pub fn require_host(d: DLDevice, arg: &'static str) -> Result<()> {
     }
 }
 
-/// A structurally validated, borrowed tensor: shape, non-negative element strides, and the
-/// byte-offset-adjusted base pointer, checked so that every element address is computed
+/// A structurally validated, borrowed tensor: shape, element strides (possibly negative), and
+/// the byte-offset-adjusted base pointer, checked so that every element address is computed
 /// without overflow and is aligned for the dtype.
 #[derive(Debug, Clone)]
 pub struct TensorView {
+    /// The argument name used in messages.
+    pub arg: &'static str,
     /// Address of element `[0, ..., 0]` (data + byte_offset). Dangling for empty tensors.
     pub ptr: *mut u8,
     pub dtype: DLDataType,
     pub device: DLDevice,
     pub shape: Vec<usize>,
-    /// Strides in elements (DLPack convention), never negative.
-    pub strides: Vec<usize>,
+    /// Strides in elements (DLPack convention).
+    pub strides: Vec<isize>,
     pub numel: usize,
     /// Bytes per element.
     pub elem: usize,
-    /// Bytes from `ptr` to one past the last element reachable; 0 for empty tensors.
-    pub span: usize,
+    /// The bytes `[start, end)` the elements occupy; empty for empty tensors.
+    range: (usize, usize),
 }
 
 impl TensorView {
-    /// Validates `t`, naming `arg` in every error.
+    /// Validates `t`, naming `arg` in every error. Negative strides are accepted here;
+    /// outputs refuse them with [`TensorView::require_non_negative_strides`].
     ///
     /// # Safety
     /// `t.shape` and `t.strides` must be readable for `t.ndim` elements (or NULL).
@@ -181,86 +184,93 @@ impl TensorView {
             return Err(Error::Dtype { arg, got: dtype_name(t.dtype), expected: "a whole-byte dtype" });
         }
         let elem = elem_bits / 8;
-        let strides: Vec<usize> = match r.strides() {
+        let overflow = || Error::layout(arg, "shape and strides reach beyond the address space");
+        let strides: Vec<isize> = match r.strides() {
             None => {
-                let mut s = vec![0usize; shape.len()];
-                let mut acc = 1usize;
+                let mut s = vec![0isize; shape.len()];
+                let mut acc = 1isize;
                 for d in (0..shape.len()).rev() {
                     s[d] = acc;
-                    acc = acc.saturating_mul(shape[d].max(1));
+                    acc = acc.saturating_mul(shape[d].max(1) as isize);
                 }
                 s
             }
-            Some(st) => {
-                let mut out = Vec::with_capacity(st.len());
-                for (d, &s) in st.iter().enumerate() {
-                    if s < 0 {
-                        return Err(Error::layout(
-                            arg,
-                            format!("strides[{d}] = {s} is negative; expected non-negative strides"),
-                        ));
-                    }
-                    out.push(s as usize);
-                }
-                out
-            }
+            Some(st) => st.iter().map(|&s| isize::try_from(s).map_err(|_| overflow())).collect::<Result<_>>()?,
         };
         let numel = r.num_elements();
-        let overflow = || {
-            Error::layout(
-                arg,
-                format!(
-                    "shape {:?} with strides {:?} spans more bytes than the address space holds",
-                    shape, strides
-                ),
-            )
-        };
-        let (ptr, span) = if numel == 0 {
-            (std::ptr::NonNull::<u8>::dangling().as_ptr(), 0)
+        let (ptr, range) = if numel == 0 {
+            (std::ptr::NonNull::<u8>::dangling().as_ptr(), (0, 0))
         } else {
             if t.data.is_null() {
                 return Err(Error::layout(arg, format!("data is NULL but the tensor has {numel} elements")));
             }
-            let mut last = 0usize;
+            // Offsets of the lowest and highest element, in elements, exactly (i128 cannot
+            // overflow for 64-bit sizes and strides summed over fewer than 2^60 dimensions).
+            let (mut lo, mut hi) = (0i128, 0i128);
             for (&n, &s) in shape.iter().zip(&strides) {
-                let step = (n - 1).checked_mul(s).ok_or_else(overflow)?;
-                last = last.checked_add(step).ok_or_else(overflow)?;
+                let step = (n as i128 - 1) * s as i128;
+                if step < 0 { lo += step } else { hi += step }
             }
-            let span = last.checked_add(1).and_then(|x| x.checked_mul(elem)).ok_or_else(overflow)?;
-            let off = usize::try_from(t.byte_offset).map_err(|_| overflow())?;
-            let addr = (t.data as usize).checked_add(off).ok_or_else(overflow)?;
-            if addr.checked_add(span).is_none() || span > isize::MAX as usize {
-                return Err(overflow());
+            let base = t.data as usize as i128 + t.byte_offset as i128;
+            let start = base + lo * elem as i128;
+            let end = base + (hi + 1) * elem as i128;
+            if start < 0 || end > usize::MAX as i128 || end - start > isize::MAX as i128 {
+                return Err(Error::layout(
+                    arg,
+                    format!("shape {shape:?} with strides {strides:?} and byte_offset {} reaches beyond the address space", t.byte_offset),
+                ));
             }
             let align = elem.min(8).max(1);
-            if elem.is_power_of_two() && addr % align != 0 {
+            if elem.is_power_of_two() && base % align as i128 != 0 {
                 return Err(Error::layout(
                     arg,
                     format!(
-                        "data + byte_offset = {addr:#x} is not aligned to {align} bytes ({}); expected aligned elements",
+                        "data + byte_offset = {base:#x} is not aligned to {align} bytes ({}); expected aligned elements",
                         dtype_name(t.dtype)
                     ),
                 ));
             }
-            ((t.data as *mut u8).wrapping_add(off), span)
+            ((t.data as *mut u8).wrapping_add(t.byte_offset as usize), (start as usize, end as usize))
         };
-        Ok(TensorView { ptr, dtype: t.dtype, device: t.device, shape, strides, numel, elem, span })
+        Ok(TensorView { arg, ptr, dtype: t.dtype, device: t.device, shape, strides, numel, elem, range })
+    }
+
+    /// Fails unless every stride is non-negative (outputs, adopted vectors).
+    pub fn require_non_negative_strides(&self) -> Result<()> {
+        match self.strides.iter().position(|&s| s < 0) {
+            None => Ok(()),
+            Some(d) => Err(Error::layout(
+                self.arg,
+                format!("strides[{d}] = {} is negative; expected non-negative strides", self.strides[d]),
+            )),
+        }
     }
 
     /// The byte range `[start, end)` this view can touch (empty for empty tensors).
     pub fn byte_range(&self) -> (usize, usize) {
-        let s = self.ptr as usize;
-        (s, s + self.span)
+        self.range
     }
 
-    /// Whether the elements of this view occupy distinct addresses (checked conservatively:
-    /// sorted by stride, each stride must step past everything the smaller ones reach).
+    /// Address of the element at element offset `off` from element `[0, ..., 0]`.
+    #[inline(always)]
+    pub fn at(&self, off: isize) -> *mut u8 {
+        self.ptr.wrapping_offset(off * self.elem as isize)
+    }
+
+    /// Whether the elements of this view occupy distinct addresses, by the usual sufficient
+    /// rule: sorted by |stride|, each stride steps past everything the smaller ones reach.
+    /// (Some exotic interleavings with distinct elements are refused too.)
     pub fn is_non_overlapping(&self) -> bool {
         if self.numel == 0 {
             return true;
         }
-        let mut dims: Vec<(usize, usize)> =
-            self.shape.iter().zip(&self.strides).filter(|(n, _)| **n > 1).map(|(&n, &s)| (n, s)).collect();
+        let mut dims: Vec<(usize, usize)> = self
+            .shape
+            .iter()
+            .zip(&self.strides)
+            .filter(|(n, _)| **n > 1)
+            .map(|(&n, &s)| (n, s.unsigned_abs()))
+            .collect();
         dims.sort_by_key(|&(_, s)| s);
         let mut reach = 0usize; // largest element offset reached by the dims so far
         for (n, s) in dims {
@@ -309,19 +319,19 @@ fn null_shape_arg(arg: &'static str, _ndim: i32) -> &'static str {
 #[derive(Debug, Clone)]
 pub struct Walk {
     /// (size, stride) pairs, outermost first, after merging.
-    dims: Vec<(usize, usize)>,
+    dims: Vec<(usize, isize)>,
 }
 
 impl Walk {
     /// A walk over `shape` with element `strides`.
-    pub fn new(shape: &[usize], strides: &[usize]) -> Self {
-        let mut dims: Vec<(usize, usize)> = Vec::with_capacity(shape.len());
+    pub fn new(shape: &[usize], strides: &[isize]) -> Self {
+        let mut dims: Vec<(usize, isize)> = Vec::with_capacity(shape.len());
         for (&n, &s) in shape.iter().zip(strides) {
             if n == 1 {
                 continue;
             }
             if let Some(last) = dims.last_mut() {
-                if last.1 == s * n {
+                if last.1 == s * n as isize {
                     *last = (last.0 * n, s);
                     continue;
                 }
@@ -333,7 +343,7 @@ impl Walk {
 
     /// The uniform stride when the walk is one-dimensional (or trivial).
     #[inline]
-    pub fn linear_stride(&self) -> Option<usize> {
+    pub fn linear_stride(&self) -> Option<isize> {
         match self.dims.as_slice() {
             [] => Some(0),
             [(_, s)] => Some(*s),
@@ -343,29 +353,29 @@ impl Walk {
 
     /// Writes the element offsets of flat indices `start .. start + out.len()` into `out`.
     #[inline]
-    pub fn fill(&self, start: usize, out: &mut [usize]) {
+    pub fn fill(&self, start: usize, out: &mut [isize]) {
         if let Some(s) = self.linear_stride() {
             for (i, o) in out.iter_mut().enumerate() {
-                *o = (start + i) * s;
+                *o = (start + i) as isize * s;
             }
             return;
         }
         let nd = self.dims.len();
-        let mut idx = [0usize; 16];
+        let mut small = [0usize; 16];
         let mut heap;
         let idx: &mut [usize] = if nd <= 16 {
-            &mut idx[..nd]
+            &mut small[..nd]
         } else {
             heap = vec![0usize; nd];
             &mut heap
         };
         let mut rem = start;
-        let mut off = 0usize;
+        let mut off = 0isize;
         for d in (0..nd).rev() {
             let (n, s) = self.dims[d];
             idx[d] = rem % n;
             rem /= n;
-            off += idx[d] * s;
+            off += idx[d] as isize * s;
         }
         let (inner_n, inner_s) = self.dims[nd - 1];
         for o in out.iter_mut() {
@@ -373,10 +383,10 @@ impl Walk {
             idx[nd - 1] += 1;
             off += inner_s;
             if idx[nd - 1] == inner_n {
+                // carry into the outer dimensions
                 let mut d = nd - 1;
                 loop {
-                    let (n, s) = self.dims[d];
-                    off -= idx[d] * s;
+                    off -= idx[d] as isize * self.dims[d].1;
                     idx[d] = 0;
                     if d == 0 {
                         break;
@@ -387,7 +397,6 @@ impl Walk {
                     if idx[d] < self.dims[d].0 {
                         break;
                     }
-                    let _ = n;
                 }
             }
         }
@@ -398,13 +407,13 @@ impl Walk {
 mod tests {
     use super::*;
 
-    fn reference_offsets(shape: &[usize], strides: &[usize]) -> Vec<usize> {
+    fn reference_offsets(shape: &[usize], strides: &[isize]) -> Vec<isize> {
         let n: usize = shape.iter().product();
         (0..n)
             .map(|mut i| {
                 let mut off = 0;
                 for d in (0..shape.len()).rev() {
-                    off += (i % shape[d]) * strides[d];
+                    off += (i % shape[d]) as isize * strides[d];
                     i /= shape[d];
                 }
                 off
@@ -414,7 +423,11 @@ mod tests {
 
     #[test]
     fn walk_matches_reference_for_every_start() {
-        let cases: &[(&[usize], &[usize])] = &[
+        let cases: &[(&[usize], &[isize])] = &[
+            (&[5], &[-1]),
+            (&[3, 4], &[-4, 1]),
+            (&[3, 4], &[4, -1]),
+            (&[2, 3, 2], &[-1, 2, -6]),
             (&[5], &[1]),
             (&[5], &[3]),
             (&[2, 3], &[3, 1]),
@@ -429,7 +442,7 @@ mod tests {
             let w = Walk::new(shape, strides);
             for start in 0..want.len() {
                 for len in 0..=(want.len() - start) {
-                    let mut got = vec![usize::MAX; len];
+                    let mut got = vec![isize::MAX; len];
                     w.fill(start, &mut got);
                     assert_eq!(got, want[start..start + len], "shape {shape:?} strides {strides:?} start {start}");
                 }

@@ -63,7 +63,7 @@ impl Table {
         let n = k.numel;
 
         let nd = k.shape.len();
-        let (lead_shape, lead_strides): (Vec<usize>, Vec<usize>) =
+        let (lead_shape, lead_strides): (Vec<usize>, Vec<isize>) =
             if o.shape.len() == nd + 1 && o.shape[..nd] == k.shape[..] && o.shape[nd] == dim {
                 (k.shape.clone(), o.strides[..nd].to_vec())
             } else if o.shape.len() == 2 && o.shape[0] == n && o.shape[1] == dim {
@@ -76,14 +76,19 @@ impl Table {
                     format!("shape {:?}; expected [*keys.shape, dim] = {want:?} or [numel(keys), dim] = [{n}, {dim}]", o.shape),
                 ));
             };
-        let col_stride = *o.strides.last().expect("out has at least one dimension");
+        o.require_non_negative_strides()?;
+        let col_stride = *o.strides.last().expect("out has at least one dimension") as usize;
         if n == 0 {
             return Ok(LookupStats::default());
         }
         if !o.is_non_overlapping() {
             return Err(Error::layout(
                 "out",
-                format!("strides {:?} make elements of shape {:?} overlap; expected distinct addresses", o.strides, o.shape),
+                format!(
+                    "strides {:?} make elements of shape {:?} overlap; expected each stride, in increasing order, \
+                     to step past the extent of the smaller ones",
+                    o.strides, o.shape
+                ),
             ));
         }
         if overlaps(o.byte_range(), k.byte_range()) {

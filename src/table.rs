@@ -4,7 +4,7 @@
 //! A [`Table`] is immutable after construction and `Send + Sync`: any number of threads may
 //! look it up at once (see [`crate::lookup`]).
 
-use crate::dlpack::{FloatDtype, KeyDtype, TensorView, Walk, require_host};
+use crate::dlpack::{FloatDtype, KeyDtype, TensorView, require_host};
 use crate::error::{Error, Result};
 use crate::index::KeyIndex;
 use crate::store::Store;
@@ -55,6 +55,10 @@ impl TableOptions {
     }
 }
 
+/// Largest `dim` (elements per row) a table may have: far above any embedding, and small
+/// enough that a row's byte size never overflows.
+pub const STRATA_MAX_DIM: usize = 1 << 24;
+
 /// How keys map to rows.
 pub(crate) enum Rows {
     /// Key `k` is row `k` for `0 <= k < rows`.
@@ -67,28 +71,22 @@ pub(crate) enum Rows {
 pub struct Table {
     pub(crate) store: Store,
     pub(crate) rows: Rows,
-    /// The default row, `dim` elements in the store's dtype (4-byte words for alignment).
-    default_row: Vec<u32>,
+    /// The default row: `dim` copies of `options.default_value`, in float32 whatever the
+    /// table's dtype, so a missing key gets exactly the value asked for.
+    default_row: Vec<f32>,
     pub(crate) options: TableOptions,
     pub(crate) missing: MissingKey,
 }
 
 impl Table {
     fn assemble(store: Store, rows: Rows, options: TableOptions) -> Result<Self> {
-        let dim = store.dim();
-        let dtype = store.dtype();
-        let mut default_row = vec![0u32; (dim * dtype.size()).div_ceil(4)];
-        let bytes = default_row.as_mut_ptr() as *mut u8;
-        for i in 0..dim {
-            // SAFETY: default_row holds dim * size bytes, 4-byte aligned.
-            unsafe { crate::exec::cpu::store_f32(dtype, bytes.add(i * dtype.size()), options.default_value) };
-        }
         let missing = options.missing()?;
+        let default_row = vec![options.default_value; store.dim()];
         Ok(Table { store, rows, default_row, options, missing })
     }
 
-    /// Copies `vectors` ([rows, dim], float32/float16/bfloat16, any non-negative strides, host
-    /// memory) into a new table. `keys` is `None` for a dense table, else a 1-D tensor of
+    /// Copies `vectors` ([rows, dim], float32/float16/bfloat16, any strides, host memory) into
+    /// a new table. `keys` is `None` for a dense table, else a 1-D tensor of
     /// `rows` unique integer keys. The caller's tensors are only read during the call.
     ///
     /// # Safety
@@ -103,13 +101,14 @@ impl Table {
         let store = Store::alloc(dtype, rows, dim, |buf| {
             for r in 0..rows {
                 let dst = &mut buf[r * dim * size..(r + 1) * dim * size];
+                let row = r as isize * rs;
                 if cs == 1 {
-                    // SAFETY: the view validated that row r's dim elements are addressable.
-                    let src = unsafe { std::slice::from_raw_parts(v.ptr.add(r * rs * size), dim * size) };
+                    // SAFETY: the view validated that every element is addressable.
+                    let src = unsafe { std::slice::from_raw_parts(v.at(row), dim * size) };
                     dst.copy_from_slice(src);
                 } else {
                     for c in 0..dim {
-                        let src = unsafe { std::slice::from_raw_parts(v.ptr.add((r * rs + c * cs) * size), size) };
+                        let src = unsafe { std::slice::from_raw_parts(v.at(row + c as isize * cs), size) };
                         dst[c * size..(c + 1) * size].copy_from_slice(src);
                     }
                 }
@@ -149,7 +148,8 @@ impl Table {
         }
         let v = unsafe { TensorView::new(m.tensor(), "vectors") }?;
         let (dtype, rows, dim) = check_vectors(&v)?;
-        let (rs, cs) = (v.strides[0], v.strides[1]);
+        v.require_non_negative_strides()?;
+        let (rs, cs) = (v.strides[0] as usize, v.strides[1] as usize);
         if rows > 0 && dim > 1 && cs != 1 {
             return Err(Error::layout(
                 "vectors",
@@ -163,11 +163,14 @@ impl Table {
             ));
         }
         let index = unsafe { build_rows(keys, rows) }?;
-        // SAFETY: validated above; ownership moves into the deleter only now that nothing can fail.
+        let missing = options.missing()?;
+        let default_row = vec![options.default_value; dim];
+        // SAFETY: validated above. Ownership moves into the store only now, when nothing after
+        // it can fail: on every error above the caller still owns `managed`.
         let owned = unsafe { dlpark::Managed::<M>::from_raw(managed) }
             .map_err(|e| Error::invalid("vectors", e.to_string()))?;
         let store = unsafe { Store::adopted(v.ptr, dtype, rows, dim, rs.max(dim), owned.into_deleter()) };
-        Table::assemble(store, index, options)
+        Ok(Table { store, rows: index, default_row, options, missing })
     }
 
     /// Opens a table in HugeCTR's sparse format: `dir/key` (little-endian int64, one per row)
@@ -176,8 +179,8 @@ impl Table {
     /// unmapped. The files must not be truncated while the table is open.
     pub fn open(dir: &Path, dim: i64, options: TableOptions) -> Result<Self> {
         options.missing()?;
-        if dim <= 0 {
-            return Err(Error::invalid("dim", format!("{dim}; expected dim >= 1")));
+        if dim <= 0 || dim > STRATA_MAX_DIM as i64 {
+            return Err(Error::invalid("dim", format!("{dim}; expected 1 <= dim <= {STRATA_MAX_DIM}")));
         }
         let dim = dim as usize;
         let key_path = dir.join("key");
@@ -275,7 +278,7 @@ impl Table {
         &self.store
     }
 
-    /// The default row (`dim` elements in the table's dtype), as bytes.
+    /// The default row (`dim` float32 values), as bytes.
     pub(crate) fn default_row_ptr(&self) -> *const u8 {
         self.default_row.as_ptr() as *const u8
     }
@@ -289,8 +292,8 @@ fn check_vectors(v: &TensorView) -> Result<(FloatDtype, usize, usize)> {
         return Err(Error::invalid("vectors", format!("ndim = {}; expected 2 ([rows, dim])", v.shape.len())));
     }
     let (rows, dim) = (v.shape[0], v.shape[1]);
-    if dim == 0 {
-        return Err(Error::invalid("vectors", "shape[1] = 0; expected dim >= 1"));
+    if dim == 0 || dim > STRATA_MAX_DIM {
+        return Err(Error::invalid("vectors", format!("shape[1] = {dim}; expected 1 <= dim <= {STRATA_MAX_DIM}")));
     }
     Ok((dtype, rows, dim))
 }
@@ -307,9 +310,9 @@ unsafe fn build_rows(keys: Option<&DLTensor>, rows: usize) -> Result<Rows> {
             format!("shape {:?}; expected [{rows}] (one key per row of vectors)", k.shape),
         ));
     }
-    let walk = Walk::new(&k.shape, &k.strides);
-    let stride = walk.linear_stride().unwrap_or(0) * k.elem;
-    let it = (0..rows).map(|i| unsafe { kd.read(k.ptr.add(i * stride)) });
+    let stride = if rows > 1 { k.strides[0] } else { 0 };
+    // SAFETY: the view validated that all `rows` keys are addressable.
+    let it = (0..rows).map(|i| unsafe { kd.read(k.at(i as isize * stride)) });
     Ok(Rows::Keyed(KeyIndex::build(it, |c| kd.value(c), "keys")?))
 }
 

@@ -140,7 +140,10 @@ fn shape_mismatches() {
     fails(s, Status::STRATA_INVALID_ARGUMENT, &["vectors: ndim = 1; expected 2 ([rows, dim])"]);
     let v0 = Desc::compact(c.out.as_ptr().cast(), F32, &[8, 0]);
     let s = unsafe { strata_table_from_dlpack(&v0.t, null(), null(), &mut t) };
-    fails(s, Status::STRATA_INVALID_ARGUMENT, &["vectors: shape[1] = 0; expected dim >= 1"]);
+    fails(s, Status::STRATA_INVALID_ARGUMENT, &["vectors: shape[1] = 0; expected 1 <= dim <= 16777216"]);
+    let vhuge = Desc::compact(c.out.as_ptr().cast(), F32, &[0, 1 << 62]);
+    let s = unsafe { strata_table_from_dlpack(&vhuge.t, null(), null(), &mut t) };
+    fails(s, Status::STRATA_INVALID_ARGUMENT, &["vectors: shape[1] = 4611686018427387904; expected 1 <= dim"]);
     let v = Desc::compact(c.out.as_ptr().cast(), F32, &[6, 2]);
     let kshort = Desc::compact(c.keys.as_ptr().cast(), I64, &[5]);
     let s = unsafe { strata_table_from_dlpack(&v.t, &kshort.t, null(), &mut t) };
@@ -159,9 +162,6 @@ fn shape_mismatches() {
 fn bad_strides_offsets_and_alignment() {
     let mut c = Case::new();
     let mut o = c.out();
-    let mut k = c.keys();
-    k.strides[0] = -1;
-    c.expect(&k, &mut o, Status::STRATA_INVALID_LAYOUT, &["keys: strides[0] = -1 is negative"]);
     let mut k = c.keys();
     k.strides[0] = i64::MAX / 2;
     c.expect(&k, &mut o, Status::STRATA_INVALID_LAYOUT, &["keys: shape [6] with strides", "address space"]);

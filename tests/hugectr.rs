@@ -107,7 +107,7 @@ fn malformed_folders() {
     // bad dim, duplicate keys, bad options
     for dim in [0, -4] {
         let (s, _) = open(p, dim, &d);
-        fails(s, Status::STRATA_INVALID_ARGUMENT, &["dim: ", "expected dim >= 1"]);
+        fails(s, Status::STRATA_INVALID_ARGUMENT, &["dim: ", "expected 1 <= dim <= 16777216"]);
     }
     write_table(p, &[1, -2, 1], &[0.0; 12]);
     let (s, _) = open(p, 4, &d);

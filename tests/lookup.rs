@@ -10,7 +10,7 @@ use std::collections::HashMap;
 const POISON: u8 = 0xA5;
 
 /// Element offsets of each flat (row-major) index of `shape` under `strides`.
-fn offsets(shape: &[i64], strides: &[i64]) -> Vec<usize> {
+fn offsets(shape: &[i64], strides: &[i64]) -> Vec<i64> {
     let n: i64 = shape.iter().product();
     (0..n)
         .map(|mut i| {
@@ -19,8 +19,15 @@ fn offsets(shape: &[i64], strides: &[i64]) -> Vec<usize> {
                 off += (i % shape[d]) * strides[d];
                 i /= shape[d];
             }
-            off as usize
+            off
         })
+        .collect()
+}
+
+/// Byte positions of each element: `byte_offset + offset * size`, all non-negative.
+fn positions(offs: &[i64], byte_offset: u64, size: usize) -> Vec<usize> {
+    offs.iter()
+        .map(|&o| usize::try_from(byte_offset as i64 + o * size as i64).expect("layout reaches before its buffer"))
         .collect()
 }
 
@@ -91,17 +98,17 @@ impl Fixture {
     /// Runs a lookup of `keys` (flat order) laid out as `l` and checks every byte of `out`.
     fn check(&self, keys: &[i64], l: &Layout, threads: i32) -> LookupStats {
         let ksize = elem_size(l.key_dtype);
-        let koffs = offsets(&l.key_shape, &l.key_strides);
-        assert_eq!(koffs.len(), keys.len());
-        let kbytes = l.key_offset as usize + koffs.iter().max().map_or(0, |m| (m + 1) * ksize);
+        let kpos = positions(&offsets(&l.key_shape, &l.key_strides), l.key_offset, ksize);
+        assert_eq!(kpos.len(), keys.len());
+        let kbytes = kpos.iter().max().map_or(0, |m| m + ksize);
         let mut kbuf = vec![0u64; kbytes.div_ceil(8) + 1];
         let kp = kbuf.as_mut_ptr() as *mut u8;
-        for (&k, &o) in keys.iter().zip(&koffs) {
-            write_key(l.key_dtype, unsafe { kp.add(l.key_offset as usize + o * ksize) }, k);
+        for (&k, &at) in keys.iter().zip(&kpos) {
+            write_key(l.key_dtype, unsafe { kp.add(at) }, k);
         }
         let osize = elem_size(l.out_dtype);
-        let ooffs = offsets(&l.out_shape, &l.out_strides);
-        let obytes = l.out_offset as usize + ooffs.iter().max().map_or(0, |m| (m + 1) * osize);
+        let opos = positions(&offsets(&l.out_shape, &l.out_strides), l.out_offset, osize);
+        let obytes = opos.iter().max().map_or(0, |m| m + osize);
         let guard = 64;
         let mut obuf = vec![POISON; obytes + 2 * guard + 8];
         let base = {
@@ -130,7 +137,7 @@ impl Fixture {
             for c in 0..self.dim {
                 let v = row.map_or(self.default, |r| self.vectors[r * self.dim + c]);
                 let flat = i * self.dim + c;
-                let at = base + l.out_offset as usize + ooffs[flat] * osize;
+                let at = base + opos[flat];
                 write_float(l.out_dtype, unsafe { expect_bytes.as_mut_ptr().add(at) }, round_to(l.out_dtype, v));
             }
         }
@@ -206,6 +213,11 @@ fn strided_keys_and_outputs() {
         let mut l = Layout::compact(I32, &[24], od, 6);
         l.key_strides = vec![3];
         l.key_offset = 8;
+        f.check(&keys, &l, 0);
+        // reversed keys (negative stride, byte_offset at the last one)
+        let mut l = Layout::compact(I64, &[24], od, 6);
+        l.key_strides = vec![-2];
+        l.key_offset = 8 * 46;
         f.check(&keys, &l, 0);
         // transposed 2-D keys, stride-0 broadcast keys
         let mut l = Layout::compact(U64, &[4, 6], od, 6);

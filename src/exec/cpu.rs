@@ -38,6 +38,13 @@ pub struct KeySource {
     pub elem: usize,
 }
 
+impl KeySource {
+    #[inline(always)]
+    fn at(&self, off: isize) -> *const u8 {
+        self.ptr.wrapping_offset(off * self.elem as isize)
+    }
+}
+
 /// Where rows are written.
 pub struct OutTarget {
     pub ptr: *mut u8,
@@ -202,6 +209,12 @@ unsafe fn bf16_to_f32(src: *const u8, dst: *mut u8, dim: usize, _: usize) {
     s.convert_to_f32_slice(d);
 }
 
+/// The kernels of one lookup: for table rows, and for the (float32) default row.
+struct Kernels {
+    row: RowFn,
+    default: RowFn,
+}
+
 /// The row kernel for a (table dtype, out dtype, contiguous row?, streaming?) combination.
 fn row_fn(src: FloatDtype, dst: FloatDtype, contiguous: bool, stream: bool) -> RowFn {
     use FloatDtype::*;
@@ -225,20 +238,6 @@ fn row_fn(src: FloatDtype, dst: FloatDtype, contiguous: bool, stream: bool) -> R
     }
 }
 
-/// Writes `v` as one element of `dtype` at `p`.
-///
-/// # Safety
-/// `p` must be valid for writing one element of `dtype` and aligned for it.
-pub unsafe fn store_f32(dtype: FloatDtype, p: *mut u8, v: f32) {
-    unsafe {
-        match dtype {
-            FloatDtype::F32 => *(p as *mut f32) = v,
-            FloatDtype::F16 => *(p as *mut f16) = f16::from_f32(v),
-            FloatDtype::BF16 => *(p as *mut bf16) = bf16::from_f32(v),
-        }
-    }
-}
-
 impl Gather<'_> {
     /// Runs the gather on up to `threads` participants and sums what they found.
     pub fn run(&self) -> Found {
@@ -247,11 +246,15 @@ impl Gather<'_> {
         let by_tasks = self.n.div_ceil(TASK).max(1);
         let threads = self.threads.min(by_size).min(by_tasks).max(1);
         let stream = self.n.saturating_mul(row_bytes) >= STREAM_BYTES;
-        let rowf = row_fn(self.table.dtype(), self.out.dtype, self.out.col_stride == 1, stream);
+        let contiguous = self.out.col_stride == 1;
+        let rowf = Kernels {
+            row: row_fn(self.table.dtype(), self.out.dtype, contiguous, stream),
+            default: row_fn(FloatDtype::F32, self.out.dtype, contiguous, stream),
+        };
         let track_first = self.table.missing == MissingKey::STRATA_MISSING_ERROR;
         if threads == 1 {
             let mut f = Found::default();
-            self.range(0, self.n, rowf, track_first, &mut f);
+            self.range(0, self.n, &rowf, track_first, &mut f);
             store_fence();
             return f;
         }
@@ -263,7 +266,7 @@ impl Gather<'_> {
                 if lo >= self.n {
                     break;
                 }
-                self.range(lo, (lo + TASK).min(self.n), rowf, track_first, &mut f);
+                self.range(lo, (lo + TASK).min(self.n), &rowf, track_first, &mut f);
             }
             store_fence();
             f
@@ -279,7 +282,7 @@ impl Gather<'_> {
     }
 
     /// Gathers flat key indices `lo..hi`.
-    fn range(&self, lo: usize, hi: usize, rowf: RowFn, track_first: bool, found: &mut Found) {
+    fn range(&self, lo: usize, hi: usize, rowf: &Kernels, track_first: bool, found: &mut Found) {
         match &self.table.rows {
             Rows::Dense => self.range_with(&Dense(self.table.store.rows() as u64), lo, hi, rowf, track_first, found),
             Rows::Keyed(ix) => self.range_with(ix, lo, hi, rowf, track_first, found),
@@ -290,13 +293,13 @@ impl Gather<'_> {
     /// index bucket of key `i + 2 * AHEAD`, resolves key `i + AHEAD` and prefetches its row, and
     /// copies row `i`, so the memory latency of buckets and rows overlaps the copies.
     #[inline(always)]
-    fn range_with<R: Resolve>(&self, r: &R, lo: usize, hi: usize, rowf: RowFn, track_first: bool, found: &mut Found) {
+    fn range_with<R: Resolve>(&self, r: &R, lo: usize, hi: usize, k: &Kernels, track_first: bool, found: &mut Found) {
         let store = &self.table.store;
         let dim = self.table.dim();
         let row_bytes = dim * store.dtype().size();
         let out_size = self.out.dtype.size();
         let default = self.table.default_row_ptr();
-        let mut offs = [0usize; CHUNK];
+        let mut offs = [0isize; CHUNK];
         let mut keys = [0u64; CHUNK];
         let mut rows = [0usize; CHUNK];
         let mut start = lo;
@@ -320,19 +323,19 @@ impl Gather<'_> {
                     rows[i + ahead_n] = r.row(keys[i + ahead_n]);
                     prefetch_row(store, rows[i + ahead_n], row_bytes);
                 }
-                let src = if rows[i] == NO_ROW {
+                let dst = self.out.ptr.wrapping_offset(offs[i] * out_size as isize);
+                // SAFETY: the source is a whole row of the table or the default row; dst is this
+                // key's output row, validated to lie inside `out` and not to overlap other rows.
+                if rows[i] == NO_ROW {
                     found.misses += 1;
                     if track_first && found.first_miss.is_none_or(|(j, _)| start + i < j) {
                         found.first_miss = Some((start + i, keys[i]));
                     }
-                    default
+                    unsafe { (k.default)(default, dst, dim, self.out.col_stride) };
                 } else {
                     found.hits += 1;
-                    store.row_ptr(rows[i])
-                };
-                // SAFETY: src is a whole row of the table (or the default row); dst is this key's
-                // output row, validated to lie inside `out` and not to overlap other rows.
-                unsafe { rowf(src, self.out.ptr.wrapping_add(offs[i] * out_size), dim, self.out.col_stride) };
+                    unsafe { (k.row)(store.row_ptr(rows[i]), dst, dim, self.out.col_stride) };
+                }
             }
             start += n;
         }
@@ -340,21 +343,19 @@ impl Gather<'_> {
 
     /// Reads keys `start .. start + keys.len()` in canonical form (`offs` is scratch).
     #[inline(always)]
-    fn read_keys(&self, start: usize, keys: &mut [u64], offs: &mut [usize]) {
+    fn read_keys(&self, start: usize, keys: &mut [u64], offs: &mut [isize]) {
         let k = &self.keys;
         match k.walk.linear_stride() {
             Some(s) => {
-                let step = s * k.elem;
-                let base = k.ptr.wrapping_add(start * step);
                 for (i, key) in keys.iter_mut().enumerate() {
                     // SAFETY: validated: every key index below self.n is addressable.
-                    *key = unsafe { k.dtype.read(base.wrapping_add(i * step)) };
+                    *key = unsafe { k.dtype.read(k.at((start + i) as isize * s)) };
                 }
             }
             None => {
                 k.walk.fill(start, offs);
                 for (key, &o) in keys.iter_mut().zip(offs.iter()) {
-                    *key = unsafe { k.dtype.read(k.ptr.wrapping_add(o * k.elem)) };
+                    *key = unsafe { k.dtype.read(k.at(o)) };
                 }
             }
         }

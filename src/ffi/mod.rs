@@ -6,9 +6,10 @@ mod lookup;
 mod table;
 
 use crate::error::{Error, Result, Status};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ffi::{CString, c_char};
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Once;
 
 /// Major version of this library (agrees with Cargo.toml).
 pub const STRATA_VERSION_MAJOR: u32 = 0;
@@ -21,6 +22,27 @@ pub const STRATA_VERSION_NUMBER: u32 = STRATA_VERSION_MAJOR * 10000 + STRATA_VER
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+    /// Whether this thread is inside an export (its panics are reported, not printed).
+    static IN_EXPORT: Cell<bool> = const { Cell::new(false) };
+    /// Where and why the last panic inside an export happened.
+    static PANIC_REPORT: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// Installs, once, a panic hook that keeps panics inside strata's exports off the host's
+/// stderr (they become `STRATA_INTERNAL` with the panic's location and message) and passes
+/// every other panic to the hook that was there before.
+fn install_panic_hook() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if IN_EXPORT.with(Cell::get) {
+                PANIC_REPORT.with(|r| *r.borrow_mut() = Some(info.to_string().replace('\n', " ")));
+            } else {
+                previous(info);
+            }
+        }));
+    });
 }
 
 fn set_last_error(msg: &str) {
@@ -38,10 +60,17 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 /// Runs an export's body: catches panics, records the error message for
 /// `strata_last_error`, and maps the result to a status. Every fallible export goes through it.
 pub(crate) fn boundary(f: impl FnOnce() -> Result<()>) -> Status {
-    let err = match catch_unwind(AssertUnwindSafe(f)) {
+    install_panic_hook();
+    let outer = IN_EXPORT.with(|b| b.replace(true));
+    let result = catch_unwind(AssertUnwindSafe(f));
+    IN_EXPORT.with(|b| b.set(outer));
+    let err = match result {
         Ok(Ok(())) => return Status::STRATA_OK,
         Ok(Err(e)) => e,
-        Err(p) => Error::Internal(format!("panic inside strata: {}", panic_message(p.as_ref()))),
+        Err(p) => {
+            let report = PANIC_REPORT.with(|r| r.borrow_mut().take());
+            Error::Internal(format!("panic inside strata: {}", report.unwrap_or_else(|| panic_message(p.as_ref()))))
+        }
     };
     set_last_error(&err.to_string());
     err.status()
