@@ -24,9 +24,7 @@ const BYTES_PER_THREAD: usize = 256 * 1024;
 /// this large will not stay in cache, and streaming skips the read-for-ownership of each line.
 const STREAM_BYTES: usize = 4 << 20;
 /// How many keys ahead rows are prefetched.
-const AHEAD: usize = 8;
-fn ahead() -> usize { static A: std::sync::OnceLock<usize> = std::sync::OnceLock::new(); *A.get_or_init(|| std::env::var("XA").ok().and_then(|s| s.parse().ok()).unwrap_or(AHEAD)) }
-fn hint() -> usize { static A: std::sync::OnceLock<usize> = std::sync::OnceLock::new(); *A.get_or_init(|| std::env::var("XH").ok().and_then(|s| s.parse().ok()).unwrap_or(0)) }
+const AHEAD: usize = 6;
 const NO_ROW: usize = usize::MAX;
 
 /// Where keys are read from.
@@ -303,25 +301,24 @@ impl Gather<'_> {
         let mut keys = [0u64; CHUNK];
         let mut rows = [0usize; CHUNK];
         let mut start = lo;
-        let ahead_n = ahead();
         while start < hi {
             let n = CHUNK.min(hi - start);
             self.read_keys(start, &mut keys[..n], &mut offs[..n]);
             self.out.walk.fill(start, &mut offs[..n]);
-            for &key in &keys[..n.min(2 * ahead_n)] {
+            for &key in &keys[..n.min(2 * AHEAD)] {
                 r.prefetch(key);
             }
-            for i in 0..n.min(ahead_n) {
+            for i in 0..n.min(AHEAD) {
                 rows[i] = r.row(keys[i]);
                 prefetch_row(store, rows[i], row_bytes);
             }
             for i in 0..n {
-                if i + 2 * ahead_n < n {
-                    r.prefetch(keys[i + 2 * ahead_n]);
+                if i + 2 * AHEAD < n {
+                    r.prefetch(keys[i + 2 * AHEAD]);
                 }
-                if i + ahead_n < n {
-                    rows[i + ahead_n] = r.row(keys[i + ahead_n]);
-                    prefetch_row(store, rows[i + ahead_n], row_bytes);
+                if i + AHEAD < n {
+                    rows[i + AHEAD] = r.row(keys[i + AHEAD]);
+                    prefetch_row(store, rows[i + AHEAD], row_bytes);
                 }
                 let dst = self.out.ptr.wrapping_offset(offs[i] * out_size as isize);
                 // SAFETY: the source is a whole row of the table or the default row; dst is this
@@ -398,9 +395,8 @@ fn prefetch_row(store: &crate::store::Store, row: usize, row_bytes: usize) {
     }
     let p = store.row_ptr(row);
     let mut off = 0;
-    let h = hint();
     while off < row_bytes.min(1024) {
-        if h == 0 { prefetch(p.wrapping_add(off)); } else { unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p.wrapping_add(off) as *const i8) } }
+        prefetch(p.wrapping_add(off));
         off += 64;
     }
 }
