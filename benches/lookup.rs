@@ -6,89 +6,35 @@
 //! `cargo bench --bench lookup -- [rows dim batch threads]` (defaults 1000000 128 200000, and
 //! the library's default thread count). Not a test: it asserts nothing about speed.
 
-use dlpark::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLTensor};
-use std::ffi::{CStr, c_char, c_void};
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
-use strata::{LookupOptions, LookupStats, Status, Table, TableOptions};
 
-unsafe extern "C" {
-    fn strata_table_from_dlpack(
-        vectors: *const DLTensor,
-        keys: *const DLTensor,
-        opts: *const TableOptions,
-        out: *mut *mut Table,
-    ) -> Status;
-    fn strata_lookup(
-        t: *mut Table,
-        keys: *const DLTensor,
-        out: *mut DLTensor,
-        opts: *const LookupOptions,
-        stats: *mut LookupStats,
-    ) -> Status;
-    fn strata_table_free(t: *mut Table);
-    fn strata_last_error() -> *const c_char;
-    fn strata_default_num_threads() -> i32;
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // splitmix64
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+/// Median seconds of each case over 11 rounds after one warm-up round. Each round runs every
+/// case once, so drift in a shared machine's speed reaches all cases alike.
+fn medians(cases: &mut [&mut dyn FnMut()]) -> Vec<f64> {
+    for c in cases.iter_mut() {
+        c();
     }
-}
-
-/// A DLTensor over a Vec, with its shape and strides kept alive beside it.
-struct Desc {
-    t: DLTensor,
-    _shape: Box<[i64]>,
-    _strides: Box<[i64]>,
-}
-
-fn desc<T>(data: *const T, shape: &[i64], code: DLDataTypeCode, bits: u8) -> Desc {
-    let mut strides = vec![1i64; shape.len()];
-    for d in (0..shape.len().saturating_sub(1)).rev() {
-        strides[d] = strides[d + 1] * shape[d + 1];
-    }
-    let mut shape: Box<[i64]> = shape.into();
-    let mut strides: Box<[i64]> = strides.into();
-    let t = DLTensor {
-        data: data as *mut c_void,
-        device: DLDevice { device_type: DLDeviceType::CPU, device_id: 0 },
-        ndim: shape.len() as i32,
-        dtype: DLDataType { code, bits, lanes: 1 },
-        shape: shape.as_mut_ptr(),
-        strides: strides.as_mut_ptr(),
-        byte_offset: 0,
-    };
-    Desc { t, _shape: shape, _strides: strides }
-}
-
-fn check(s: Status) {
-    if s != Status::STRATA_OK {
-        let msg = unsafe { CStr::from_ptr(strata_last_error()) };
-        panic!("{s:?}: {}", msg.to_string_lossy());
-    }
-}
-
-/// Median seconds of 11 timed runs after one warm-up (the anchor's method).
-fn median(mut f: impl FnMut()) -> f64 {
-    f();
-    let mut ts: Vec<f64> = (0..11)
-        .map(|_| {
+    let mut times = vec![Vec::new(); cases.len()];
+    for _ in 0..11 {
+        for (c, t) in cases.iter_mut().zip(times.iter_mut()) {
             let t0 = Instant::now();
-            f();
-            t0.elapsed().as_secs_f64()
+            c();
+            t.push(t0.elapsed().as_secs_f64());
+        }
+    }
+    times
+        .into_iter()
+        .map(|mut t| {
+            t.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            t[t.len() / 2]
         })
-        .collect();
-    ts.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    ts[ts.len() / 2]
+        .collect()
 }
 
 /// Copies `src` into `dst` on `threads` scoped threads, split evenly (the limit's method).
@@ -165,47 +111,57 @@ fn main() {
     }
     let mut out = vec![0f32; batch * dim];
 
-    let vdesc = desc(vectors.as_ptr(), &[rows as i64, dim as i64], DLDataTypeCode::FLOAT, 32);
-    let kdesc = desc(keys.as_ptr(), &[rows as i64], DLDataTypeCode::INT, 64);
+    let vdesc = Desc::compact(vectors.as_ptr().cast(), F32, &[rows as i64, dim as i64]);
+    let kdesc = Desc::compact(keys.as_ptr().cast(), I64, &[rows as i64]);
     let (mut keyed, mut dense) = (std::ptr::null_mut(), std::ptr::null_mut());
     let t0 = Instant::now();
-    check(unsafe { strata_table_from_dlpack(&vdesc.t, &kdesc.t, std::ptr::null(), &mut keyed) });
+    ok(unsafe { strata_table_from_dlpack(&vdesc.t, &kdesc.t, std::ptr::null(), &mut keyed) });
     let build_s = t0.elapsed().as_secs_f64();
-    check(unsafe { strata_table_from_dlpack(&vdesc.t, std::ptr::null(), std::ptr::null(), &mut dense) });
-    let info = unsafe { &*keyed }.info();
+    ok(unsafe { strata_table_from_dlpack(&vdesc.t, std::ptr::null(), std::ptr::null(), &mut dense) });
+    let (keyed, dense) = (Owned(keyed), Owned(dense));
+    let mut info = unsafe { std::mem::zeroed::<TableInfo>() };
+    ok(unsafe { strata_table_get_info(keyed.0, &mut info) });
     drop(vectors);
     drop(keys);
 
-    let qdesc = desc(query.as_ptr(), &[batch as i64], DLDataTypeCode::INT, 64);
-    let ddesc = desc(dense_query.as_ptr(), &[batch as i64], DLDataTypeCode::INT, 64);
-    let mut odesc = desc(out.as_mut_ptr(), &[batch as i64, dim as i64], DLDataTypeCode::FLOAT, 32);
+    let qdesc = Desc::compact(query.as_ptr().cast(), I64, &[batch as i64]);
+    let ddesc = Desc::compact(dense_query.as_ptr().cast(), I64, &[batch as i64]);
+    let out_ptr = out.as_mut_ptr();
+    let mut odesc = Desc::compact(out_ptr.cast(), F32, &[batch as i64, dim as i64]);
     let opts = LookupOptions { num_threads: threads as i32, ..LookupOptions::default() };
-    let mut stats = LookupStats::default();
-
-    let t_keyed = median(|| check(unsafe { strata_lookup(keyed, &qdesc.t, &mut odesc.t, &opts, &mut stats) }));
-    let keyed_stats = stats;
-    let t_dense = median(|| check(unsafe { strata_lookup(dense, &ddesc.t, &mut odesc.t, &opts, &mut stats) }));
+    let mut keyed_stats = LookupStats::default();
     let src = vec![1f32; batch * dim];
-    let t_memcpy = median(|| parallel_memcpy(&src, &mut out, threads));
+    let (kt, dt) = (keyed.0, dense.0);
+    let op: *mut dlpark::ffi::DLTensor = &mut odesc.t;
+    let times = medians(&mut [
+        &mut || parallel_memcpy(&src, unsafe { std::slice::from_raw_parts_mut(out_ptr, batch * dim) }, threads),
+        &mut || ok(unsafe { strata_lookup(kt, &qdesc.t, op, &opts, &mut keyed_stats) }),
+        &mut || ok(unsafe { strata_lookup(dt, &ddesc.t, op, &opts, std::ptr::null_mut()) }),
+    ]);
+    let (t_memcpy, t_keyed, t_dense) = (times[0], times[1], times[2]);
     drop(src);
 
     // Per-call overhead: one key, inline, through the C ABI.
     let one = [query[0]];
     let mut one_out = vec![0f32; dim];
-    let one_k = desc(one.as_ptr(), &[1], DLDataTypeCode::INT, 64);
-    let mut one_o = desc(one_out.as_mut_ptr(), &[1, dim as i64], DLDataTypeCode::FLOAT, 32);
+    let one_k = Desc::compact(one.as_ptr().cast(), I64, &[1]);
+    let mut one_o = Desc::compact(one_out.as_mut_ptr().cast(), F32, &[1, dim as i64]);
     let inline = LookupOptions { num_threads: 1, ..LookupOptions::default() };
-    let calls = 200_000;
-    let t_one = median(|| {
-        for _ in 0..calls {
-            check(unsafe { strata_lookup(keyed, &one_k.t, &mut one_o.t, &inline, std::ptr::null_mut()) });
-        }
-    }) / calls as f64;
-    let t_one_default = median(|| {
-        for _ in 0..calls {
-            check(unsafe { strata_lookup(keyed, &one_k.t, &mut one_o.t, std::ptr::null(), std::ptr::null_mut()) });
-        }
-    }) / calls as f64;
+    let one_op: *mut dlpark::ffi::DLTensor = &mut one_o.t;
+    let calls = 100_000;
+    let one_key = medians(&mut [
+        &mut || {
+            for _ in 0..calls {
+                ok(unsafe { strata_lookup(kt, &one_k.t, one_op, &inline, std::ptr::null_mut()) });
+            }
+        },
+        &mut || {
+            for _ in 0..calls {
+                ok(unsafe { strata_lookup(kt, &one_k.t, one_op, std::ptr::null(), std::ptr::null_mut()) });
+            }
+        },
+    ]);
+    let (t_one, t_one_default) = (one_key[0] / calls as f64, one_key[1] / calls as f64);
 
     let anchor = run_anchor(rows, dim, batch, threads);
 
@@ -248,8 +204,4 @@ fn main() {
         t_memcpy / t_dense,
         t_one * 1e9
     );
-    unsafe {
-        strata_table_free(keyed);
-        strata_table_free(dense);
-    }
 }

@@ -139,12 +139,16 @@ int main(void) {
         expect("out shape mismatch", strata_lookup(table, &kt, &bad, NULL, NULL), STRATA_INVALID_ARGUMENT, "out");
     }
 
-    /* A negative stride: keys read backwards from the last element. */
+    /* Not an error: keys may have negative strides (here NumPy's keys[::-1]), read backwards
+     * from the element data points at. */
     {
         int64_t strides[1] = {-1};
-        DLTensor bad = tensor(&keys[1], kDLCPU, I64, 1, kshape, strides);
-        expect("negative keys stride", strata_lookup(table, &bad, &ot, NULL, NULL), STRATA_INVALID_LAYOUT, "keys");
+        DLTensor rev = tensor(&keys[1], kDLCPU, I64, 1, kshape, strides);
+        expect("negative keys stride is served", strata_lookup(table, &rev, &ot, NULL, NULL), STRATA_OK, NULL);
+        expect_true("reversed keys give reversed rows", out[0] == vectors[3 * DIM] && out[DIM] == vectors[1 * DIM],
+                    "row 0 is key 3's, row 1 is key 1's");
     }
+    /* Outputs may not: every output stride must be non-negative. */
     {
         int64_t strides[2] = {-DIM, 1};
         DLTensor bad = tensor(out + DIM, kDLCPU, F32, 2, oshape, strides);
