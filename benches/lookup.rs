@@ -52,6 +52,19 @@ fn parallel_memcpy(src: &[f32], dst: &mut [f32], threads: usize) {
     });
 }
 
+/// How much of the process's anonymous memory transparent huge pages back (Linux), for reading
+/// the numbers: random row reads slow down markedly when the tables get only 4 KiB pages.
+fn huge_pages() -> String {
+    let rollup = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap_or_default();
+    let field = |name: &str| {
+        rollup.lines().find(|l| l.starts_with(name)).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+    };
+    match (field("AnonHugePages:"), field("Anonymous:")) {
+        (Some(h), Some(a)) => format!("huge pages: {} of {} MiB of anonymous memory", h / 1024, a / 1024),
+        _ => "huge pages: unknown (no /proc/self/smaps_rollup)".into(),
+    }
+}
+
 /// Builds and runs the anchor; returns (hps_like seconds, its memcpy seconds) or why not.
 fn run_anchor(rows: usize, dim: usize, batch: usize, threads: usize) -> Result<(f64, f64), String> {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -179,6 +192,7 @@ fn main() {
         build_s * 1e3
     );
     println!("keyed stats: {} hits, {} misses", keyed_stats.hits, keyed_stats.misses);
+    println!("{}", huge_pages());
     println!();
     println!("{:<28} {:>10} {:>12} {:>14} {:>14}", "case", "ms", "GB/s (r+w)", "x memcpy", "x hps_like");
     let anchor_t = anchor.as_ref().ok().map(|a| a.0);

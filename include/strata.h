@@ -226,9 +226,12 @@ struct strata_lookup_options strata_lookup_options_default(void);
 
 // Looks up `keys` in `table` and writes one row per key into `out`.
 //
-// - `keys`: int32, int64, uint32 or uint64; any shape, strides and byte_offset.
+// - `keys`: int32, int64, uint32 or uint64; any shape, strides (negative too) and
+//   byte_offset. Keys compare as 64-bit patterns: signed dtypes sign-extended, unsigned
+//   zero-extended.
 // - `out`: float32, float16 or bfloat16; shape `[*keys.shape, dim]` or `[numel(keys), dim]`;
-//   any non-negative strides that keep elements distinct; must not overlap `keys`.
+//   non-negative, non-overlapping strides (sorted by size, each steps past the extent of the
+//   smaller ones); must not overlap `keys` or the table's vectors.
 // - Both on kDLCPU or kDLCUDAHost in this build; another device gets
 //   `STRATA_UNSUPPORTED_DEVICE`.
 // - `opts` may be NULL (defaults). `stats` may be NULL; else it receives hits and misses.

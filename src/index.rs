@@ -3,8 +3,10 @@
 //! Open addressing over cache-line buckets: each 64-byte bucket holds up to five
 //! (key, row) pairs, filled left to right; a key lives in the bucket its hash selects or,
 //! when that one is full, in the next bucket with room (linear probing by bucket). The table
-//! is sized for a load of at most 0.85, so a lookup reads one cache line almost always and a
-//! miss stops at the first bucket with a free slot. `64 / (5 * 0.85) = 15.1` bytes per key.
+//! is sized for a load of at most 0.85 (`64 / (5 * 0.85) = 15.1` bytes per key). At that load
+//! most buckets are full, so each bucket also records whether an insert ever passed over it:
+//! a lookup stops at the first bucket that holds the key, has a free slot, or never
+//! overflowed, and a missing key usually costs one cache line like a present one.
 //!
 //! Slots store `row + 1`, so zeroed memory is an empty index: the buckets live in anonymous
 //! memory (huge-page advised when large) that needs no initialising pass.
@@ -25,7 +27,8 @@ pub(crate) const MAX_ROWS: u64 = u32::MAX as u64 - 1;
 struct Bucket {
     keys: [u64; SLOTS],
     rows: [u32; SLOTS],
-    _pad: u32,
+    /// 1 once an insert found this bucket full and moved on to the next.
+    overflowed: u32,
 }
 
 /// A read-only hash index from canonical 64-bit keys to row numbers.
@@ -110,6 +113,7 @@ impl KeyIndex {
                     return Err(bucket.rows[s] - 1);
                 }
             }
+            bucket.overflowed = 1;
             b += 1;
             if b == nb {
                 b = 0;
@@ -130,7 +134,7 @@ impl KeyIndex {
     }
 
     /// The row of `key`, if present. Each bucket is checked without data-dependent branches
-    /// (match and free-slot masks), so a lookup costs one predictable branch per bucket.
+    /// (match and free-slot masks); the probe moves on only past full buckets that overflowed.
     #[inline(always)]
     pub fn get(&self, key: u64) -> Option<usize> {
         let nb = self.nb;
@@ -149,7 +153,7 @@ impl KeyIndex {
             if hit != 0 {
                 return Some(bucket.rows[hit.trailing_zeros() as usize] as usize - 1);
             }
-            if free != 0 {
+            if free != 0 || bucket.overflowed == 0 {
                 return None;
             }
             b += 1;

@@ -43,8 +43,8 @@ fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
 
 impl Table {
     /// Looks up `keys` (int32/int64/uint32/uint64, any shape and strides) into `out`
-    /// (float32/float16/bfloat16, shape `[*keys.shape, dim]` or `[numel(keys), dim]`, any
-    /// non-overlapping strides). Both are borrowed for the call only. Missing keys get the
+    /// (float32/float16/bfloat16, shape `[*keys.shape, dim]` or `[numel(keys), dim]`,
+    /// non-negative, non-overlapping strides). Both are borrowed for the call only. Missing keys get the
     /// default row, or fail the call with `STRATA_KEY_NOT_FOUND` when the table's options say
     /// so (then `out` is unspecified). Safe to call from many threads at once.
     ///
