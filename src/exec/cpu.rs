@@ -1,10 +1,11 @@
 //! The CPU gather: keys -> rows -> output, in chunks, on the calling thread and pool workers.
 //!
 //! Each participant takes runs of [`TASK`] keys from a shared counter and processes them in
-//! chunks of [`CHUNK`]: read the keys, resolve rows (prefetching index buckets first), then
-//! copy or convert each row into `out`, prefetching rows a few keys ahead. Rows of one call go
-//! to distinct places in `out` (checked by the caller), so participants never write the same
-//! bytes.
+//! chunks of [`CHUNK`]: it reads the keys in canonical form, then runs a software pipeline
+//! that prefetches index buckets, resolves rows and prefetches them ahead of copying (or
+//! converting) each row into `out`. Large outputs are written with non-temporal stores. Rows
+//! of one call go to distinct places in `out` (checked by the caller), so participants never
+//! write the same bytes.
 
 use crate::dlpack::{FloatDtype, KeyDtype, Walk};
 use crate::exec::{pool, prefetch};
