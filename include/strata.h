@@ -121,6 +121,10 @@ enum strata_status
   STRATA_OUT_OF_MEMORY = 11,
   // A bug inside strata (a caught panic); the message says where.
   STRATA_INTERNAL = 12,
+  // A parameter-server configuration (ps.json) is invalid; the message names the JSON path.
+  STRATA_CONFIG_ERROR = 13,
+  // A persistent store (LMDB) failed, or a write went to a read-only table.
+  STRATA_STORE_ERROR = 14,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L

@@ -42,11 +42,15 @@ pub enum Status {
     STRATA_OUT_OF_MEMORY = 11,
     /// A bug inside strata (a caught panic); the message says where.
     STRATA_INTERNAL = 12,
+    /// A parameter-server configuration (ps.json) is invalid; the message names the JSON path.
+    STRATA_CONFIG_ERROR = 13,
+    /// A persistent store (LMDB) failed, or a write went to a read-only table.
+    STRATA_STORE_ERROR = 14,
 }
 
 impl Status {
     /// Every status, in value order.
-    pub(crate) const ALL: [Status; 13] = [
+    pub(crate) const ALL: [Status; 15] = [
         Status::STRATA_OK,
         Status::STRATA_NULL_ARGUMENT,
         Status::STRATA_INVALID_ARGUMENT,
@@ -60,6 +64,8 @@ impl Status {
         Status::STRATA_INVALID_FILE,
         Status::STRATA_OUT_OF_MEMORY,
         Status::STRATA_INTERNAL,
+        Status::STRATA_CONFIG_ERROR,
+        Status::STRATA_STORE_ERROR,
     ];
 
     /// The status's C name, e.g. `"STRATA_KEY_NOT_FOUND"`, as a static C string.
@@ -78,6 +84,8 @@ impl Status {
             Status::STRATA_INVALID_FILE => c"STRATA_INVALID_FILE",
             Status::STRATA_OUT_OF_MEMORY => c"STRATA_OUT_OF_MEMORY",
             Status::STRATA_INTERNAL => c"STRATA_INTERNAL",
+            Status::STRATA_CONFIG_ERROR => c"STRATA_CONFIG_ERROR",
+            Status::STRATA_STORE_ERROR => c"STRATA_STORE_ERROR",
         }
     }
 }
@@ -133,6 +141,15 @@ pub enum Error {
     /// A bug in strata: a caught panic or a broken invariant.
     #[error("internal error: {0}")]
     Internal(String),
+
+    /// An invalid parameter-server configuration; `path` is the JSON path
+    /// (`models[1].sparse_files[0]`) or `"(root)"`.
+    #[error("{file}: {path}: {msg}")]
+    Config { file: String, path: String, msg: String },
+
+    /// The persistent store failed, or refused a write (read-only).
+    #[error("{what}: {msg}")]
+    Store { what: String, msg: String },
 }
 
 impl Error {
@@ -151,6 +168,8 @@ impl Error {
             Error::File { .. } => Status::STRATA_INVALID_FILE,
             Error::OutOfMemory { .. } => Status::STRATA_OUT_OF_MEMORY,
             Error::Internal(_) => Status::STRATA_INTERNAL,
+            Error::Config { .. } => Status::STRATA_CONFIG_ERROR,
+            Error::Store { .. } => Status::STRATA_STORE_ERROR,
         }
     }
 

@@ -9,6 +9,7 @@
 //! - [`error`]: the one error type and its status mapping;
 //! - [`ffi`]: the `extern "C"` functions of `include/strata.h`, and nothing else.
 
+pub mod config;
 pub mod dlpack;
 pub mod error;
 pub mod exec;
@@ -17,6 +18,7 @@ pub mod index;
 pub mod lookup;
 pub mod store;
 pub mod table;
+pub mod tier;
 
 pub use error::{Error, Result, Status};
 pub use lookup::{LookupOptions, LookupStats};

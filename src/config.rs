@@ -1,0 +1,1 @@
+//! Parameter-server configuration: HPS `ps.json`, parsed with JSON paths in every error.

@@ -1,0 +1,1 @@
+//! The persistent tier: an LMDB environment on local disk.
