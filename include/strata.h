@@ -153,7 +153,9 @@ typedef int32_t strata_missing_key;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
-// An embedding table. See the module docs for threading.
+// The table behind a `strata_table*` handle: a static table or (from a parameter server) a
+// tiered one. Immutable or internally synchronised: `Send + Sync`, many threads may look it
+// up at once.
 typedef struct strata_table strata_table;
 
 // Per-call lookup options. Initialise with `strata_lookup_options_default()`; a NULL pointer
@@ -316,7 +318,8 @@ strata_status strata_table_open(const char *dir,
                                 struct strata_table **out);
 
 // Frees a table: its copy or mapping, or (for adopted tables) calls the DLPack deleter once.
-// NULL is a no-op. No lookup on the table may be running or start afterwards.
+// NULL is a no-op, and so is a table borrowed from a server (`strata_server_table`), which
+// the server frees. No lookup on the table may be running or start afterwards.
 void strata_table_free(struct strata_table *table);
 
 // Elements per row, or -1 (with `strata_last_error` set) when `table` is NULL.

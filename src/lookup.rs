@@ -1,10 +1,10 @@
-//! `Table::lookup`: validates keys and out against the table, then runs the executor.
+//! Lookups: validates keys and out against a table, then runs the executor for its kind.
 
 use crate::dlpack::{FloatDtype, KeyDtype, TensorView, Walk, require_host};
 use crate::error::{Error, Result};
 use crate::exec::cpu::{Gather, KeySource, OutTarget};
 use crate::exec::pool;
-use crate::table::Table;
+use crate::table::{StaticTable, Table, TableKind};
 use dlpark::ffi::DLTensor;
 use std::ffi::c_void;
 
@@ -41,73 +41,110 @@ fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
     a.0 < a.1 && b.0 < b.1 && a.0 < b.1 && b.0 < a.1
 }
 
+/// A validated lookup: where keys are read and rows written. Built by [`plan`].
+pub(crate) struct Plan {
+    pub keys: KeySource,
+    pub out: OutTarget,
+    pub n: usize,
+    pub threads: usize,
+    pub key_dtype: KeyDtype,
+}
+
+/// Validates `keys` and `out` for a table of `dim` whose own memory is `table_range`; `None`
+/// when there are no keys (a valid no-op).
+///
+/// # Safety
+/// As for [`Table::lookup`].
+pub(crate) unsafe fn plan(
+    dim: usize,
+    table_range: (usize, usize),
+    keys: &DLTensor,
+    out: &DLTensor,
+    opts: &LookupOptions,
+) -> Result<Option<Plan>> {
+    let threads = pool::resolve_threads(opts.num_threads)?;
+    let k = unsafe { TensorView::new(keys, "keys") }?;
+    let o = unsafe { TensorView::new(out, "out") }?;
+    require_host(k.device, "keys")?;
+    require_host(o.device, "out")?;
+    let kd = KeyDtype::of(k.dtype, "keys")?;
+    let od = FloatDtype::of(o.dtype, "out")?;
+    let n = k.numel;
+
+    let nd = k.shape.len();
+    let (lead_shape, lead_strides): (Vec<usize>, Vec<isize>) =
+        if o.shape.len() == nd + 1 && o.shape[..nd] == k.shape[..] && o.shape[nd] == dim {
+            (k.shape.clone(), o.strides[..nd].to_vec())
+        } else if o.shape.len() == 2 && o.shape[0] == n && o.shape[1] == dim {
+            (vec![n], vec![o.strides[0]])
+        } else {
+            let mut want = k.shape.clone();
+            want.push(dim);
+            return Err(Error::invalid(
+                "out",
+                format!("shape {:?}; expected [*keys.shape, dim] = {want:?} or [numel(keys), dim] = [{n}, {dim}]", o.shape),
+            ));
+        };
+    o.require_non_negative_strides()?;
+    let col_stride = *o.strides.last().expect("out has at least one dimension") as usize;
+    if n == 0 {
+        return Ok(None);
+    }
+    if !o.is_non_overlapping() {
+        return Err(Error::layout(
+            "out",
+            format!(
+                "strides {:?} make elements of shape {:?} overlap; expected each stride, in increasing order, \
+                 to step past the extent of the smaller ones",
+                o.strides, o.shape
+            ),
+        ));
+    }
+    if overlaps(o.byte_range(), k.byte_range()) {
+        return Err(Error::layout("out", "overlaps the memory of keys; expected separate buffers"));
+    }
+    if overlaps(o.byte_range(), table_range) {
+        return Err(Error::layout("out", "overlaps the table's vectors; expected a separate buffer"));
+    }
+    Ok(Some(Plan {
+        keys: KeySource { ptr: k.ptr, dtype: kd, walk: Walk::new(&k.shape, &k.strides), elem: k.elem },
+        out: OutTarget { ptr: o.ptr, dtype: od, walk: Walk::new(&lead_shape, &lead_strides), col_stride },
+        n,
+        threads,
+        key_dtype: kd,
+    }))
+}
+
 impl Table {
     /// Looks up `keys` (int32/int64/uint32/uint64, any shape and strides) into `out`
     /// (float32/float16/bfloat16, shape `[*keys.shape, dim]` or `[numel(keys), dim]`,
-    /// non-negative, non-overlapping strides). Both are borrowed for the call only. Missing keys get the
-    /// default row, or fail the call with `STRATA_KEY_NOT_FOUND` when the table's options say
-    /// so (then `out` is unspecified). Safe to call from many threads at once.
+    /// non-negative, non-overlapping strides). Both are borrowed for the call only. Missing keys
+    /// get the default row, or fail the call with `STRATA_KEY_NOT_FOUND` when the table's
+    /// options say so (then `out` is unspecified). Safe to call from many threads at once.
     ///
     /// # Safety
     /// The tensors must describe memory that is valid as DLPack requires: `keys` readable,
     /// `out` writable, for every element their shape and strides reach.
     pub unsafe fn lookup(&self, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions) -> Result<LookupStats> {
-        let threads = pool::resolve_threads(opts.num_threads)?;
-        let k = unsafe { TensorView::new(keys, "keys") }?;
-        let o = unsafe { TensorView::new(out, "out") }?;
-        require_host(k.device, "keys")?;
-        require_host(o.device, "out")?;
-        let kd = KeyDtype::of(k.dtype, "keys")?;
-        let od = FloatDtype::of(o.dtype, "out")?;
-        let dim = self.dim();
-        let n = k.numel;
+        match &self.kind {
+            TableKind::Static(t) => unsafe { t.lookup(keys, out, opts) },
+        }
+    }
+}
 
-        let nd = k.shape.len();
-        let (lead_shape, lead_strides): (Vec<usize>, Vec<isize>) =
-            if o.shape.len() == nd + 1 && o.shape[..nd] == k.shape[..] && o.shape[nd] == dim {
-                (k.shape.clone(), o.strides[..nd].to_vec())
-            } else if o.shape.len() == 2 && o.shape[0] == n && o.shape[1] == dim {
-                (vec![n], vec![o.strides[0]])
-            } else {
-                let mut want = k.shape.clone();
-                want.push(dim);
-                return Err(Error::invalid(
-                    "out",
-                    format!("shape {:?}; expected [*keys.shape, dim] = {want:?} or [numel(keys), dim] = [{n}, {dim}]", o.shape),
-                ));
-            };
-        o.require_non_negative_strides()?;
-        let col_stride = *o.strides.last().expect("out has at least one dimension") as usize;
-        if n == 0 {
+impl StaticTable {
+    /// [`Table::lookup`] on a static table.
+    ///
+    /// # Safety
+    /// As for [`Table::lookup`].
+    pub unsafe fn lookup(&self, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions) -> Result<LookupStats> {
+        let Some(p) = (unsafe { plan(self.dim(), self.store().byte_range(), keys, out, opts) })? else {
             return Ok(LookupStats::default());
-        }
-        if !o.is_non_overlapping() {
-            return Err(Error::layout(
-                "out",
-                format!(
-                    "strides {:?} make elements of shape {:?} overlap; expected each stride, in increasing order, \
-                     to step past the extent of the smaller ones",
-                    o.strides, o.shape
-                ),
-            ));
-        }
-        if overlaps(o.byte_range(), k.byte_range()) {
-            return Err(Error::layout("out", "overlaps the memory of keys; expected separate buffers"));
-        }
-        if overlaps(o.byte_range(), self.store().byte_range()) {
-            return Err(Error::layout("out", "overlaps the table's vectors; expected a separate buffer"));
-        }
-
-        let gather = Gather {
-            table: self,
-            keys: KeySource { ptr: k.ptr, dtype: kd, walk: Walk::new(&k.shape, &k.strides), elem: k.elem },
-            out: OutTarget { ptr: o.ptr, dtype: od, walk: Walk::new(&lead_shape, &lead_strides), col_stride },
-            n,
-            threads,
         };
+        let gather = Gather { table: self, keys: p.keys, out: p.out, n: p.n, threads: p.threads };
         let found = gather.run();
         if let Some((index, key)) = found.first_miss {
-            return Err(Error::KeyNotFound { key: kd.value(key), index });
+            return Err(Error::KeyNotFound { key: p.key_dtype.value(key), index });
         }
         Ok(LookupStats { hits: found.hits, misses: found.misses })
     }

@@ -55,6 +55,80 @@ impl TableOptions {
     }
 }
 
+/// The table behind a `strata_table*` handle: a static table or (from a parameter server) a
+/// tiered one. Immutable or internally synchronised: `Send + Sync`, many threads may look it
+/// up at once.
+pub struct Table {
+    pub(crate) kind: TableKind,
+    /// Owned by a server, which frees it: `strata_table_free` leaves such a table alone.
+    pub(crate) borrowed: bool,
+}
+
+/// What a [`Table`] is.
+pub(crate) enum TableKind {
+    Static(StaticTable),
+}
+
+impl From<StaticTable> for Table {
+    fn from(t: StaticTable) -> Self {
+        Table { kind: TableKind::Static(t), borrowed: false }
+    }
+}
+
+impl Table {
+    /// See [`StaticTable::from_dlpack`].
+    ///
+    /// # Safety
+    /// As for [`StaticTable::from_dlpack`].
+    pub unsafe fn from_dlpack(vectors: &DLTensor, keys: Option<&DLTensor>, options: TableOptions) -> Result<Self> {
+        Ok(unsafe { StaticTable::from_dlpack(vectors, keys, options) }?.into())
+    }
+
+    /// See [`StaticTable::adopt`].
+    ///
+    /// # Safety
+    /// As for [`StaticTable::adopt`].
+    pub unsafe fn adopt<M: ManagedTensorBase>(managed: *mut M, keys: Option<&DLTensor>, options: TableOptions) -> Result<Self> {
+        Ok(unsafe { StaticTable::adopt(managed, keys, options) }?.into())
+    }
+
+    /// See [`StaticTable::open`].
+    pub fn open(dir: &Path, dim: i64, options: TableOptions) -> Result<Self> {
+        Ok(StaticTable::open(dir, dim, options)?.into())
+    }
+
+    /// Elements per row.
+    pub fn dim(&self) -> usize {
+        match &self.kind {
+            TableKind::Static(t) => t.dim(),
+        }
+    }
+
+    /// Number of rows (keys) the table holds.
+    pub fn len(&self) -> usize {
+        match &self.kind {
+            TableKind::Static(t) => t.len(),
+        }
+    }
+
+    /// Whether the table holds no rows.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A summary of the table.
+    pub fn info(&self) -> TableInfo {
+        match &self.kind {
+            TableKind::Static(t) => t.info(),
+        }
+    }
+
+    /// Whether a server owns this table (then `strata_table_free` must leave it alone).
+    pub fn is_borrowed(&self) -> bool {
+        self.borrowed
+    }
+}
+
 /// Largest `dim` (elements per row) a table may have: far above any embedding, and small
 /// enough that a row's byte size never overflows.
 pub const STRATA_MAX_DIM: usize = 1 << 24;
@@ -67,8 +141,9 @@ pub(crate) enum Rows {
     Keyed(KeyIndex),
 }
 
-/// An embedding table. See the module docs for threading.
-pub struct Table {
+/// An immutable embedding table: vectors in a [`Store`] and dense or keyed rows. Built by
+/// copy, by adoption or from a HugeCTR folder; any number of threads may look it up at once.
+pub struct StaticTable {
     pub(crate) store: Store,
     pub(crate) rows: Rows,
     /// The default row: `dim` copies of `options.default_value`, in float32 whatever the
@@ -78,11 +153,11 @@ pub struct Table {
     pub(crate) missing: MissingKey,
 }
 
-impl Table {
+impl StaticTable {
     fn assemble(store: Store, rows: Rows, options: TableOptions) -> Result<Self> {
         let missing = options.missing()?;
         let default_row = vec![options.default_value; store.dim()];
-        Ok(Table { store, rows, default_row, options, missing })
+        Ok(StaticTable { store, rows, default_row, options, missing })
     }
 
     /// Copies `vectors` ([rows, dim], float32/float16/bfloat16, any strides, host memory) into
@@ -114,7 +189,7 @@ impl Table {
                 }
             }
         })?;
-        Table::assemble(store, index, options)
+        StaticTable::assemble(store, index, options)
     }
 
     /// Builds a table over the vectors of a managed DLPack tensor without copying them. On
@@ -170,7 +245,7 @@ impl Table {
         let owned = unsafe { dlpark::Managed::<M>::from_raw(managed) }
             .map_err(|e| Error::invalid("vectors", e.to_string()))?;
         let store = unsafe { Store::adopted(v.ptr, dtype, rows, dim, rs.max(dim), owned.into_deleter()) };
-        Ok(Table { store, rows: index, default_row, options, missing })
+        Ok(StaticTable { store, rows: index, default_row, options, missing })
     }
 
     /// Opens a table in HugeCTR's sparse format: `dir/key` (little-endian int64, one per row)
@@ -232,7 +307,7 @@ impl Table {
             }
             None => Store::alloc(FloatDtype::F32, 0, dim, |_| {})?,
         };
-        Table::assemble(store, Rows::Keyed(index), options)
+        StaticTable::assemble(store, Rows::Keyed(index), options)
     }
 
     /// Elements per row.
@@ -351,7 +426,7 @@ pub struct TableInfo {
     pub vector_bytes: u64,
 }
 
-impl Table {
+impl StaticTable {
     /// A summary of the table.
     pub fn info(&self) -> TableInfo {
         TableInfo {

@@ -10,7 +10,7 @@
 use crate::dlpack::{FloatDtype, KeyDtype, Walk};
 use crate::exec::{pool, prefetch};
 use crate::index::KeyIndex;
-use crate::table::{MissingKey, Rows, Table};
+use crate::table::{MissingKey, Rows, StaticTable};
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -56,7 +56,7 @@ pub struct OutTarget {
 
 /// One lookup, validated by the caller.
 pub struct Gather<'a> {
-    pub table: &'a Table,
+    pub table: &'a StaticTable,
     pub keys: KeySource,
     pub out: OutTarget,
     pub n: usize,

@@ -121,10 +121,11 @@ pub unsafe extern "C" fn strata_table_open(
 }
 
 /// Frees a table: its copy or mapping, or (for adopted tables) calls the DLPack deleter once.
-/// NULL is a no-op. No lookup on the table may be running or start afterwards.
+/// NULL is a no-op, and so is a table borrowed from a server (`strata_server_table`), which
+/// the server frees. No lookup on the table may be running or start afterwards.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_table_free(table: *mut Table) {
-    if !table.is_null() {
+    if !table.is_null() && !unsafe { &*table }.is_borrowed() {
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(unsafe { Box::from_raw(table) })));
     }
 }
