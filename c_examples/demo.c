@@ -329,7 +329,7 @@ int main(int argc, char **argv) {
     lopts.num_threads = (int32_t)threads;
 
     /* 4. Warm-up lookup, then check every row of it. */
-    strata_lookup_stats stats = {0, 0};
+    strata_lookup_stats stats = {0, 0, 0, 0};
     check(strata_lookup(table, &keys_t, &out_t, &lopts, &stats), "strata_lookup");
     if (stats.hits != (uint64_t)hits || stats.misses != (uint64_t)misses) {
         fprintf(stderr, "demo: stats say %" PRIu64 " hits and %" PRIu64 " misses; expected %" PRId64

@@ -87,6 +87,16 @@ typedef struct DLManagedTensorVersioned {
 // enough that a row's byte size never overflows.
 #define STRATA_MAX_DIM (1 << 24)
 
+// Most tables one store may hold (LMDB sizes per-transaction arrays by this, so it stays modest).
+#define MAX_TABLES 255
+
+// Longest table name in bytes (LMDB keys, database names included, are at most 511 bytes).
+#define MAX_TABLE_NAME 400
+
+// Keys handled per lock acquisition in the batched calls: bounds how long a reader holds
+// a shard against writers (and the other way round).
+#define BLOCK 1024
+
 // Status code returned by every fallible C function. `STRATA_OK` is zero.
 //
 // The values are part of the ABI: new codes are only ever appended.
@@ -107,7 +117,7 @@ enum strata_status
   STRATA_UNSUPPORTED_DEVICE = 4,
   // Strides, byte offset or alignment describe memory strata cannot use safely.
   STRATA_INVALID_LAYOUT = 5,
-  // `out` is flagged read-only.
+  // `out` is flagged read-only, or an update went to a table that cannot change.
   STRATA_READ_ONLY = 6,
   // A key is missing and the table's options make that an error.
   STRATA_KEY_NOT_FOUND = 7,
@@ -153,6 +163,9 @@ typedef int32_t strata_missing_key;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
+// The tables of every model of a configuration. See the module docs.
+typedef struct strata_server strata_server;
+
 // The table behind a `strata_table*` handle: a static table or (from a parameter server) a
 // tiered one. Immutable or internally synchronised: `Send + Sync`, many threads may look it
 // up at once.
@@ -171,11 +184,41 @@ typedef struct strata_lookup_options {
 
 // What one lookup found.
 typedef struct strata_lookup_stats {
-  // Keys found in the table.
+  // Keys found in the table (in any tier).
   uint64_t hits;
   // Keys not in the table (filled with the default value).
   uint64_t misses;
+  // Of the hits, keys found in a server table's volatile tier (0 for other tables).
+  uint64_t volatile_hits;
+  // Of the hits, keys found in a server table's persistent tier (0 for other tables).
+  uint64_t persistent_hits;
 } strata_lookup_stats;
+
+// Cumulative counters of one table, all tiers (`strata_table_get_stats`).
+typedef struct strata_table_stats {
+  // Lookup calls that succeeded.
+  uint64_t lookups;
+  // Keys looked up.
+  uint64_t keys;
+  // Keys found in the volatile tier.
+  uint64_t volatile_hits;
+  // Keys found in the persistent tier (after missing the volatile tier).
+  uint64_t persistent_hits;
+  // Keys found in no tier (given the default value).
+  uint64_t misses;
+  // Rows the volatile tier evicted to stay within its capacity.
+  uint64_t evictions;
+  // Rows the volatile tier holds now.
+  uint64_t volatile_rows;
+  // Bytes the volatile tier holds now.
+  uint64_t volatile_bytes;
+  // Rows the persistent tier holds now.
+  uint64_t persistent_rows;
+  // Keys written by `strata_table_upsert`.
+  uint64_t upserts;
+  // Keys removed by `strata_table_erase`.
+  uint64_t erases;
+} strata_table_stats;
 
 // Options for building a table. Initialise with `strata_table_options_default()`.
 typedef struct strata_table_options {
@@ -268,6 +311,78 @@ strata_status strata_lookup_managed_versioned(struct strata_table *table,
                                               DLManagedTensorVersioned *out,
                                               const struct strata_lookup_options *opts,
                                               struct strata_lookup_stats *stats);
+
+// Opens a parameter server from an HPS configuration file (`ps.json`): every model's tables,
+// tiered as its `volatile_db` and `persistent_db` say. Relative paths in the file are relative
+// to its folder. Configuration errors give `STRATA_CONFIG_ERROR` with the JSON path
+// (`models[1].sparse_files[0]`) and the reason. Fields strata ignores or does not know are
+// listed by `strata_server_warning`.
+//
+// Ownership: on success `*out` receives a server the caller frees with `strata_server_free`.
+strata_status strata_server_open(const char *ps_json_path, struct strata_server **out);
+
+// `strata_server_open` from JSON text; relative paths are relative to `base_dir` (NULL: the
+// current directory). The text is only read during the call.
+strata_status strata_server_open_json(const char *json,
+                                      const char *base_dir,
+                                      struct strata_server **out);
+
+// Frees a server and all its tables. NULL is a no-op. No lookup or update on its tables may
+// be running or start afterwards.
+void strata_server_free(struct strata_server *server);
+
+// Table `table_id` (its index in the model's `sparse_files`) of `model`. Ownership: borrowed
+// from the server, valid until `strata_server_free`; `strata_table_free` on it is a no-op.
+strata_status strata_server_table(struct strata_server *server,
+                                  const char *model,
+                                  int32_t table_id,
+                                  struct strata_table **out);
+
+// The number of models in `*count`.
+strata_status strata_server_num_models(const struct strata_server *server, int32_t *count);
+
+// The name of model `index` in `*name` (owned by the server, valid until it is freed) and its
+// number of tables in `*num_tables` (may be NULL).
+strata_status strata_server_model(const struct strata_server *server,
+                                  int32_t index,
+                                  const char **name,
+                                  int32_t *num_tables);
+
+// The name of table `table_id` of `model` (its `embedding_table_names` entry, or `tableN`), owned
+// by the server.
+strata_status strata_server_table_name(const struct strata_server *server,
+                                       const char *model,
+                                       int32_t table_id,
+                                       const char **name);
+
+// The number of configuration warnings (fields ignored or unknown) in `*count`.
+strata_status strata_server_num_warnings(const struct strata_server *server, int32_t *count);
+
+// Warning `index` ("models[0].dense_file: ignored ..."), owned by the server.
+strata_status strata_server_warning(const struct strata_server *server,
+                                    int32_t index,
+                                    const char **text);
+
+// Inserts or overwrites rows of a server table: `keys` a 1-D integer tensor of n keys,
+// `vectors` [n, dim] float32/float16/bfloat16, host memory, read during the call only. When
+// this returns `STRATA_OK` the rows are committed to the persistent tier (if the table has
+// one): a crash right after loses nothing. Lookups running meanwhile see each row old or new,
+// never a mix. Tables that cannot change (static tables, read-only persistent tiers) give
+// `STRATA_READ_ONLY`.
+strata_status strata_table_upsert(struct strata_table *table,
+                                  const DLTensor *keys,
+                                  const DLTensor *vectors);
+
+// Removes `keys` (a 1-D integer tensor) from every tier of a server table; `*erased` (may be
+// NULL) receives how many it held. Same durability and errors as `strata_table_upsert`.
+strata_status strata_table_erase(struct strata_table *table,
+                                 const DLTensor *keys,
+                                 uint64_t *erased);
+
+// Cumulative counters of a table's tiers since it was opened: lookups, per-tier hits, misses,
+// evictions, rows and bytes, upserts and erases (all zero for static tables).
+strata_status strata_table_get_stats(const struct strata_table *table,
+                                     struct strata_table_stats *stats);
 
 // Default table options: missing keys are filled with 0.
 struct strata_table_options strata_table_options_default(void);

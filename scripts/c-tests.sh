@@ -155,6 +155,7 @@ if command -v valgrind >/dev/null 2>&1; then
     check "valgrind demo 4000 32 1000" valgrind_example demo 4000 32 1000
     check "valgrind errors" valgrind_example errors
     check "valgrind adopt" valgrind_example adopt
+    check "valgrind server" valgrind_example server
 else
     echo "note: valgrind is not installed; skipping the valgrind runs (apt-get install -y valgrind)"
 fi

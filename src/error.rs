@@ -28,7 +28,7 @@ pub enum Status {
     STRATA_UNSUPPORTED_DEVICE = 4,
     /// Strides, byte offset or alignment describe memory strata cannot use safely.
     STRATA_INVALID_LAYOUT = 5,
-    /// `out` is flagged read-only.
+    /// `out` is flagged read-only, or an update went to a table that cannot change.
     STRATA_READ_ONLY = 6,
     /// A key is missing and the table's options make that an error.
     STRATA_KEY_NOT_FOUND = 7,
@@ -118,6 +118,10 @@ pub enum Error {
     #[error("{arg}: is flagged DLPACK_FLAG_BITMASK_READ_ONLY; expected a writable tensor")]
     ReadOnly { arg: &'static str },
 
+    /// An update to a table that cannot change.
+    #[error("{what} is read-only: {why}")]
+    Immutable { what: String, why: String },
+
     /// A key is missing and missing keys are errors for this table.
     #[error("keys: key {key} (element {index}) is not in the table; the table's options make a missing key an error")]
     KeyNotFound { key: i128, index: usize },
@@ -161,7 +165,7 @@ impl Error {
             Error::Dtype { .. } => Status::STRATA_UNSUPPORTED_DTYPE,
             Error::Device { .. } => Status::STRATA_UNSUPPORTED_DEVICE,
             Error::Layout { .. } => Status::STRATA_INVALID_LAYOUT,
-            Error::ReadOnly { .. } => Status::STRATA_READ_ONLY,
+            Error::ReadOnly { .. } | Error::Immutable { .. } => Status::STRATA_READ_ONLY,
             Error::KeyNotFound { .. } => Status::STRATA_KEY_NOT_FOUND,
             Error::DuplicateKey { .. } => Status::STRATA_DUPLICATE_KEY,
             Error::Io { .. } => Status::STRATA_IO_ERROR,

@@ -16,9 +16,11 @@ pub mod exec;
 pub mod ffi;
 pub mod index;
 pub mod lookup;
+pub mod server;
 pub mod store;
 pub mod table;
 pub mod tier;
+pub mod tiered;
 
 pub use error::{Error, Result, Status};
 pub use lookup::{LookupOptions, LookupStats};

@@ -31,10 +31,14 @@ impl Default for LookupOptions {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LookupStats {
-    /// Keys found in the table.
+    /// Keys found in the table (in any tier).
     pub hits: u64,
     /// Keys not in the table (filled with the default value).
     pub misses: u64,
+    /// Of the hits, keys found in a server table's volatile tier (0 for other tables).
+    pub volatile_hits: u64,
+    /// Of the hits, keys found in a server table's persistent tier (0 for other tables).
+    pub persistent_hits: u64,
 }
 
 fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
@@ -49,6 +53,10 @@ pub(crate) struct Plan {
     pub threads: usize,
     pub key_dtype: KeyDtype,
 }
+
+// SAFETY: the raw pointers are only dereferenced within the lookup call that made the plan, on
+// disjoint output rows (validated by `plan`).
+unsafe impl Sync for Plan {}
 
 /// Validates `keys` and `out` for a table of `dim` whose own memory is `table_range`; `None`
 /// when there are no keys (a valid no-op).
@@ -128,6 +136,10 @@ impl Table {
     pub unsafe fn lookup(&self, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions) -> Result<LookupStats> {
         match &self.kind {
             TableKind::Static(t) => unsafe { t.lookup(keys, out, opts) },
+            TableKind::Tiered(t) => match unsafe { plan(t.dim(), (0, 0), keys, out, opts) }? {
+                Some(p) => t.lookup(&p),
+                None => Ok(LookupStats::default()),
+            },
         }
     }
 }
@@ -146,6 +158,6 @@ impl StaticTable {
         if let Some((index, key)) = found.first_miss {
             return Err(Error::KeyNotFound { key: p.key_dtype.value(key), index });
         }
-        Ok(LookupStats { hits: found.hits, misses: found.misses })
+        Ok(LookupStats { hits: found.hits, misses: found.misses, ..LookupStats::default() })
     }
 }

@@ -67,6 +67,7 @@ pub struct Table {
 /// What a [`Table`] is.
 pub(crate) enum TableKind {
     Static(StaticTable),
+    Tiered(crate::tiered::TieredTable),
 }
 
 impl From<StaticTable> for Table {
@@ -101,6 +102,7 @@ impl Table {
     pub fn dim(&self) -> usize {
         match &self.kind {
             TableKind::Static(t) => t.dim(),
+            TableKind::Tiered(t) => t.dim(),
         }
     }
 
@@ -108,6 +110,7 @@ impl Table {
     pub fn len(&self) -> usize {
         match &self.kind {
             TableKind::Static(t) => t.len(),
+            TableKind::Tiered(t) => t.len(),
         }
     }
 
@@ -120,6 +123,62 @@ impl Table {
     pub fn info(&self) -> TableInfo {
         match &self.kind {
             TableKind::Static(t) => t.info(),
+            TableKind::Tiered(t) => TableInfo {
+                rows: t.len() as i64,
+                dim: t.dim() as i64,
+                dtype: FloatDtype::F32.dl(),
+                keyed: true,
+                mapped: false,
+                adopted: false,
+                index_bytes: t.volatile_bytes() as u64,
+                vector_bytes: (t.len() * t.dim() * 4) as u64,
+            },
+        }
+    }
+
+    /// Cumulative counters of a server table's tiers (all zero for static tables, which keep
+    /// no counters).
+    pub fn stats(&self) -> crate::tiered::TableStats {
+        match &self.kind {
+            TableKind::Static(_) => crate::tiered::TableStats::default(),
+            TableKind::Tiered(t) => t.stats(),
+        }
+    }
+
+    /// Inserts or overwrites rows: `keys` a 1-D integer tensor of n keys, `vectors` [n, dim]
+    /// float32/float16/bfloat16 (both host memory, read during the call only). Only server
+    /// tables can change; on a tiered table the write is durable in the persistent tier when
+    /// this returns.
+    ///
+    /// # Safety
+    /// The tensors must describe readable host memory as DLPack requires.
+    pub unsafe fn upsert(&self, keys: &DLTensor, vectors: &DLTensor) -> Result<()> {
+        let t = self.tiered("upsert")?;
+        let k = unsafe { read_keys(keys) }?;
+        let rows = unsafe { read_rows(vectors, k.len(), t.dim()) }?;
+        t.upsert(&k, &rows)
+    }
+
+    /// Removes `keys` (a 1-D integer tensor) from every tier; returns how many the table held.
+    ///
+    /// # Safety
+    /// `keys` must describe readable host memory as DLPack requires.
+    pub unsafe fn erase(&self, keys: &DLTensor) -> Result<u64> {
+        let t = self.tiered("erase")?;
+        let k = unsafe { read_keys(keys) }?;
+        t.erase(&k)
+    }
+
+    fn tiered(&self, op: &str) -> Result<&crate::tiered::TieredTable> {
+        match &self.kind {
+            TableKind::Tiered(t) => Ok(t),
+            TableKind::Static(_) => Err(Error::Immutable {
+                what: "table".into(),
+                why: format!(
+                    "{op} needs a parameter-server table (strata_server_table); tables from \
+                     strata_table_from_dlpack, strata_table_adopt_dlpack or strata_table_open are immutable"
+                ),
+            }),
         }
     }
 
@@ -348,6 +407,21 @@ impl StaticTable {
         &self.options
     }
 
+    /// Every (key, float32 row) in row order (the order of a HugeCTR folder's files). Keyed
+    /// float32 tables only (what `strata_table_open` builds); others yield nothing.
+    pub fn rows_in_file_order(&self) -> impl Iterator<Item = (u64, &[f32])> + '_ {
+        let mut pairs: Vec<(usize, u64)> = match (&self.rows, self.store.dtype()) {
+            (Rows::Keyed(ix), FloatDtype::F32) => ix.iter().map(|(k, r)| (r, k)).collect(),
+            _ => Vec::new(),
+        };
+        pairs.sort_unstable();
+        let dim = self.dim();
+        pairs.into_iter().map(move |(r, k)| {
+            // SAFETY: r < rows; the store holds dim aligned f32 values per row.
+            (k, unsafe { std::slice::from_raw_parts(self.store.row_ptr(r) as *const f32, dim) })
+        })
+    }
+
     /// The vector store.
     pub fn store(&self) -> &Store {
         &self.store
@@ -357,6 +431,41 @@ impl StaticTable {
     pub(crate) fn default_row_ptr(&self) -> *const u8 {
         self.default_row.as_ptr() as *const u8
     }
+}
+
+/// Reads a 1-D host tensor of integer keys into canonical 64-bit form.
+unsafe fn read_keys(keys: &DLTensor) -> Result<Vec<u64>> {
+    let k = unsafe { TensorView::new(keys, "keys") }?;
+    require_host(k.device, "keys")?;
+    let kd = KeyDtype::of(k.dtype, "keys")?;
+    if k.shape.len() != 1 {
+        return Err(Error::invalid("keys", format!("shape {:?}; expected a 1-D tensor of keys", k.shape)));
+    }
+    let stride = k.strides[0];
+    // SAFETY: the view validated that every key is addressable.
+    Ok((0..k.numel).map(|i| unsafe { kd.read(k.at(i as isize * stride)) }).collect())
+}
+
+/// Reads `[n, dim]` host float vectors as float32 rows.
+unsafe fn read_rows(vectors: &DLTensor, n: usize, dim: usize) -> Result<Vec<f32>> {
+    let v = unsafe { TensorView::new(vectors, "vectors") }?;
+    require_host(v.device, "vectors")?;
+    let dtype = FloatDtype::of(v.dtype, "vectors")?;
+    if v.shape != [n, dim] {
+        return Err(Error::invalid(
+            "vectors",
+            format!("shape {:?}; expected [{n}, {dim}] (one row of the table's dim per key)", v.shape),
+        ));
+    }
+    let mut rows = Vec::with_capacity(n * dim);
+    for r in 0..n {
+        for c in 0..dim {
+            let p = v.at(r as isize * v.strides[0] + c as isize * v.strides[1]);
+            // SAFETY: the view validated every element; p is aligned for dtype.
+            rows.push(unsafe { crate::exec::cpu::load_f32(dtype, p) });
+        }
+    }
+    Ok(rows)
 }
 
 /// Checks `vectors` is a host [rows, dim >= 1] float tensor.

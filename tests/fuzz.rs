@@ -60,6 +60,8 @@ struct LookupOptions {
 struct LookupStats {
     hits: u64,
     misses: u64,
+    volatile_hits: u64,
+    persistent_hits: u64,
 }
 
 unsafe extern "C" {
@@ -976,7 +978,7 @@ fn run_case(case: &Case) -> Result<(), TestCaseError> {
         o
     });
     let opts_p = opts.as_ref().map_or(std::ptr::null(), |o| o as *const LookupOptions);
-    let mut stats = LookupStats { hits: 0xdead, misses: 0xbeef };
+    let mut stats = LookupStats { hits: 0xdead, misses: 0xbeef, volatile_hits: 0xdead, persistent_hits: 0xbeef };
     let stats_p = if case.want_stats { &mut stats as *mut LookupStats } else { std::ptr::null_mut() };
     let status = unsafe {
         match case.call {
@@ -1070,7 +1072,7 @@ fn run_case(case: &Case) -> Result<(), TestCaseError> {
                 );
             }
             if case.want_stats {
-                prop_assert_eq!(stats, LookupStats { hits: e.hits, misses: e.misses }, "stats\n{}", ctx());
+                prop_assert_eq!(stats, LookupStats { hits: e.hits, misses: e.misses, volatile_hits: 0, persistent_hits: 0 }, "stats\n{}", ctx());
             }
         } else {
             let first = e.first_miss.clone().unwrap();

@@ -119,7 +119,7 @@ impl Fixture {
         let kd = Desc::new(kp, l.key_dtype, &l.key_shape, &l.key_strides, l.key_offset);
         let mut od = Desc::new(op, l.out_dtype, &l.out_shape, &l.out_strides, l.out_offset);
         let opts = LookupOptions { num_threads: threads, ..LookupOptions::default() };
-        let mut stats = LookupStats { hits: 99, misses: 99 };
+        let mut stats = LookupStats { hits: 99, misses: 99, volatile_hits: 99, persistent_hits: 99 };
         ok(unsafe { strata_lookup(self.table.0, &kd.t, &mut od.t, &opts, &mut stats) });
 
         let mut expect_bytes = vec![POISON; obuf.len()];
@@ -383,7 +383,7 @@ fn zero_keys_is_a_no_op() {
     let mut out = [7.0f32; 3];
     let k = Desc::compact(std::ptr::null(), I64, &[0]);
     let mut o = Desc::compact(out.as_mut_ptr().cast(), F32, &[0, 3]);
-    let mut s = LookupStats { hits: 5, misses: 5 };
+    let mut s = LookupStats { hits: 5, misses: 5, volatile_hits: 5, persistent_hits: 5 };
     ok(unsafe { strata_lookup(f.table.0, &k.t, &mut o.t, std::ptr::null(), &mut s) });
     assert_eq!(out, [7.0; 3]);
     assert_eq!(s, LookupStats::default());

@@ -147,7 +147,7 @@ class strata_lookup_options(Structure):
 
 
 class strata_lookup_stats(Structure):
-    _fields_ = [("hits", c_uint64), ("misses", c_uint64)]
+    _fields_ = [("hits", c_uint64), ("misses", c_uint64), ("volatile_hits", c_uint64), ("persistent_hits", c_uint64)]
 
 
 class strata_table_info(Structure):

@@ -42,6 +42,54 @@ impl KeySource {
     fn at(&self, off: isize) -> *const u8 {
         self.ptr.wrapping_offset(off * self.elem as isize)
     }
+
+    /// Reads keys `start .. start + keys.len()` in canonical form (`offs` is scratch).
+    #[inline(always)]
+    pub(crate) fn read(&self, start: usize, keys: &mut [u64], offs: &mut [isize]) {
+        match self.walk.linear_stride() {
+            Some(s) => {
+                for (i, key) in keys.iter_mut().enumerate() {
+                    // SAFETY: validated by the planner: every key index below n is addressable.
+                    *key = unsafe { self.dtype.read(self.at((start + i) as isize * s)) };
+                }
+            }
+            None => {
+                self.walk.fill(start, offs);
+                for (key, &o) in keys.iter_mut().zip(offs.iter()) {
+                    *key = unsafe { self.dtype.read(self.at(o)) };
+                }
+            }
+        }
+    }
+}
+
+impl OutTarget {
+    /// Writes float32 rows into the output rows of flat key indices `start ..`: row `i` from
+    /// `rows[i * dim ..]` where `present[i]`, else `default`. `offs` is scratch (at least
+    /// `present.len()` long). Used by tables that assemble rows in a staging buffer.
+    ///
+    /// # Safety
+    /// The target must come from a validated plan, and `start + present.len()` must not exceed
+    /// its key count.
+    pub(crate) unsafe fn write_f32_rows(
+        &self,
+        start: usize,
+        dim: usize,
+        rows: &[f32],
+        present: &[bool],
+        default: &[f32],
+        offs: &mut [isize],
+    ) {
+        let n = present.len();
+        let kernel = row_fn(FloatDtype::F32, self.dtype, self.col_stride == 1, false);
+        self.walk.fill(start, &mut offs[..n]);
+        let size = self.dtype.size() as isize;
+        for i in 0..n {
+            let src = if present[i] { rows[i * dim..(i + 1) * dim].as_ptr() } else { default.as_ptr() };
+            // SAFETY: src holds dim f32 values; dst is key i's validated output row.
+            unsafe { kernel(src as *const u8, self.ptr.wrapping_offset(offs[i] * size), dim, self.col_stride) };
+        }
+    }
 }
 
 /// Where rows are written.
@@ -208,6 +256,20 @@ unsafe fn bf16_to_f32(src: *const u8, dst: *mut u8, dim: usize, _: usize) {
     s.convert_to_f32_slice(d);
 }
 
+/// Reads one element of a float dtype at `p` as f32.
+///
+/// # Safety
+/// `p` must be valid for reading one aligned element of `dtype`.
+pub(crate) unsafe fn load_f32(dtype: FloatDtype, p: *const u8) -> f32 {
+    unsafe {
+        match dtype {
+            FloatDtype::F32 => *(p as *const f32),
+            FloatDtype::F16 => (*(p as *const f16)).to_f32(),
+            FloatDtype::BF16 => (*(p as *const bf16)).to_f32(),
+        }
+    }
+}
+
 /// The kernels of one lookup: for table rows, and for the (float32) default row.
 struct Kernels {
     row: RowFn,
@@ -304,7 +366,7 @@ impl Gather<'_> {
         let mut start = lo;
         while start < hi {
             let n = CHUNK.min(hi - start);
-            self.read_keys(start, &mut keys[..n], &mut offs[..n]);
+            self.keys.read(start, &mut keys[..n], &mut offs[..n]);
             self.out.walk.fill(start, &mut offs[..n]);
             for &key in &keys[..n.min(2 * AHEAD)] {
                 r.prefetch(key);
@@ -336,26 +398,6 @@ impl Gather<'_> {
                 }
             }
             start += n;
-        }
-    }
-
-    /// Reads keys `start .. start + keys.len()` in canonical form (`offs` is scratch).
-    #[inline(always)]
-    fn read_keys(&self, start: usize, keys: &mut [u64], offs: &mut [isize]) {
-        let k = &self.keys;
-        match k.walk.linear_stride() {
-            Some(s) => {
-                for (i, key) in keys.iter_mut().enumerate() {
-                    // SAFETY: validated: every key index below self.n is addressable.
-                    *key = unsafe { k.dtype.read(k.at((start + i) as isize * s)) };
-                }
-            }
-            None => {
-                k.walk.fill(start, offs);
-                for (key, &o) in keys.iter_mut().zip(offs.iter()) {
-                    *key = unsafe { k.dtype.read(k.at(o)) };
-                }
-            }
         }
     }
 }

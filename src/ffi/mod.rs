@@ -3,6 +3,7 @@
 //! returns a status.
 
 mod lookup;
+mod server;
 mod table;
 
 use crate::error::{Error, Result, Status};

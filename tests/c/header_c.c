@@ -60,7 +60,7 @@ strata_status (*const p_info)(const strata_table *, struct strata_table_info *) 
 int header_c_uses_fields(void);
 int header_c_uses_fields(void) {
     strata_lookup_options lo = {NULL, 0};
-    strata_lookup_stats st = {0, 0};
+    strata_lookup_stats st = {0, 0, 0, 0};
     strata_table_options to = {0.0f, STRATA_MISSING_FILL};
     struct strata_table_info info = {0, 0, {kDLFloat, 32, 1}, false, false, false, 0, 0};
     strata_missing_key mk = STRATA_MISSING_ERROR;

@@ -6,6 +6,8 @@ use dlpark::ffi::{
     DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned, DLTensor,
 };
 use std::ffi::{CStr, c_char, c_void};
+pub use strata::server::Server;
+pub use strata::tiered::TableStats;
 pub use strata::{LookupOptions, LookupStats, Status, Table, TableInfo, TableOptions};
 
 #[allow(improper_ctypes)]
@@ -46,6 +48,18 @@ unsafe extern "C" {
         opts: *const LookupOptions,
         stats: *mut LookupStats,
     ) -> Status;
+    pub fn strata_server_open(path: *const c_char, out: *mut *mut Server) -> Status;
+    pub fn strata_server_open_json(json: *const c_char, base_dir: *const c_char, out: *mut *mut Server) -> Status;
+    pub fn strata_server_free(s: *mut Server);
+    pub fn strata_server_table(s: *mut Server, model: *const c_char, table_id: i32, out: *mut *mut Table) -> Status;
+    pub fn strata_server_num_models(s: *const Server, count: *mut i32) -> Status;
+    pub fn strata_server_model(s: *const Server, index: i32, name: *mut *const c_char, num_tables: *mut i32) -> Status;
+    pub fn strata_server_table_name(s: *const Server, model: *const c_char, table_id: i32, name: *mut *const c_char) -> Status;
+    pub fn strata_server_num_warnings(s: *const Server, count: *mut i32) -> Status;
+    pub fn strata_server_warning(s: *const Server, index: i32, text: *mut *const c_char) -> Status;
+    pub fn strata_table_upsert(t: *mut Table, keys: *const DLTensor, vectors: *const DLTensor) -> Status;
+    pub fn strata_table_erase(t: *mut Table, keys: *const DLTensor, erased: *mut u64) -> Status;
+    pub fn strata_table_get_stats(t: *const Table, stats: *mut TableStats) -> Status;
     pub fn strata_lookup_managed(
         t: *mut Table,
         keys: *const DLManagedTensor,

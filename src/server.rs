@@ -1,0 +1,183 @@
+//! A parameter server: the tables of every model in an HPS `ps.json`, built once and served
+//! through the same `strata_table*` lookups as any other table.
+//!
+//! Each table is tiered as the configuration says: a volatile tier (`volatile_db`, holding
+//! `initial_cache_rate` of the rows at start) in front of a persistent tier (`persistent_db`,
+//! created from the sparse files on first open and reused afterwards). With both tiers
+//! disabled a table is served straight from its memory-mapped sparse files and is immutable.
+//! A [`Server`] is `Send + Sync`; its tables live as long as it does.
+
+use crate::config::{self, OverflowPolicy, PersistentDbKind, PsConfig, VolatileDbKind};
+use crate::error::{Error, Result};
+use crate::table::{MissingKey, StaticTable, Table, TableKind, TableOptions};
+use crate::tier::persistent::PersistentStore;
+use crate::tier::volatile::{EvictionPolicy, VolatileTier};
+use crate::tiered::TieredTable;
+use std::ffi::CString;
+use std::path::Path;
+
+/// One model of a server and its tables, in `sparse_files` order.
+pub struct ServerModel {
+    pub(crate) name: CString,
+    pub(crate) table_names: Vec<CString>,
+    /// Boxed so the `strata_table*` handed out stays put.
+    pub(crate) tables: Vec<Box<Table>>,
+}
+
+/// The tables of every model of a configuration. See the module docs.
+pub struct Server {
+    pub(crate) models: Vec<ServerModel>,
+    pub(crate) warnings: Vec<CString>,
+    /// Kept open for the tables' lifetime.
+    _store: Option<PersistentStore>,
+}
+
+impl Server {
+    /// Opens the configuration file at `path` (relative paths in it are relative to its folder).
+    pub fn open(path: &Path) -> Result<Server> {
+        Server::from_config(config::load(path)?)
+    }
+
+    /// Opens a configuration given as JSON text; relative paths are relative to `base_dir`.
+    pub fn from_json(text: &str, base_dir: &Path) -> Result<Server> {
+        Server::from_config(config::parse(text, "ps.json", base_dir)?)
+    }
+
+    /// Builds every table of `cfg`.
+    pub fn from_config(cfg: PsConfig) -> Result<Server> {
+        let store = match cfg.persistent_db.kind {
+            PersistentDbKind::Disabled => None,
+            _ => Some(PersistentStore::open(&cfg.persistent_db.path, cfg.persistent_db.read_only)?),
+        };
+        let v = &cfg.volatile_db;
+        let mut models = Vec::with_capacity(cfg.models.len());
+        for m in &cfg.models {
+            let mut tables = Vec::with_capacity(m.sparse_files.len());
+            let mut table_names = Vec::with_capacity(m.sparse_files.len());
+            for (i, sparse) in m.sparse_files.iter().enumerate() {
+                let dim = m.embedding_vecsize_per_table[i];
+                let default_value = m.default_value_for_each_table.get(i).copied().unwrap_or(0.0);
+                let table_name = m.embedding_table_names.get(i).cloned().unwrap_or_else(|| format!("table{i}"));
+                let name = format!("{}/{}", m.model, table_name);
+                let options = TableOptions { default_value, ..TableOptions::default() };
+                let volatile = match v.kind {
+                    VolatileDbKind::Disabled => None,
+                    _ => Some(VolatileTier::new(
+                        dim,
+                        v.num_partitions,
+                        v.overflow_margin,
+                        match v.overflow_policy {
+                            OverflowPolicy::EvictRandom => EvictionPolicy::Random,
+                            OverflowPolicy::EvictLeastUsed => EvictionPolicy::LeastUsed,
+                            OverflowPolicy::EvictOldest => EvictionPolicy::Oldest,
+                        },
+                        v.overflow_resolution_target,
+                    )?),
+                };
+                let table = match (&store, volatile) {
+                    (None, None) => StaticTable::open(sparse, dim as i64, options)?.into(),
+                    (store, volatile) => {
+                        let persistent = match store {
+                            Some(s) => Some(s.table(&name, dim, Some(sparse))?),
+                            None => None,
+                        };
+                        if let Some(vt) = &volatile {
+                            warm(vt, persistent.as_ref(), sparse, dim, v.initial_cache_rate)?;
+                        }
+                        let read_only = persistent.is_some() && cfg.persistent_db.read_only;
+                        Table {
+                            kind: TableKind::Tiered(TieredTable::new(
+                                name.clone(),
+                                dim,
+                                volatile,
+                                persistent,
+                                v.cache_missed_embeddings,
+                                read_only,
+                                default_value,
+                                MissingKey::STRATA_MISSING_FILL,
+                            )),
+                            borrowed: false,
+                        }
+                    }
+                };
+                tables.push(Box::new(Table { borrowed: true, ..table }));
+                table_names.push(cstring(&table_name, "embedding_table_names")?);
+            }
+            models.push(ServerModel { name: cstring(&m.model, "model")?, table_names, tables });
+        }
+        let warnings = cfg.warnings.iter().map(|w| CString::new(w.replace('\0', " ")).unwrap_or_default()).collect();
+        Ok(Server { models, warnings, _store: store })
+    }
+
+    /// The model named `model`.
+    pub fn model(&self, model: &str) -> Result<&ServerModel> {
+        self.models.iter().find(|m| m.name.to_bytes() == model.as_bytes()).ok_or_else(|| {
+            let names: Vec<String> = self.models.iter().map(|m| m.name.to_string_lossy().into_owned()).collect();
+            Error::invalid("model", format!("\"{model}\" is not in the configuration; its models are {names:?}"))
+        })
+    }
+
+    /// Table `table_id` of `model`.
+    pub fn table(&self, model: &str, table_id: i32) -> Result<&Table> {
+        let m = self.model(model)?;
+        usize::try_from(table_id).ok().and_then(|i| m.tables.get(i)).map(|t| &**t).ok_or_else(|| {
+            Error::invalid(
+                "table_id",
+                format!("{table_id}; model \"{model}\" has tables 0..{} ({} sparse files)", m.tables.len(), m.tables.len()),
+            )
+        })
+    }
+
+    /// The models, in configuration order.
+    pub fn models(&self) -> &[ServerModel] {
+        &self.models
+    }
+
+    /// Configuration fields strata ignored or did not know, with their JSON paths.
+    pub fn warnings(&self) -> &[CString] {
+        &self.warnings
+    }
+}
+
+fn cstring(s: &str, what: &'static str) -> Result<CString> {
+    CString::new(s).map_err(|_| Error::invalid(what, format!("{s:?} contains a NUL byte")))
+}
+
+/// Loads `rate` of a table's rows into its volatile tier at start (HPS `initial_cache_rate`):
+/// from the persistent tier when there is one, else from the sparse files.
+fn warm(v: &VolatileTier, persistent: Option<&crate::tier::persistent::PersistentTable>, sparse: &Path, dim: usize, rate: f64) -> Result<()> {
+    const BATCH: usize = 4096;
+    let mut keys = Vec::with_capacity(BATCH);
+    let mut rows = Vec::with_capacity(BATCH * dim);
+    let flush = |keys: &mut Vec<u64>, rows: &mut Vec<f32>| {
+        v.insert_many(keys, rows);
+        keys.clear();
+        rows.clear();
+    };
+    match persistent {
+        Some(p) => {
+            let total = p.len()? as f64;
+            let limit = (total * rate).ceil() as usize;
+            p.scan(limit, |k, row| {
+                keys.push(k);
+                rows.extend_from_slice(row);
+                if keys.len() == BATCH {
+                    flush(&mut keys, &mut rows);
+                }
+            })?;
+        }
+        None => {
+            let t = StaticTable::open(sparse, dim as i64, TableOptions::default())?;
+            let limit = (t.len() as f64 * rate).ceil() as usize;
+            for (k, r) in t.rows_in_file_order().take(limit) {
+                keys.push(k);
+                rows.extend_from_slice(r);
+                if keys.len() == BATCH {
+                    flush(&mut keys, &mut rows);
+                }
+            }
+        }
+    }
+    flush(&mut keys, &mut rows);
+    Ok(())
+}
