@@ -12,3 +12,4 @@ if [ ! -e /usr/include/absl/container/flat_hash_map.h ]; then
     fi
 fi
 cargo bench --bench lookup -- "$@"
+cargo bench --bench tiered

@@ -6,7 +6,7 @@
 #      and the bounded property test (tests/fuzz.rs; PROPTEST_CASES, default 1000 here);
 #   2. the C side (scripts/c-tests.sh): examples under ASan/UBSan and valgrind, header compiles;
 #   3. the Python ctypes tests (scripts/py-tests.sh);
-#   4. a smoke run of the benchmark on small sizes (proves it builds and runs; times are not
+#   4. smoke runs of both benchmarks on small sizes (proves it builds and runs; times are not
 #      checked).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -37,11 +37,12 @@ export PROPTEST_CASES="${PROPTEST_CASES:-1000}"
 echo "== cargo test"
 cargo test
 echo "== benchmark builds"
-cargo bench --bench lookup --no-run
+cargo bench --no-run
 echo "== C tests"
 bash scripts/c-tests.sh
 echo "== Python tests"
 bash scripts/py-tests.sh
 echo "== benchmark smoke run (small sizes; the numbers mean nothing here)"
 cargo bench --bench lookup -- 20000 64 5000 2
+cargo bench --bench tiered -- 20000 16 2000 3
 echo "all test suites passed"
