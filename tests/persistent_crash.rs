@@ -15,6 +15,12 @@
 //!
 //! Several rounds run against the same store, so later rounds also recheck earlier rounds' data
 //! after more crashes. The random seed is printed; `STRATA_CRASH_SEED=<n>` replays a run.
+//!
+//! The test runs twice: once upserting through the persistent tier's Rust API, and once through
+//! the public C ABI (`strata_server_open_json`, `strata_server_table`, `strata_table_upsert` on a
+//! server table with a volatile tier in front of the store), checking the same store afterwards.
+
+mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::ExitStatusExt;
@@ -24,8 +30,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use strata::tier::persistent::{PersistentStore, PersistentTable};
 
-const TEST_NAME: &str = "acknowledged_upserts_survive_sigkill";
 const CHILD_ENV: &str = "STRATA_CRASH_CHILD";
+/// Set in the child when it upserts through the C ABI of a parameter server.
+const VIA_SERVER_ENV: &str = "STRATA_CRASH_VIA_SERVER";
 const ROUND_ENV: &str = "STRATA_CRASH_ROUND";
 const TABLE: &str = "crash/table0";
 const DIM: usize = 16;
@@ -80,15 +87,48 @@ fn batch(seed: u64) -> (Vec<u64>, Vec<f32>) {
     (keys, rows)
 }
 
+/// The ps.json of the server variant: table `crash/table0` (= TABLE) of dim DIM, created from
+/// an empty sparse folder beside the store, with a volatile tier in front of the store.
+fn server_config(dir: &Path) -> String {
+    format!(
+        r#"{{ "volatile_db": {{ "type": "parallel_hash_map", "num_partitions": 2 }},
+             "persistent_db": {{ "type": "rocks_db", "path": "{}" }},
+             "models": [ {{ "model": "crash", "sparse_files": ["{}"], "embedding_table_names": ["table0"],
+                           "embedding_vecsize_per_table": [{DIM}], "maxnum_catfeature_query_per_table_per_sample": [1] }} ] }}"#,
+        dir.display(),
+        dir.with_extension("sparse").display()
+    )
+}
+
+/// Upserts one batch through the C ABI.
+fn server_upsert(table: *mut strata::Table, keys: &[u64], rows: &[f32]) {
+    use common::*;
+    let k = Desc::compact(keys.as_ptr().cast(), U64, &[keys.len() as i64]);
+    let v = Desc::compact(rows.as_ptr().cast(), F32, &[keys.len() as i64, DIM as i64]);
+    ok(unsafe { strata_table_upsert(table, &k.t, &v.t) });
+}
+
 /// Child mode: upsert batches forever, acknowledging each on stdout once it returned Ok.
-fn child(dir: &Path, round: u64) {
-    let store = PersistentStore::open(dir, false).expect("child: open store");
-    let table = store.table(TABLE, DIM, None).expect("child: open table");
+fn child(dir: &Path, round: u64, via_server: bool) {
+    let mut upsert: Box<dyn FnMut(&[u64], &[f32])> = if via_server {
+        use common::*;
+        let json = std::ffi::CString::new(server_config(dir)).unwrap();
+        let mut server = std::ptr::null_mut();
+        ok(unsafe { strata_server_open_json(json.as_ptr(), std::ptr::null(), &mut server) });
+        let model = std::ffi::CString::new("crash").unwrap();
+        let mut table = std::ptr::null_mut();
+        ok(unsafe { strata_server_table(server, model.as_ptr(), 0, &mut table) });
+        Box::new(move |k: &[u64], r: &[f32]| server_upsert(table, k, r))
+    } else {
+        let store = PersistentStore::open(dir, false).expect("child: open store");
+        let table = store.table(TABLE, DIM, None).expect("child: open table");
+        Box::new(move |k: &[u64], r: &[f32]| table.upsert(k, r).expect("child: upsert"))
+    };
     let mut out = std::io::stdout().lock();
     for i in 0..ROUND_SEEDS {
         let seed = round * ROUND_SEEDS + i;
         let (keys, rows) = batch(seed);
-        table.upsert(&keys, &rows).expect("child: upsert");
+        upsert(&keys, &rows);
         // Written straight to the stdout handle (not print!), so it reaches the pipe now.
         writeln!(out, "ACK {seed}").and_then(|_| out.flush()).expect("child: write ACK");
     }
@@ -165,9 +205,20 @@ fn verify(dir: &Path, acked: &[u64], extras: &[u64], allowed: &[Option<u64>]) ->
 
 #[test]
 fn acknowledged_upserts_survive_sigkill() {
+    crash_test("acknowledged_upserts_survive_sigkill", false);
+}
+
+#[test]
+fn acknowledged_server_upserts_survive_sigkill() {
+    crash_test("acknowledged_server_upserts_survive_sigkill", true);
+}
+
+/// The crash test of the module docs; the child upserts through the server's C ABI when
+/// `via_server`, else through the persistent tier's Rust API.
+fn crash_test(test_name: &str, via_server: bool) {
     if let Some(dir) = std::env::var_os(CHILD_ENV) {
         let round = std::env::var(ROUND_ENV).ok().and_then(|r| r.parse().ok()).unwrap_or(0);
-        child(Path::new(&dir), round);
+        child(Path::new(&dir), round, std::env::var_os(VIA_SERVER_ENV).is_some());
         return;
     }
     let mut rng = std::env::var("STRATA_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
@@ -176,14 +227,25 @@ fn acknowledged_upserts_survive_sigkill() {
     eprintln!("persistent_crash: STRATA_CRASH_SEED={rng}");
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("ps");
+    if via_server {
+        // the server creates its table from an empty HugeCTR folder
+        let sparse = dir.with_extension("sparse");
+        std::fs::create_dir_all(&sparse).unwrap();
+        std::fs::write(sparse.join("key"), b"").unwrap();
+        std::fs::write(sparse.join("emb_vector"), b"").unwrap();
+    }
     let exe = std::env::current_exe().unwrap();
     let mut acked: Vec<u64> = Vec::new();
     let mut extras: Vec<u64> = Vec::new();
     let mut hot: Option<u64> = None;
     let test_start = Instant::now();
     for round in 0..ROUNDS {
-        let mut child = Command::new(&exe)
-            .args([TEST_NAME, "--exact", "--nocapture", "--test-threads=1"])
+        let mut cmd = Command::new(&exe);
+        if via_server {
+            cmd.env(VIA_SERVER_ENV, "1");
+        }
+        let mut child = cmd
+            .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
             .env(CHILD_ENV, &dir)
             .env(ROUND_ENV, round.to_string())
             .stdin(Stdio::null())
