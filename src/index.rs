@@ -46,7 +46,7 @@ unsafe impl Sync for KeyIndex {}
 
 /// Mixes a key into a well-distributed 64-bit hash (the MurmurHash3 finaliser).
 #[inline(always)]
-fn mix(mut k: u64) -> u64 {
+pub(crate) fn mix(mut k: u64) -> u64 {
     k ^= k >> 33;
     k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
     k ^= k >> 33;

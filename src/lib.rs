@@ -14,6 +14,7 @@ pub mod dlpack;
 pub mod error;
 pub mod exec;
 pub mod ffi;
+mod hugectr;
 pub mod index;
 pub mod lookup;
 pub mod server;

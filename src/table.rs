@@ -7,6 +7,7 @@
 use crate::dlpack::{FloatDtype, KeyDtype, TensorView, require_host};
 use crate::error::{Error, Result};
 use crate::index::KeyIndex;
+use crate::hugectr::SparseFolder;
 use crate::store::Store;
 use dlpark::ManagedTensorBase;
 use dlpark::ffi::DLTensor;
@@ -313,52 +314,11 @@ impl StaticTable {
     /// unmapped. The files must not be truncated while the table is open.
     pub fn open(dir: &Path, dim: i64, options: TableOptions) -> Result<Self> {
         options.missing()?;
-        if dim <= 0 || dim > STRATA_MAX_DIM as i64 {
-            return Err(Error::invalid("dim", format!("{dim}; expected 1 <= dim <= {STRATA_MAX_DIM}")));
-        }
-        let dim = dim as usize;
-        let key_path = dir.join("key");
-        let vec_path = dir.join("emb_vector");
-        let key_map = map_file(&key_path, "dir")?;
-        let vec_map = map_file(&vec_path, "dir")?;
-        let key_len = key_map.as_ref().map_or(0, |m| m.len());
-        let vec_len = vec_map.as_ref().map_or(0, |m| m.len());
-        if key_len % 8 != 0 {
-            return Err(Error::file(
-                "dir",
-                format!("{}: {key_len} bytes is not a whole number of int64 keys (8 bytes each); the file is truncated", key_path.display()),
-            ));
-        }
-        let row_bytes = dim * 4;
-        if vec_len % row_bytes != 0 {
-            return Err(Error::file(
-                "dim",
-                format!(
-                    "{dim} does not divide {}: {vec_len} bytes is not a whole number of {dim}-float32 rows ({row_bytes} bytes each)",
-                    vec_path.display()
-                ),
-            ));
-        }
-        let rows = key_len / 8;
-        if vec_len / row_bytes != rows {
-            return Err(Error::file(
-                "dir",
-                format!(
-                    "{} holds {rows} keys but {} holds {} rows of dim {dim}; expected one row per key",
-                    key_path.display(),
-                    vec_path.display(),
-                    vec_len / row_bytes
-                ),
-            ));
-        }
-        let keys = key_map.as_deref().unwrap_or(&[]);
-        let index = KeyIndex::build(
-            keys.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())),
-            |k| k as i64 as i128,
-            "dir/key",
-        )?;
-        drop(key_map);
-        let store = match vec_map {
+        let dim = usize::try_from(dim).map_err(|_| Error::invalid("dim", format!("{dim}; expected 1 <= dim <= {STRATA_MAX_DIM}")))?;
+        let folder = SparseFolder::open(dir, dim)?;
+        let rows = folder.rows;
+        let index = KeyIndex::build((0..rows).map(|r| folder.key(r)), |k| k as i64 as i128, "dir/key")?;
+        let store = match folder.into_vectors() {
             Some(m) => {
                 #[cfg(unix)]
                 let _ = m.advise(memmap2::Advice::Random);
@@ -500,18 +460,6 @@ unsafe fn build_rows(keys: Option<&DLTensor>, rows: usize) -> Result<Rows> {
     Ok(Rows::Keyed(KeyIndex::build(it, |c| kd.value(c), "keys")?))
 }
 
-/// Maps a whole file read-only; `None` for an empty file (which cannot be mapped).
-fn map_file(path: &Path, arg: &'static str) -> Result<Option<memmap2::Mmap>> {
-    let io = |source| Error::Io { arg, path: path.display().to_string(), source };
-    let f = std::fs::File::open(path).map_err(io)?;
-    let len = f.metadata().map_err(io)?.len();
-    if len == 0 {
-        return Ok(None);
-    }
-    // SAFETY: mapped read-only; documented that the file must not be truncated while open.
-    let m = unsafe { memmap2::Mmap::map(&f) }.map_err(io)?;
-    Ok(Some(m))
-}
 
 /// A summary of a table, for hosts and reports.
 #[repr(C)]

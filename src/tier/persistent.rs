@@ -33,10 +33,10 @@
 //! share the folder. Do not put a store on a network file system.
 
 use crate::error::{Error, Result};
-use crate::table::STRATA_MAX_DIM;
 use heed::types::Bytes;
 use heed::{Database, Env, EnvFlags, EnvOpenOptions, MdbError, PutFlags, RwTxn, WithoutTls};
 use std::collections::HashMap;
+use crate::hugectr::SparseFolder;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -243,12 +243,6 @@ fn check_name(name: &str) -> Result<()> {
     Ok(())
 }
 
-fn check_dim(dim: usize) -> Result<()> {
-    if dim == 0 || dim > STRATA_MAX_DIM {
-        return Err(Error::invalid("dim", format!("{dim}; expected 1 <= dim <= {STRATA_MAX_DIM}")));
-    }
-    Ok(())
-}
 
 fn dim_mismatch(name: &str, dir: &str, stored: u64, asked: usize) -> Error {
     Error::Store {
@@ -415,7 +409,7 @@ impl PersistentStore {
 
     fn table_with(&self, name: &str, dim: usize, init: Option<&Path>, params: LoadParams) -> Result<PersistentTable> {
         check_name(name)?;
-        check_dim(dim)?;
+        crate::hugectr::check_dim(dim)?;
         let s = &self.inner;
         let mut tables = lock(&s.tables);
         if let Some(t) = tables.get(name).and_then(Weak::upgrade) {
@@ -503,7 +497,7 @@ impl PersistentStore {
         };
         let sparse = match (before, init) {
             (Some(Meta { complete: true, .. }), _) | (_, None) => None,
-            (_, Some(folder)) => Some(Sparse::open(folder, dim)?),
+            (_, Some(folder)) => Some(SparseFolder::open(folder, dim)?),
         };
         let mut wtxn = s.env.write_txn().map_err(s.heed(name, "begin write transaction"))?;
         // Decide again under the write lock: another process may have loaded it meanwhile.
@@ -552,7 +546,7 @@ impl PersistentStore {
         meta_db: Database<Bytes, Bytes>,
         name: &str,
         dim: usize,
-        sparse: &Sparse,
+        sparse: &SparseFolder,
         params: LoadParams,
         commits: &mut usize,
     ) -> Result<()> {
@@ -576,7 +570,7 @@ impl PersistentStore {
             order.extend((start..end).map(|r| (sparse.key(r), r as u64)));
             order.sort_unstable();
             if order.windows(2).any(|w| w[0].0 == w[1].0) {
-                return Err(sparse.duplicate_error());
+                return Err(duplicate_error(&sparse));
             }
             // The first run lands in an empty database in key order: append (packed pages).
             let flags = if start == 0 { PutFlags::APPEND } else { PutFlags::NO_OVERWRITE };
@@ -584,7 +578,7 @@ impl PersistentStore {
                 let r = r as usize;
                 let row = &vecs[r * row_bytes..(r + 1) * row_bytes];
                 match db.put_with_flags(&mut wtxn, flags, &k.to_be_bytes(), row) {
-                    Err(heed::Error::Mdb(MdbError::KeyExist)) => return Err(sparse.duplicate_error()),
+                    Err(heed::Error::Mdb(MdbError::KeyExist)) => return Err(duplicate_error(&sparse)),
                     r => r.map_err(e("load: write row"))?,
                 }
                 in_txn += row_bytes + 8;
@@ -620,102 +614,7 @@ impl PersistentStore {
     }
 }
 
-/// A HugeCTR sparse folder, mapped and checked.
-struct Sparse {
-    keys: Option<memmap2::Mmap>,
-    vecs: Option<memmap2::Mmap>,
-    rows: usize,
-}
 
-impl Sparse {
-    /// Maps `dir/key` and `dir/emb_vector` and checks them. These are the checks of
-    /// [`crate::Table::open`], re-implemented here with the same errors and messages (calling it
-    /// would build an in-memory hash index of every key, which a store bigger than memory cannot
-    /// afford); duplicate keys are found while loading, with the same error as well.
-    fn open(dir: &Path, dim: usize) -> Result<Sparse> {
-        check_dim(dim)?;
-        let key_path = dir.join("key");
-        let vec_path = dir.join("emb_vector");
-        let keys = map_file(&key_path)?;
-        let vecs = map_file(&vec_path)?;
-        let key_len = keys.as_ref().map_or(0, |m| m.len());
-        let vec_len = vecs.as_ref().map_or(0, |m| m.len());
-        if key_len % 8 != 0 {
-            return Err(Error::file(
-                "dir",
-                format!(
-                    "{}: {key_len} bytes is not a whole number of int64 keys (8 bytes each); the file is truncated",
-                    key_path.display()
-                ),
-            ));
-        }
-        let row_bytes = dim * 4;
-        if vec_len % row_bytes != 0 {
-            return Err(Error::file(
-                "dim",
-                format!(
-                    "{dim} does not divide {}: {vec_len} bytes is not a whole number of {dim}-float32 rows ({row_bytes} bytes each)",
-                    vec_path.display()
-                ),
-            ));
-        }
-        let rows = key_len / 8;
-        if vec_len / row_bytes != rows {
-            return Err(Error::file(
-                "dir",
-                format!(
-                    "{} holds {rows} keys but {} holds {} rows of dim {dim}; expected one row per key",
-                    key_path.display(),
-                    vec_path.display(),
-                    vec_len / row_bytes
-                ),
-            ));
-        }
-        Ok(Sparse { keys, vecs, rows })
-    }
-
-    fn key_bytes(&self) -> &[u8] {
-        self.keys.as_deref().unwrap_or(&[])
-    }
-
-    fn vecs(&self) -> &[u8] {
-        self.vecs.as_deref().unwrap_or(&[])
-    }
-
-    /// Canonical key of row `r` (`r < rows`).
-    fn key(&self, r: usize) -> u64 {
-        let b = &self.key_bytes()[r * 8..r * 8 + 8];
-        u64::from_le_bytes(b.try_into().unwrap_or([0; 8]))
-    }
-
-    /// The error `Table::open` reports for this folder's keys: the first row (in file order)
-    /// whose key an earlier row already has.
-    fn duplicate_error(&self) -> Error {
-        let mut seen: HashMap<u64, u64> = HashMap::new();
-        for r in 0..self.rows {
-            let k = self.key(r);
-            if let Some(&first) = seen.get(&k) {
-                return Error::DuplicateKey { arg: "dir/key", key: k as i64 as i128, first, second: r as u64 };
-            }
-            seen.insert(k, r as u64);
-        }
-        Error::Internal("a duplicate key was reported but none was found".into())
-    }
-}
-
-/// Maps a whole file read-only; `None` for an empty file (which cannot be mapped).
-fn map_file(path: &Path) -> Result<Option<memmap2::Mmap>> {
-    let io = |source| Error::Io { arg: "dir", path: path.display().to_string(), source };
-    let f = std::fs::File::open(path).map_err(io)?;
-    let len = f.metadata().map_err(io)?.len();
-    if len == 0 {
-        return Ok(None);
-    }
-    // SAFETY: mapped read-only for the duration of the load; the sparse files must not be
-    // truncated meanwhile (as for `Table::open`).
-    let m = unsafe { memmap2::Mmap::map(&f) }.map_err(io)?;
-    Ok(Some(m))
-}
 
 /// Decodes a stored row into `out` (`dim` values), checking its length.
 fn decode_row(name: &str, key: u64, v: &[u8], out: &mut [f32]) -> Result<()> {
@@ -1354,7 +1253,7 @@ mod tests {
             assert!(e.to_string().contains(want), "{e}");
         }
         let e = s.table("t", 0, None).unwrap_err();
-        assert_eq!(e.to_string(), format!("dim: 0; expected 1 <= dim <= {STRATA_MAX_DIM}"));
+        assert_eq!(e.to_string(), format!("dim: 0; expected 1 <= dim <= {}", crate::table::STRATA_MAX_DIM));
         let t = s.table("t", 4, None).unwrap();
         // Write a row of the wrong length behind the table's back.
         let env = &s.inner.env;
@@ -1424,4 +1323,18 @@ mod tests {
         assert_eq!(t.len().unwrap(), rows as u64);
         assert!(found.iter().all(|&f| f));
     }
+}
+
+/// The error `Table::open` reports for a folder's keys: the first row (in file order)
+/// whose key an earlier row already has.
+fn duplicate_error(sparse: &SparseFolder) -> Error {
+    let mut seen: HashMap<u64, u64> = HashMap::new();
+    for r in 0..sparse.rows {
+        let k = sparse.key(r);
+        if let Some(&first) = seen.get(&k) {
+            return Error::DuplicateKey { arg: "dir/key", key: k as i64 as i128, first, second: r as u64 };
+        }
+        seen.insert(k, r as u64);
+    }
+    Error::Internal("a duplicate key was reported but none was found".into())
 }

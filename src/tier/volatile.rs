@@ -33,6 +33,9 @@
 //! breaks memory safety, and a cache may always drop rows). Counters are atomics kept per
 //! shard and summed on demand.
 
+// Keys are hashed with the keyed index's MurmurHash3 finaliser (`mix`): the shard comes from
+// the high bits, the map position from the low bits.
+use crate::index::mix;
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -107,16 +110,6 @@ pub struct VolatileStats {
     pub bytes: u64,
 }
 
-/// Mixes a key into a well-distributed 64-bit hash (the MurmurHash3 finaliser). The shard
-/// comes from the high bits, the map position from the low bits.
-#[inline(always)]
-fn mix(mut k: u64) -> u64 {
-    k ^= k >> 33;
-    k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    k ^= k >> 33;
-    k = k.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    k ^ (k >> 33)
-}
 
 /// One key-map entry: a key and `slot + 1` (0 = empty), 12 bytes.
 #[derive(Clone, Copy, Default)]
