@@ -266,6 +266,10 @@ const char *strata_last_error(void);
 // `"STRATA_UNKNOWN_STATUS"` for a value that is not one. The string is static.
 const char *strata_status_name(int32_t status);
 
+// 1 when this build has CUDA support and a CUDA driver with at least one device is present,
+// else 0. Never fails: without a driver (or without the `cuda` feature) it returns 0.
+int32_t strata_cuda_available(void);
+
 // The number of threads a lookup with `num_threads = 0` may use: `STRATA_NUM_THREADS` if
 // set, else the CPUs in the process's affinity mask (read once, at first use).
 int32_t strata_default_num_threads(void);

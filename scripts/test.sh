@@ -33,9 +33,20 @@ if ! python3 -c 'import numpy, pytest, sys; sys.exit(0 if tuple(map(int, numpy._
     python3 -m pip install -q --disable-pip-version-check 'numpy>=2.1' pytest
 fi
 
+# NVRTC from PyPI, so the CUDA kernels are compiled (for sm_80 and sm_90) and checked here too.
+if ! python3 -c 'import nvidia.cuda_nvrtc' 2>/dev/null; then
+    echo "== installing nvidia-cuda-nvrtc-cu12 (NVRTC for the CUDA kernel compile test)"
+    python3 -m pip install -q --disable-pip-version-check 'nvidia-cuda-nvrtc-cu12>=12.8,<13'
+fi
+NVRTC_LIB="$(python3 -c 'import nvidia.cuda_nvrtc, os; print(os.path.join(list(nvidia.cuda_nvrtc.__path__)[0], "lib"))')"
+export LD_LIBRARY_PATH="$NVRTC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export STRATA_REQUIRE_NVRTC=1
+
 export PROPTEST_CASES="${PROPTEST_CASES:-1000}"
 echo "== cargo test"
 cargo test
+echo "== the build without CUDA (cargo feature cuda off)"
+cargo build --lib --no-default-features
 echo "== benchmark builds"
 cargo bench --no-run
 echo "== C tests"

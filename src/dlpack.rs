@@ -134,6 +134,13 @@ pub fn device_name(d: DLDevice) -> String {
     format!("{name}:{}", d.device_id)
 }
 
+#[cfg(feature = "cuda")]
+use crate::exec::cuda::unsupported_reason;
+#[cfg(not(feature = "cuda"))]
+fn unsupported_reason() -> &'static str {
+    "it was built without CUDA support (cargo feature `cuda`)"
+}
+
 /// Fails unless `d` is memory the CPU path can read and write directly.
 pub fn require_host(d: DLDevice, arg: &'static str) -> Result<()> {
     match d.device_type {
@@ -141,9 +148,9 @@ pub fn require_host(d: DLDevice, arg: &'static str) -> Result<()> {
         _ => Err(Error::Device {
             arg,
             msg: format!(
-                "device {}; this build of strata serves host memory only (kDLCPU, kDLCUDAHost): \
-                 it was built without CUDA support",
-                device_name(d)
+                "device {}; this build of strata serves host memory only (kDLCPU, kDLCUDAHost): {}",
+                device_name(d),
+                unsupported_reason()
             ),
         }),
     }

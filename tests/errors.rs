@@ -207,7 +207,11 @@ fn devices_other_than_host_memory() {
         let k = c.keys().device(dev);
         let mut o = c.out();
         let msg = c.expect(&k, &mut o, Status::STRATA_UNSUPPORTED_DEVICE, &["keys: device", "host memory only"]);
-        assert!(msg.contains("without CUDA support"), "{msg}");
+        // why: no `cuda` feature, no driver, or (with a driver) no CUDA executor yet
+        assert!(
+            msg.contains("without CUDA support") || msg.contains("no CUDA driver") || msg.contains("not part of this version"),
+            "{msg}"
+        );
         let k = c.keys();
         let mut o = c.out().device(dev);
         c.expect(&k, &mut o, Status::STRATA_UNSUPPORTED_DEVICE, &["out: device"]);

@@ -1,7 +1,9 @@
-//! Executing lookups: the CPU thread pool ([`pool`]) and gather kernels ([`cpu`]).
-//! The CUDA executor will sit beside `cpu`.
+//! Executing lookups: the CPU thread pool ([`pool`]) and gather kernels ([`cpu`]), and the
+//! CUDA kernels ([`cuda`], feature `cuda`).
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod pool;
 
 /// Hints the CPU to bring the cache line at `p` into cache. Never faults, any address.

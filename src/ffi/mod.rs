@@ -118,6 +118,20 @@ pub extern "C" fn strata_status_name(status: i32) -> *const c_char {
         .map_or(c"STRATA_UNKNOWN_STATUS".as_ptr(), |s| s.name().as_ptr())
 }
 
+/// 1 when this build has CUDA support and a CUDA driver with at least one device is present,
+/// else 0. Never fails: without a driver (or without the `cuda` feature) it returns 0.
+#[unsafe(no_mangle)]
+pub extern "C" fn strata_cuda_available() -> i32 {
+    #[cfg(feature = "cuda")]
+    {
+        catch_unwind(crate::exec::cuda::device_count).map_or(0, |n| (n > 0) as i32)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        0
+    }
+}
+
 /// The number of threads a lookup with `num_threads = 0` may use: `STRATA_NUM_THREADS` if
 /// set, else the CPUs in the process's affinity mask (read once, at first use).
 #[unsafe(no_mangle)]
