@@ -187,7 +187,7 @@ impl TensorView {
         let r = unsafe { dlpark::TensorRef::from_raw(t) }.map_err(|e| dlpark_error(e, arg))?;
         let shape: Vec<usize> = r.shape().iter().map(|&s| s as usize).collect();
         let elem_bits = t.dtype.bits as usize * t.dtype.lanes as usize;
-        if elem_bits % 8 != 0 {
+        if !elem_bits.is_multiple_of(8) {
             return Err(Error::Dtype { arg, got: dtype_name(t.dtype), expected: "a whole-byte dtype" });
         }
         let elem = elem_bits / 8;
@@ -337,12 +337,11 @@ impl Walk {
             if n == 1 {
                 continue;
             }
-            if let Some(last) = dims.last_mut() {
-                if last.1 == s * n as isize {
+            if let Some(last) = dims.last_mut()
+                && last.1 == s * n as isize {
                     *last = (last.0 * n, s);
                     continue;
                 }
-            }
             dims.push((n, s));
         }
         Walk { dims }

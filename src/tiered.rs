@@ -167,9 +167,7 @@ impl TieredTable {
                 if lo >= p.n {
                     break;
                 }
-                if let Err(e) = self.chunk(p, lo, (lo + CHUNK).min(p.n), &mut scratch, &mut found) {
-                    return Err(e);
-                }
+                self.chunk(p, lo, (lo + CHUNK).min(p.n), &mut scratch, &mut found)?
             }
             Ok(found)
         });
@@ -229,8 +227,8 @@ impl TieredTable {
                         s.present[i] = true;
                     }
                 }
-                if self.cache_missed && h > 0 {
-                    if let Some(v) = &self.volatile {
+                if self.cache_missed && h > 0
+                    && let Some(v) = &self.volatile {
                         s.promote_keys.clear();
                         s.promote_rows.clear();
                         for (j, &k) in s.miss_keys.iter().enumerate() {
@@ -241,7 +239,6 @@ impl TieredTable {
                         }
                         v.insert_many(&s.promote_keys, &s.promote_rows);
                     }
-                }
             }
         }
         for i in 0..n {

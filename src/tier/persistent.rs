@@ -570,7 +570,7 @@ impl PersistentStore {
             order.extend((start..end).map(|r| (sparse.key(r), r as u64)));
             order.sort_unstable();
             if order.windows(2).any(|w| w[0].0 == w[1].0) {
-                return Err(duplicate_error(&sparse));
+                return Err(duplicate_error(sparse));
             }
             // The first run lands in an empty database in key order: append (packed pages).
             let flags = if start == 0 { PutFlags::APPEND } else { PutFlags::NO_OVERWRITE };
@@ -578,7 +578,7 @@ impl PersistentStore {
                 let r = r as usize;
                 let row = &vecs[r * row_bytes..(r + 1) * row_bytes];
                 match db.put_with_flags(&mut wtxn, flags, &k.to_be_bytes(), row) {
-                    Err(heed::Error::Mdb(MdbError::KeyExist)) => return Err(duplicate_error(&sparse)),
+                    Err(heed::Error::Mdb(MdbError::KeyExist)) => return Err(duplicate_error(sparse)),
                     r => r.map_err(e("load: write row"))?,
                 }
                 in_txn += row_bytes + 8;
