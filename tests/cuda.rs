@@ -11,6 +11,13 @@
 
 mod common;
 use common::*;
+use std::io::Write;
+
+/// Says why a test did nothing, on the real stderr (past libtest's output capture), so a
+/// skipped GPU test never passes silently.
+fn skipped(why: &str) {
+    let _ = writeln!(std::io::stderr(), "skipped: {why}");
+}
 use dlpark::ffi::DLDeviceType;
 use strata::exec::cuda;
 
@@ -26,7 +33,7 @@ fn every_kernel_compiles_with_nvrtc_for_sm80_and_sm90() {
             "STRATA_REQUIRE_NVRTC is set but libnvrtc.so.12 cannot be loaded (LD_LIBRARY_PATH={:?})",
             std::env::var_os("LD_LIBRARY_PATH")
         );
-        eprintln!("skipped: NVRTC (libnvrtc.so.12) is not installed; scripts/test.sh installs it");
+        skipped("NVRTC (libnvrtc.so.12) is not installed; scripts/test.sh installs it");
         return;
     }
     for arch in ["compute_80", "compute_90"] {
@@ -63,9 +70,9 @@ fn cuda_tensors_without_a_driver_get_a_clear_status() {
 #[test]
 fn gpu_lookups() {
     if cuda::device_count() == 0 {
-        eprintln!("skipped: no CUDA device");
+        skipped("no CUDA device");
         return;
     }
     // A GPU is present but the CUDA executor is not built yet: say so rather than pass silently.
-    eprintln!("skipped: CUDA device present, but the CUDA executor is not part of this version yet");
+    skipped("CUDA device present, but the CUDA executor is not part of this version yet");
 }
