@@ -194,6 +194,67 @@ typedef struct strata_lookup_stats {
   uint64_t persistent_hits;
 } strata_lookup_stats;
 
+// Where a partition lives: an MPI rank (Heat's `location`), and optionally the host, process
+// and device of the latest draft's `(ip, pid, device)` tuples.
+typedef struct strata_partition_location {
+  // MPI rank in the communicator the description belongs to; -1 when not given.
+  int32_t rank;
+  // Device ordinal, or -1 for host memory.
+  int32_t device_id;
+  // Process id, or 0 when not given.
+  int64_t pid;
+  // Host name or address (NUL-terminated), or NULL.
+  const char *host;
+} strata_partition_location;
+
+// One grid position of a [`Partitioned`].
+typedef struct strata_partition {
+  // `ndim` offsets of the partition in the global array.
+  const int64_t *start;
+  // `ndim` sizes of the partition.
+  const int64_t *shape;
+  // The partition's data when it is local and given as a DLPack tensor; else NULL.
+  const DLTensor *data;
+  // An opaque handle resolved through the description's `get` when `data` is NULL (may be NULL
+  // for partitions that are not local).
+  void *handle;
+  // Owners of the partition: one for a plain partition, several for a replicated one.
+  const struct strata_partition_location *locations;
+  int32_t num_locations;
+} strata_partition;
+
+// Resolves a partition's `handle` into its local data, or NULL when it is not local.
+typedef const DLTensor *(*strata_partition_get_fn)(void *user, void *handle);
+
+// A `__partitioned__` description.
+typedef struct strata_partitioned {
+  int32_t ndim;
+  // The global shape, `ndim` sizes.
+  const int64_t *shape;
+  // Partitions per dimension, `ndim` counts (each >= 1).
+  const int64_t *partition_tiling;
+  // One entry per grid position, row-major over the grid (`prod(partition_tiling)` entries).
+  const struct strata_partition *partitions;
+  // Grid positions owned by this process (SPMD): `num_locals * ndim` indices, or NULL when
+  // every partition with data is local.
+  const int64_t *locals;
+  int32_t num_locals;
+  // Turns a partition's `handle` into its data; may be NULL when every `data` is given.
+  strata_partition_get_fn get;
+  // Passed to `get` as `user`.
+  void *get_user;
+} strata_partitioned;
+
+// Options for building a table. Initialise with `strata_table_options_default()`.
+typedef struct strata_table_options {
+  // Value written to every element of a missing key's row (HPS
+  // `default_value_for_each_table`). Default 0.
+  float default_value;
+  // A `strata_missing_key`: whether a missing key is filled with `default_value`
+  // (`STRATA_MISSING_FILL`, the default) or is an error (`STRATA_MISSING_ERROR`).
+  int32_t missing_key;
+} strata_table_options;
+
 // Cumulative counters of one table, all tiers (`strata_table_get_stats`).
 typedef struct strata_table_stats {
   // Lookup calls that succeeded.
@@ -219,16 +280,6 @@ typedef struct strata_table_stats {
   // Keys removed by `strata_table_erase`.
   uint64_t erases;
 } strata_table_stats;
-
-// Options for building a table. Initialise with `strata_table_options_default()`.
-typedef struct strata_table_options {
-  // Value written to every element of a missing key's row (HPS
-  // `default_value_for_each_table`). Default 0.
-  float default_value;
-  // A `strata_missing_key`: whether a missing key is filled with `default_value`
-  // (`STRATA_MISSING_FILL`, the default) or is an error (`STRATA_MISSING_ERROR`).
-  int32_t missing_key;
-} strata_table_options;
 
 // A summary of a table, for hosts and reports.
 typedef struct strata_table_info {
@@ -315,6 +366,44 @@ strata_status strata_lookup_managed_versioned(struct strata_table *table,
                                               DLManagedTensorVersioned *out,
                                               const struct strata_lookup_options *opts,
                                               struct strata_lookup_stats *stats);
+
+// Checks a `__partitioned__` description against every rule of the protocol: tiling counts
+// >= 1 per dimension, one partition per grid position, starts and shapes inside the global
+// shape, partitions that tile it exactly (no gap, no overlap; replication is one partition with
+// several locations), at least one location each, the same kind of `data` in every entry (a
+// `get` callback when they are handles), `locals` inside the grid and holding data, and local
+// data agreeing with its partition's shape and with the other partitions' dtype. A violation is
+// `STRATA_INVALID_ARGUMENT` naming the grid position and the rule, e.g.
+// "partition (2,0): start[0]+shape[0] = 31 exceeds shape[0] = 27". Borrows `desc` for the call;
+// calls `get` on local handles.
+strata_status strata_partitioned_validate(const struct strata_partitioned *desc);
+
+// Builds a dense table (key = global row number) from a [rows, dim] description split along
+// rows (tiling (P, 1); (1, 1) and replicated partitions too).
+//
+// `comm` is a pointer to an MPI communicator handle (`MPI_Fint`, mpi4py's `comm.py2f()`), or
+// NULL for a single process holding every partition. This build has no MPI support: a non-NULL
+// `comm` is `STRATA_UNSUPPORTED_DEVICE`.
+//
+// Ownership: a single partition (tiling (1, 1), or one replicated partition) with unit element
+// stride is borrowed without a copy: its memory must stay valid and unchanged until
+// `strata_table_free`. Several partitions are copied into one table (and may be freed after
+// the call).
+strata_status strata_table_from_partitioned(const struct strata_partitioned *desc,
+                                            const int32_t *comm,
+                                            const struct strata_table_options *opts,
+                                            struct strata_table **out);
+
+// Describes a dense table with the protocol: shape [rows, dim], tiling (1, 1), one partition
+// owned by rank 0 whose `data` is a DLPack view of the table's vectors and whose `handle`
+// resolves to the same through `get` (which returns NULL for nothing else). Ownership: `*out`
+// is owned by strata, valid while the table lives, and freed with `strata_partitioned_free`.
+// Keyed and server tables have no such view (`STRATA_INVALID_ARGUMENT`).
+strata_status strata_table_partitioned(const struct strata_table *table,
+                                       struct strata_partitioned **out);
+
+// Frees a description from `strata_table_partitioned`. NULL is a no-op.
+void strata_partitioned_free(struct strata_partitioned *desc);
 
 // Opens a parameter server from an HPS configuration file (`ps.json`): every model's tables,
 // tiered as its `volatile_db` and `persistent_db` say. Relative paths in the file are relative

@@ -17,6 +17,7 @@ pub mod ffi;
 mod hugectr;
 pub mod index;
 pub mod lookup;
+pub mod partition;
 pub mod server;
 pub mod store;
 pub mod table;

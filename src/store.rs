@@ -20,7 +20,7 @@ enum Owner {
     Adopted(#[allow(dead_code)] dlpark::AllocationDeleter),
     /// A read-only file mapping.
     Mapped(#[allow(dead_code)] memmap2::Mmap),
-    /// Nothing to free (empty table).
+    /// Nothing to free (an empty table, or memory the caller keeps alive).
     None,
 }
 
@@ -80,6 +80,26 @@ impl Store {
         deleter: dlpark::AllocationDeleter,
     ) -> Self {
         Store { ptr, dtype, rows, dim, row_stride, owner: Owner::Adopted(deleter) }
+    }
+
+    /// Wraps memory the caller keeps alive and unchanged for the store's lifetime (a borrowed
+    /// `__partitioned__` partition); nothing is freed on drop.
+    ///
+    /// # Safety
+    /// As for [`Store::adopted`], for as long as the store lives.
+    pub unsafe fn borrowed(ptr: *const u8, dtype: FloatDtype, rows: usize, dim: usize, row_stride: usize) -> Self {
+        let ptr = if rows * dim == 0 { std::ptr::NonNull::<u64>::dangling().as_ptr().cast() } else { ptr };
+        Store { ptr, dtype, rows, dim, row_stride, owner: Owner::None }
+    }
+
+    /// Elements from one row's start to the next.
+    pub fn row_stride(&self) -> usize {
+        self.row_stride
+    }
+
+    /// Address of row 0 (dangling but aligned when the store is empty).
+    pub fn row_ptr_or_base(&self) -> *const u8 {
+        self.ptr
     }
 
     /// Wraps a file mapping holding `rows x dim` compact little-endian float32 values.

@@ -220,6 +220,11 @@ impl StaticTable {
         Ok(StaticTable { store, rows, default_row, options, missing })
     }
 
+    /// A dense table (key = row number) over `store`.
+    pub(crate) fn dense_over(store: Store, options: TableOptions) -> Result<Self> {
+        StaticTable::assemble(store, Rows::Dense, options)
+    }
+
     /// Copies `vectors` ([rows, dim], float32/float16/bfloat16, any strides, host memory) into
     /// a new table. `keys` is `None` for a dense table, else a 1-D tensor of
     /// `rows` unique integer keys. The caller's tensors are only read during the call.

@@ -3,6 +3,7 @@
 //! returns a status.
 
 mod lookup;
+mod partition;
 mod server;
 mod table;
 

@@ -6,6 +6,7 @@ use dlpark::ffi::{
     DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned, DLTensor,
 };
 use std::ffi::{CStr, c_char, c_void};
+pub use strata::partition::{Partition, PartitionLocation, Partitioned};
 pub use strata::server::Server;
 pub use strata::tiered::TableStats;
 pub use strata::{LookupOptions, LookupStats, Status, Table, TableInfo, TableOptions};
@@ -60,6 +61,15 @@ unsafe extern "C" {
     pub fn strata_table_upsert(t: *mut Table, keys: *const DLTensor, vectors: *const DLTensor) -> Status;
     pub fn strata_table_erase(t: *mut Table, keys: *const DLTensor, erased: *mut u64) -> Status;
     pub fn strata_table_get_stats(t: *const Table, stats: *mut TableStats) -> Status;
+    pub fn strata_partitioned_validate(desc: *const Partitioned) -> Status;
+    pub fn strata_table_from_partitioned(
+        desc: *const Partitioned,
+        comm: *const i32,
+        opts: *const TableOptions,
+        out: *mut *mut Table,
+    ) -> Status;
+    pub fn strata_table_partitioned(t: *const Table, out: *mut *mut Partitioned) -> Status;
+    pub fn strata_partitioned_free(desc: *mut Partitioned);
     pub fn strata_lookup_managed(
         t: *mut Table,
         keys: *const DLManagedTensor,

@@ -1,0 +1,244 @@
+//! The `__partitioned__` protocol through the C ABI, single process: every validation rule,
+//! tables from Heat-shaped descriptions (split 0 uneven, split None replicated), zero copy
+//! checked both ways, and round trips produce -> consume.
+
+mod common;
+use common::*;
+use dlpark::ffi::DLTensor;
+use std::ptr::{null, null_mut};
+
+/// A description under construction: owns every array its C structs point into.
+struct Desc2 {
+    shape: Vec<i64>,
+    tiling: Vec<i64>,
+    starts: Vec<Vec<i64>>,
+    shapes: Vec<Vec<i64>>,
+    data: Vec<Option<Desc>>,
+    locations: Vec<Vec<PartitionLocation>>,
+    locals: Option<Vec<i64>>,
+    parts: Vec<Partition>,
+    c: Option<Partitioned>,
+}
+
+fn loc(rank: i32) -> PartitionLocation {
+    PartitionLocation { rank, device_id: -1, pid: 0, host: null() }
+}
+
+impl Desc2 {
+    /// Rows split as `rows_per_part` over tiling (P, 1) of a [sum, dim] f32 array `global`.
+    fn split_rows(global: &[f32], dim: usize, rows_per_part: &[i64]) -> Desc2 {
+        let total: i64 = rows_per_part.iter().sum();
+        let mut d = Desc2 {
+            shape: vec![total, dim as i64],
+            tiling: vec![rows_per_part.len() as i64, 1],
+            starts: vec![],
+            shapes: vec![],
+            data: vec![],
+            locations: vec![],
+            locals: None,
+            parts: vec![],
+            c: None,
+        };
+        let mut start = 0;
+        for (p, &n) in rows_per_part.iter().enumerate() {
+            d.starts.push(vec![start, 0]);
+            d.shapes.push(vec![n, dim as i64]);
+            let ptr = global[(start as usize * dim).min(global.len())..].as_ptr();
+            d.data.push(Some(Desc::compact(ptr.cast(), F32, &[n, dim as i64])));
+            d.locations.push(vec![loc(p as i32)]);
+            start += n;
+        }
+        d
+    }
+
+    fn c(&mut self) -> *const Partitioned {
+        self.parts = (0..self.starts.len())
+            .map(|i| Partition {
+                start: self.starts[i].as_ptr(),
+                shape: self.shapes[i].as_ptr(),
+                data: self.data[i].as_ref().map_or(null(), |d| &d.t as *const DLTensor),
+                handle: null_mut(),
+                locations: self.locations[i].as_ptr(),
+                num_locations: self.locations[i].len() as i32,
+            })
+            .collect();
+        self.c = Some(Partitioned {
+            ndim: self.shape.len() as i32,
+            shape: self.shape.as_ptr(),
+            partition_tiling: self.tiling.as_ptr(),
+            partitions: self.parts.as_ptr(),
+            locals: self.locals.as_ref().map_or(null(), |l| l.as_ptr()),
+            num_locals: self.locals.as_ref().map_or(0, |l| (l.len() / self.shape.len()) as i32),
+            get: None,
+            get_user: null_mut(),
+        });
+        self.c.as_ref().unwrap()
+    }
+}
+
+fn build(d: *const Partitioned) -> Owned {
+    let mut t = null_mut();
+    ok(unsafe { strata_table_from_partitioned(d, null(), null(), &mut t) });
+    Owned(t)
+}
+
+fn rows(t: *mut Table, keys: &[i64], dim: usize) -> Vec<f32> {
+    let mut out = vec![f32::NAN; keys.len() * dim];
+    let k = Desc::compact(keys.as_ptr().cast(), I64, &[keys.len() as i64]);
+    let mut o = Desc::compact(out.as_mut_ptr().cast(), F32, &[keys.len() as i64, dim as i64]);
+    ok(unsafe { strata_lookup(t, &k.t, &mut o.t, null(), null_mut()) });
+    out
+}
+
+fn expect(global: &[f32], dim: usize, keys: &[i64]) -> Vec<f32> {
+    let n = (global.len() / dim) as i64;
+    keys.iter().flat_map(|&k| if (0..n).contains(&k) { global[k as usize * dim..(k as usize + 1) * dim].to_vec() } else { vec![0.0; dim] }).collect()
+}
+
+#[test]
+fn heat_split0_uneven_rows_copy_and_match() {
+    let mut rng = Rng(41);
+    let dim = 8;
+    let global: Vec<f32> = (0..27 * dim).map(|_| rng.f32()).collect();
+    let mut d = Desc2::split_rows(&global, dim, &[7, 7, 7, 6]);
+    ok(unsafe { strata_partitioned_validate(d.c()) });
+    let t = build(d.c());
+    let keys: Vec<i64> = (0..100).map(|_| rng.below(32) as i64 - 2).collect();
+    assert_eq!(rows(t.0, &keys, dim), expect(&global, dim, &keys));
+    assert_eq!(unsafe { strata_table_len(t.0) }, 27);
+}
+
+#[test]
+fn single_and_replicated_partitions_are_zero_copy_both_ways() {
+    for replicated in [false, true] {
+        let dim = 4;
+        let mut global: Vec<f32> = (0..10 * dim).map(|i| i as f32).collect();
+        let mut d = Desc2::split_rows(&global, dim, &[10]);
+        if replicated {
+            d.locations[0] = (0..4).map(loc).collect(); // Heat split=None: every rank holds it
+        }
+        let t = build(d.c());
+        let mut info = unsafe { std::mem::zeroed::<TableInfo>() };
+        ok(unsafe { strata_table_get_info(t.0, &mut info) });
+        // source -> table: a write into the source is seen by lookups
+        global[3 * dim + 1] = 777.0;
+        assert_eq!(rows(t.0, &[3], dim), vec![12.0, 777.0, 14.0, 15.0]);
+        // table -> producer view: the produced description's data is the same memory
+        let mut p = null_mut();
+        ok(unsafe { strata_table_partitioned(t.0, &mut p) });
+        let part = unsafe { &*(*p).partitions };
+        let data = unsafe { &*part.data };
+        assert_eq!(data.data as *const f32, global.as_ptr());
+        let get = unsafe { (*p).get.unwrap() };
+        assert_eq!(unsafe { get((*p).get_user, part.handle) }, part.data);
+        unsafe { strata_partitioned_free(p) };
+    }
+}
+
+#[test]
+fn produce_then_consume_round_trip() {
+    let mut rng = Rng(42);
+    let dim = 5;
+    let vectors: Vec<f32> = (0..12 * dim).map(|_| rng.f32()).collect();
+    let t = Owned::build(&vectors, 12, dim, None, &TableOptions::default());
+    let mut p = null_mut();
+    ok(unsafe { strata_table_partitioned(t.0, &mut p) });
+    let desc = unsafe { &*p };
+    assert_eq!(desc.ndim, 2);
+    assert_eq!(unsafe { std::slice::from_raw_parts(desc.shape, 2) }, &[12, dim as i64]);
+    assert_eq!(unsafe { std::slice::from_raw_parts(desc.partition_tiling, 2) }, &[1, 1]);
+    let part = unsafe { &*desc.partitions };
+    assert_eq!(part.num_locations, 1);
+    assert_eq!(unsafe { (*part.locations).rank }, 0);
+    ok(unsafe { strata_partitioned_validate(p) });
+    let t2 = build(p);
+    let keys: Vec<i64> = (0..30).map(|_| rng.below(14) as i64).collect();
+    assert_eq!(rows(t2.0, &keys, dim), rows(t.0, &keys, dim));
+    drop(t2);
+    unsafe { strata_partitioned_free(p) };
+    unsafe { strata_partitioned_free(null_mut()) };
+    // keyed tables have no array view
+    let keyed = Owned::build(&vectors, 12, dim, Some(&(0..12).map(|i| i * 10).collect::<Vec<_>>()), &TableOptions::default());
+    let mut p = null_mut();
+    fails(unsafe { strata_table_partitioned(keyed.0, &mut p) }, Status::STRATA_INVALID_ARGUMENT, &["table: is keyed"]);
+    assert!(p.is_null());
+}
+
+#[test]
+fn every_validation_rule() {
+    let dim = 4;
+    let global: Vec<f32> = vec![0.0; 40 * dim];
+    let check = |d: &mut Desc2, needles: &[&str]| {
+        let s = unsafe { strata_partitioned_validate(d.c()) };
+        fails(s, Status::STRATA_INVALID_ARGUMENT, needles);
+        let mut t = null_mut();
+        let s = unsafe { strata_table_from_partitioned(d.c(), null(), null(), &mut t) };
+        assert_eq!(s, Status::STRATA_INVALID_ARGUMENT);
+        assert!(t.is_null());
+    };
+    let base = || Desc2::split_rows(&global, dim, &[7, 7, 7, 6]);
+
+    let mut d = base();
+    d.starts[3][0] = 21;
+    d.shapes[3][0] = 10;
+    check(&mut d, &["partition (3,0): start[0]+shape[0] = 31 exceeds shape[0] = 27"]);
+    let mut d = base();
+    d.starts[2][0] = 15;
+    d.shapes[2][0] = 6;
+    check(&mut d, &["partition (2,0): start[0] = 15; expected 14: it leaves a gap"]);
+    let mut d = base();
+    d.starts[1][0] = 6;
+    check(&mut d, &["partition (1,0): start[0] = 6; expected 7: it overlaps the previous partition"]);
+    let mut d = base();
+    d.shape[0] = 30;
+    check(&mut d, &["the partitions end at 27 along dimension 0; expected shape[0] = 30"]);
+    let mut d = base();
+    d.tiling[1] = 0;
+    check(&mut d, &["partition_tiling[1] = 0"]);
+    let mut d = base();
+    d.locations[2].clear();
+    check(&mut d, &["partition (2,0): location is empty"]);
+    let mut d = base();
+    d.shapes[1][1] = 3;
+    check(&mut d, &["partition (1,0): start[1] = 0, shape[1] = 3; expected 0 and 4 like partition (0,0)"]);
+    let mut d = base();
+    d.starts[0][0] = -1;
+    check(&mut d, &["partition (0,0): start[0] = -1"]);
+    let mut d = base();
+    d.locals = Some(vec![5, 0]);
+    check(&mut d, &["locals[0] = [5, 0] is outside partition_tiling [4, 1]"]);
+    let mut d = base();
+    d.data[2] = None;
+    d.locals = Some(vec![2, 0]);
+    check(&mut d, &["partition (2,0) is listed in locals but has no data"]);
+    let mut d = base();
+    d.data[1] = Some(Desc::compact(global.as_ptr().cast(), F32, &[6, dim as i64]));
+    check(&mut d, &["partition (1,0): data has shape [6, 4]; expected the partition's shape [7, 4]"]);
+    let mut d = base();
+    let half = vec![0u16; 7 * dim];
+    d.data[1] = Some(Desc::compact(half.as_ptr().cast(), F16, &[7, dim as i64]));
+    check(&mut d, &["partition (1,0): data has dtype float16; expected float32 like partition (0,0)"]);
+
+    // from_partitioned specifics
+    let mut d = base();
+    d.data[3] = None;
+    let mut t = null_mut();
+    let s = unsafe { strata_table_from_partitioned(d.c(), null(), null(), &mut t) };
+    fails(s, Status::STRATA_INVALID_ARGUMENT, &["partition (3,0) has no local data; without a communicator every partition must be local"]);
+    let mut d = Desc2::split_rows(&global, dim, &[40]);
+    d.tiling = vec![1, 2];
+    d.starts = vec![vec![0, 0], vec![0, 2]];
+    d.shapes = vec![vec![40, 2], vec![40, 2]];
+    let a = Desc::new(global.as_ptr().cast(), F32, &[40, 2], &[4, 1], 0);
+    let b = Desc::new(global.as_ptr().cast(), F32, &[40, 2], &[4, 1], 8);
+    d.data = vec![Some(a), Some(b)];
+    d.locations = vec![vec![loc(0)], vec![loc(1)]];
+    ok(unsafe { strata_partitioned_validate(d.c()) });
+    let s = unsafe { strata_table_from_partitioned(d.c(), null(), null(), &mut t) };
+    fails(s, Status::STRATA_INVALID_ARGUMENT, &["partition_tiling [1, 2] splits the columns; expected (1, 1)"]);
+    let comm = 0i32;
+    let mut d = base();
+    let s = unsafe { strata_table_from_partitioned(d.c(), &comm, null(), &mut t) };
+    fails(s, Status::STRATA_UNSUPPORTED_DEVICE, &["comm: distributed tables need a build with MPI support"]);
+    fails(unsafe { strata_partitioned_validate(null()) }, Status::STRATA_NULL_ARGUMENT, &["desc"]);
+}
