@@ -2,10 +2,13 @@
 //!
 //! The crate is a safe core plus a thin C layer:
 //! - [`dlpack`]: validated views of borrowed DLPack tensors;
-//! - [`table`]: tables (vectors + dense or keyed rows), built by copy, by adoption or from a
-//!   HugeCTR sparse folder;
+//! - [`table`]: the `strata_table` handle: static tables (vectors + dense or keyed rows), built
+//!   by copy, by adoption or from a HugeCTR sparse folder, or tiered server tables;
 //! - [`store`]: where vectors live; [`index`]: the keyed hash index;
-//! - [`lookup`]: `Table::lookup`; [`exec`]: the CPU pool and gather kernels;
+//! - [`lookup`]: validation and dispatch of lookups; [`exec`]: the CPU pool and gather kernels,
+//!   and the CUDA kernels (feature `cuda`);
+//! - [`config`], [`tier`], [`tiered`], [`server`]: the HPS-compatible parameter server;
+//! - [`partition`]: the `__partitioned__` protocol;
 //! - [`error`]: the one error type and its status mapping;
 //! - [`ffi`]: the `extern "C"` functions of `include/strata.h`, and nothing else.
 
