@@ -91,6 +91,17 @@ fn grid_name(g: &[usize]) -> String {
     format!("partition ({})", inner.join(","))
 }
 
+/// Puts a partition's name before an error about its data, keeping the error's status.
+fn in_partition(e: Error, name: &str) -> Error {
+    match e {
+        Error::Layout { arg, msg } => Error::Layout { arg, msg: format!("{name}: data: {msg}") },
+        Error::Null { arg } => Error::invalid(arg, format!("{name}: data: a required pointer is NULL")),
+        Error::Dtype { arg, got, expected } => Error::Dtype { arg, got: format!("{got} in {name}"), expected },
+        Error::Invalid { arg, msg } => Error::Invalid { arg, msg: format!("{name}: data: {msg}") },
+        other => Error::invalid("desc", format!("{name}: data: {other}")),
+    }
+}
+
 /// Reads `n` i64 values at `p` as sizes or offsets; `what` names them in errors.
 unsafe fn sizes(p: *const i64, n: usize, what: &str) -> Result<Vec<usize>> {
     if n > 0 && p.is_null() {
@@ -128,7 +139,8 @@ pub(crate) unsafe fn validate(d: &Partitioned) -> Result<Layout> {
         return Err(Error::Null { arg: "desc->partitions" });
     }
     let mut parts = Vec::with_capacity(count);
-    let mut kinds = (0usize, 0usize); // entries with data, with a handle
+    // entries with data, with a handle: (count, first grid position)
+    let mut kinds: ((usize, Option<Vec<usize>>), (usize, Option<Vec<usize>>)) = ((0, None), (0, None));
     for idx in 0..count {
         let mut grid = vec![0usize; nd];
         let mut rem = idx;
@@ -153,20 +165,37 @@ pub(crate) unsafe fn validate(d: &Partitioned) -> Result<Layout> {
             return Err(Error::invalid("desc", format!("{name}: location is empty; expected at least one owner")));
         }
         if !p.data.is_null() {
-            kinds.0 += 1;
+            kinds.0.0 += 1;
+            kinds.0.1.get_or_insert_with(|| grid.clone());
         } else if !p.handle.is_null() {
-            kinds.1 += 1;
+            kinds.1.0 += 1;
+            kinds.1.1.get_or_insert_with(|| grid.clone());
         }
         parts.push((grid, start, pshape, p.data, p.handle));
     }
-    if kinds.0 > 0 && kinds.1 > 0 {
+    if let ((nd_, Some(first_data)), (nh, Some(first_handle))) = (&kinds.0, &kinds.1) {
+        // name the first entry of the less common kind
+        let (odd, other, what, other_what) = if nh <= nd_ {
+            (first_handle, first_data, "an opaque handle", "DLPack data")
+        } else {
+            (first_data, first_handle, "DLPack data", "an opaque handle")
+        };
         return Err(Error::invalid(
             "desc",
-            "partitions mix DLPack data and opaque handles; expected the same kind of data in every entry",
+            format!(
+                "{} carries {what} but {} carries {other_what}; expected the same kind of data in every entry",
+                grid_name(odd),
+                grid_name(other)
+            ),
         ));
     }
-    if kinds.1 > 0 && d.get.is_none() {
-        return Err(Error::invalid("desc", "partitions carry handles but get is NULL; expected a get callback"));
+    if let (_, Some(first_handle)) = &kinds.1 {
+        if d.get.is_none() {
+            return Err(Error::invalid(
+                "desc",
+                format!("{} carries an opaque handle but get is NULL; expected a get callback", grid_name(first_handle)),
+            ));
+        }
     }
     // Exact tiling: along each dimension, the partitions of one grid index share start and size,
     // the first starts at 0, each starts where the previous one ends, and the last ends at shape.
@@ -203,14 +232,28 @@ pub(crate) unsafe fn validate(d: &Partitioned) -> Result<Layout> {
             expect_start = s + n;
         }
         if expect_start != shape[dd] {
+            let last = parts.iter().find(|p| p.0[dd] == tiling[dd] - 1).map(|p| grid_name(&p.0)).unwrap_or_default();
             return Err(Error::invalid(
                 "desc",
-                format!("the partitions end at {expect_start} along dimension {dd}; expected shape[{dd}] = {}", shape[dd]),
+                format!(
+                    "{last}: the partitions end at {expect_start} along dimension {dd}; expected shape[{dd}] = {}",
+                    shape[dd]
+                ),
             ));
         }
     }
     // Locals, then resolve and check local data.
-    let locals: Option<Vec<usize>> = if d.locals.is_null() || d.num_locals <= 0 {
+    if d.num_locals < 0 || (d.num_locals > 0 && d.locals.is_null()) || (d.num_locals == 0 && !d.locals.is_null()) {
+        return Err(Error::invalid(
+            "desc",
+            format!(
+                "locals is {} with num_locals = {}; expected NULL with 0, or num_locals > 0 grid positions",
+                if d.locals.is_null() { "NULL" } else { "given" },
+                d.num_locals
+            ),
+        ));
+    }
+    let locals: Option<Vec<usize>> = if d.locals.is_null() {
         None
     } else {
         let mut v = Vec::new();
@@ -242,7 +285,7 @@ pub(crate) unsafe fn validate(d: &Partitioned) -> Result<Layout> {
         let view = if tensor.is_null() {
             None
         } else {
-            let v = unsafe { TensorView::new(&*tensor, "desc") }.map_err(|e| Error::invalid("desc", format!("{name}: data: {e}")))?;
+            let v = unsafe { TensorView::new(&*tensor, "desc") }.map_err(|e| in_partition(e, &name))?;
             if v.shape != pshape {
                 return Err(Error::invalid(
                     "desc",
@@ -299,7 +342,10 @@ pub(crate) unsafe fn table_from(layout: Layout, options: TableOptions) -> Result
     let dtype = dtype.unwrap_or(FloatDtype::F32);
     if layout.parts.len() == 1 {
         let v = layout.parts[0].data.as_ref().expect("checked above");
-        if rows <= 1 || dim <= 1 || (v.strides[1] == 1 && v.strides[0] >= dim as isize) {
+        // Borrowed rows are read as `dim` adjacent elements, `row stride` apart.
+        let unit_columns = dim <= 1 || v.strides[1] == 1;
+        let rows_apart = rows <= 1 || v.strides[0] >= dim as isize;
+        if unit_columns && rows_apart {
             let rs = if rows > 1 { v.strides[0] as usize } else { dim };
             // SAFETY: validated view; the caller keeps the memory alive (documented).
             let store = unsafe { Store::borrowed(v.ptr, dtype, rows, dim, rs.max(dim)) };

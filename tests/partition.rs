@@ -219,6 +219,16 @@ fn every_validation_rule() {
     d.data[1] = Some(Desc::compact(half.as_ptr().cast(), F16, &[7, dim as i64]));
     check(&mut d, &["partition (1,0): data has dtype float16; expected float32 like partition (0,0)"]);
 
+    let mut d = base();
+    d.c();
+    let mut c = *d.c.as_ref().unwrap();
+    c.num_locals = -1;
+    fails(unsafe { strata_partitioned_validate(&c) }, Status::STRATA_INVALID_ARGUMENT, &["locals is NULL with num_locals = -1"]);
+    let locals = [0i64, 0];
+    c.locals = locals.as_ptr();
+    c.num_locals = 0;
+    fails(unsafe { strata_partitioned_validate(&c) }, Status::STRATA_INVALID_ARGUMENT, &["locals is given with num_locals = 0"]);
+
     // from_partitioned specifics
     let mut d = base();
     d.data[3] = None;
