@@ -139,6 +139,32 @@ CARGO_VERSION="$(sed -n 's/^version = "\([^"]*\)".*/\1/p' Cargo.toml | head -n 1
 check "version macros agree with strata_version() and Cargo.toml ($CARGO_VERSION)" \
     build_and_run c11 gcc tests/c/version.c "$CARGO_VERSION"
 
+# ---- installed packages: find_package(strata) and pkg-config ------------------------------
+
+PREFIX="$WORK/prefix"
+rm -rf "$PREFIX" "$WORK/consumer"
+install_strata() {
+    cmake -S "$ROOT" -B "$ROOT/build/pkg" -DSTRATA_BUILD_EXAMPLES=OFF -DCMAKE_INSTALL_PREFIX="$PREFIX" >/dev/null &&
+        cmake --build "$ROOT/build/pkg" >/dev/null && cmake --install "$ROOT/build/pkg" >/dev/null
+}
+check "cmake --install to a prefix" install_strata
+consumer_cmake() {
+    cmake -S "$ROOT/tests/consumer" -B "$WORK/consumer" -DCMAKE_PREFIX_PATH="$PREFIX" >/dev/null &&
+        cmake --build "$WORK/consumer" >/dev/null &&
+        LD_LIBRARY_PATH="$(dirname "$(find "$PREFIX" -name libstrata.so | head -n 1)")" "$WORK/consumer/consumer" &&
+        "$WORK/consumer/consumer_static"
+}
+check "C++ consumer with find_package(strata) (shared and static)" consumer_cmake
+consumer_pkg_config() {
+    local pc libdir
+    pc="$(dirname "$(find "$PREFIX" -name strata.pc | head -n 1)")"
+    libdir="$(PKG_CONFIG_PATH="$pc" pkg-config --variable=libdir strata)"
+    # shellcheck disable=SC2046
+    gcc -std=c11 "${WARN[@]}" "$ROOT/tests/consumer/consumer.c" $(PKG_CONFIG_PATH="$pc" pkg-config --cflags --libs strata) \
+        -Wl,-rpath,"$libdir" -o "$WORK/consumer_pc" && "$WORK/consumer_pc"
+}
+check "C consumer with pkg-config --cflags --libs strata" consumer_pkg_config
+
 # ---- valgrind ------------------------------------------------------------------------------
 
 # valgrind_example NAME [ARGS...]: builds c_examples/NAME.c without sanitizers and runs it under

@@ -16,6 +16,7 @@ missing=()
 command -v cmake >/dev/null 2>&1 || missing+=(cmake)
 command -v valgrind >/dev/null 2>&1 || missing+=(valgrind)
 command -v g++ >/dev/null 2>&1 || missing+=(g++)
+command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 [ -e /usr/include/absl/container/flat_hash_map.h ] || missing+=(libabsl-dev)
 if [ "${#missing[@]}" -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
