@@ -295,7 +295,8 @@ typedef struct strata_table_info {
   bool mapped;
   // Whether the vectors are an adopted caller tensor.
   bool adopted;
-  // Bytes of the keyed index (0 for dense tables).
+  // Bytes of the keyed index (0 for dense tables and server tables, whose volatile tier
+  // is counted by `strata_table_get_stats`).
   uint64_t index_bytes;
   // Bytes of the vectors (rows * dim * element size).
   uint64_t vector_bytes;

@@ -131,7 +131,7 @@ impl Table {
                 keyed: true,
                 mapped: false,
                 adopted: false,
-                index_bytes: t.volatile_bytes() as u64,
+                index_bytes: 0,
                 vector_bytes: (t.len() * t.dim() * 4) as u64,
             },
         }
@@ -209,7 +209,6 @@ pub struct StaticTable {
     /// The default row: `dim` copies of `options.default_value`, in float32 whatever the
     /// table's dtype, so a missing key gets exactly the value asked for.
     default_row: Vec<f32>,
-    pub(crate) options: TableOptions,
     pub(crate) missing: MissingKey,
 }
 
@@ -217,7 +216,7 @@ impl StaticTable {
     fn assemble(store: Store, rows: Rows, options: TableOptions) -> Result<Self> {
         let missing = options.missing()?;
         let default_row = vec![options.default_value; store.dim()];
-        Ok(StaticTable { store, rows, default_row, options, missing })
+        Ok(StaticTable { store, rows, default_row, missing })
     }
 
     /// A dense table (key = row number) over `store`.
@@ -310,7 +309,7 @@ impl StaticTable {
         let owned = unsafe { dlpark::Managed::<M>::from_raw(managed) }
             .map_err(|e| Error::invalid("vectors", e.to_string()))?;
         let store = unsafe { Store::adopted(v.ptr, dtype, rows, dim, rs.max(dim), owned.into_deleter()) };
-        Ok(StaticTable { store, rows: index, default_row, options, missing })
+        Ok(StaticTable { store, rows: index, default_row, missing })
     }
 
     /// Opens a table in HugeCTR's sparse format: `dir/key` (little-endian int64, one per row)
@@ -367,10 +366,6 @@ impl StaticTable {
         }
     }
 
-    /// The options the table was built with.
-    pub fn options(&self) -> &TableOptions {
-        &self.options
-    }
 
     /// Every (key, float32 row) in row order (the order of a HugeCTR folder's files). Keyed
     /// float32 tables only (what `strata_table_open` builds); others yield nothing.
@@ -398,17 +393,28 @@ impl StaticTable {
     }
 }
 
-/// Reads a 1-D host tensor of integer keys into canonical 64-bit form.
-unsafe fn read_keys(keys: &DLTensor) -> Result<Vec<u64>> {
+/// Checks `keys` is a 1-D host tensor of integer keys (`expected` describes the shape wanted).
+unsafe fn keys_1d(keys: &DLTensor, expected: &str) -> Result<(TensorView, KeyDtype)> {
     let k = unsafe { TensorView::new(keys, "keys") }?;
     require_host(k.device, "keys")?;
     let kd = KeyDtype::of(k.dtype, "keys")?;
     if k.shape.len() != 1 {
-        return Err(Error::invalid("keys", format!("shape {:?}; expected a 1-D tensor of keys", k.shape)));
+        return Err(Error::invalid("keys", format!("shape {:?}; expected {expected}", k.shape)));
     }
-    let stride = k.strides[0];
+    Ok((k, kd))
+}
+
+/// The keys of a 1-D view from [`keys_1d`], in canonical 64-bit form.
+fn canonical_keys(k: &TensorView, kd: KeyDtype) -> impl ExactSizeIterator<Item = u64> + '_ {
+    let stride = if k.numel > 1 { k.strides[0] } else { 0 };
     // SAFETY: the view validated that every key is addressable.
-    Ok((0..k.numel).map(|i| unsafe { kd.read(k.at(i as isize * stride)) }).collect())
+    (0..k.numel).map(move |i| unsafe { kd.read(k.at(i as isize * stride)) })
+}
+
+/// Reads a 1-D host tensor of integer keys into canonical 64-bit form.
+unsafe fn read_keys(keys: &DLTensor) -> Result<Vec<u64>> {
+    let (k, kd) = unsafe { keys_1d(keys, "a 1-D tensor of keys") }?;
+    Ok(canonical_keys(&k, kd).collect())
 }
 
 /// Reads `[n, dim]` host float vectors as float32 rows.
@@ -450,21 +456,12 @@ fn check_vectors(v: &TensorView) -> Result<(FloatDtype, usize, usize)> {
 /// Builds the row mapping: dense when `keys` is `None`, else an index over the 1-D `keys`.
 unsafe fn build_rows(keys: Option<&DLTensor>, rows: usize) -> Result<Rows> {
     let Some(keys) = keys else { return Ok(Rows::Dense) };
-    let k = unsafe { TensorView::new(keys, "keys") }?;
-    require_host(k.device, "keys")?;
-    let kd = KeyDtype::of(k.dtype, "keys")?;
-    if k.shape.len() != 1 || k.shape[0] != rows {
-        return Err(Error::invalid(
-            "keys",
-            format!("shape {:?}; expected [{rows}] (one key per row of vectors)", k.shape),
-        ));
+    let (k, kd) = unsafe { keys_1d(keys, &format!("[{rows}] (one key per row of vectors)")) }?;
+    if k.numel != rows {
+        return Err(Error::invalid("keys", format!("shape {:?}; expected [{rows}] (one key per row of vectors)", k.shape)));
     }
-    let stride = if rows > 1 { k.strides[0] } else { 0 };
-    // SAFETY: the view validated that all `rows` keys are addressable.
-    let it = (0..rows).map(|i| unsafe { kd.read(k.at(i as isize * stride)) });
-    Ok(Rows::Keyed(KeyIndex::build(it, |c| kd.value(c), "keys")?))
+    Ok(Rows::Keyed(KeyIndex::build(canonical_keys(&k, kd), |c| kd.value(c), "keys")?))
 }
-
 
 /// A summary of a table, for hosts and reports.
 #[repr(C)]
@@ -482,7 +479,8 @@ pub struct TableInfo {
     pub mapped: bool,
     /// Whether the vectors are an adopted caller tensor.
     pub adopted: bool,
-    /// Bytes of the keyed index (0 for dense tables).
+    /// Bytes of the keyed index (0 for dense tables and server tables, whose volatile tier
+    /// is counted by `strata_table_get_stats`).
     pub index_bytes: u64,
     /// Bytes of the vectors (rows * dim * element size).
     pub vector_bytes: u64,

@@ -120,21 +120,6 @@ impl TieredTable {
         }
     }
 
-    /// Bytes the volatile tier holds.
-    pub fn volatile_bytes(&self) -> usize {
-        self.volatile.as_ref().map_or(0, |v| v.bytes())
-    }
-
-    /// The volatile tier, if any.
-    pub fn volatile(&self) -> Option<&VolatileTier> {
-        self.volatile.as_ref()
-    }
-
-    /// The persistent tier, if any.
-    pub fn persistent(&self) -> Option<&PersistentTable> {
-        self.persistent.as_ref()
-    }
-
     /// Cumulative counters.
     pub fn stats(&self) -> TableStats {
         let c = &self.counters;

@@ -26,6 +26,7 @@ import pytest
 
 from test_ctypes import (  # noqa: F401  (rng is a fixture)
     REPO,
+    _fn,
     STATUS_NAME,
     STATUS_T,
     STRATA_INVALID_ARGUMENT,
@@ -94,19 +95,8 @@ class strata_partitioned(Structure):
 
 
 PARTITIONED_P = POINTER(strata_partitioned)
-BOUND = []
-
-
-def _bind(name, restype, *argtypes):
-    BOUND.append(name)
-    f = getattr(lib, name)
-    f.restype = restype
-    f.argtypes = list(argtypes)
-    return f
-
-
-strata_partitioned_validate = _bind("strata_partitioned_validate", STATUS_T, PARTITIONED_P)
-strata_table_from_partitioned = _bind(
+strata_partitioned_validate = _fn("strata_partitioned_validate", STATUS_T, PARTITIONED_P)
+strata_table_from_partitioned = _fn(
     "strata_table_from_partitioned",
     STATUS_T,
     PARTITIONED_P,
@@ -114,8 +104,8 @@ strata_table_from_partitioned = _bind(
     POINTER(strata_table_options),
     POINTER(TABLE_P),
 )
-strata_table_partitioned = _bind("strata_table_partitioned", STATUS_T, TABLE_P, POINTER(PARTITIONED_P))
-strata_partitioned_free = _bind("strata_partitioned_free", None, PARTITIONED_P)
+strata_table_partitioned = _fn("strata_table_partitioned", STATUS_T, TABLE_P, POINTER(PARTITIONED_P))
+strata_partitioned_free = _fn("strata_partitioned_free", None, PARTITIONED_P)
 
 # ---------------------------------------------------------------------------------------------
 # __partitioned__ dicts as Heat produces them
@@ -464,7 +454,8 @@ def test_layouts_and_signatures_match_the_header(tmp_path):
         for fname, _ in py._fields_:
             assert got[(cname, fname)] == getattr(py, fname).offset, f"{cname}.{fname}"
     header = (REPO / "include" / "strata.h").read_text()
-    for name in BOUND:
+    for name in ("strata_partitioned_validate", "strata_table_from_partitioned", "strata_table_partitioned",
+                 "strata_partitioned_free"):
         assert f"{name}(" in header
 
 
