@@ -71,6 +71,14 @@ typedef struct DLManagedTensorVersioned {
 #endif /* DLPACK_DLPACK_H_ */
 
 
+// Ways per cache set (`STRATA_WAYS` in gather.cu).
+#define WAYS 8
+
+// `control[0]` values: write the resolved rows, or write defaults (rows come in the background).
+#define FILL_ROWS 0
+
+#define FILL_DEFAULTS 1
+
 // Major version of this library (agrees with Cargo.toml).
 #define STRATA_VERSION_MAJOR 0
 
@@ -135,6 +143,9 @@ enum strata_status
   STRATA_CONFIG_ERROR = 13,
   // A persistent store (LMDB) failed, or a write went to a read-only table.
   STRATA_STORE_ERROR = 14,
+  // The CUDA driver failed (out of device memory, a failed launch or copy, an error left on
+  // the stream by earlier work); the message names the call and the driver's error.
+  STRATA_CUDA_ERROR = 15,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -160,6 +171,50 @@ enum strata_missing_key
 typedef enum strata_missing_key strata_missing_key;
 #else
 typedef int32_t strata_missing_key;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+// Where a table's rows live for lookups on CUDA tensors (`strata_table_options.gpu_placement`,
+// HPS `use_static_table` / `embedding_cache_type`).
+enum strata_gpu_placement
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  // The whole table is copied to each device that looks it up (on its first lookup there).
+  STRATA_GPU_STATIC = 0,
+  // The table stays in host memory, page-locked and mapped: the GPU gathers rows over the
+  // bus without a copy (for tables larger than the GPU).
+  STRATA_GPU_UVM = 1,
+  // A fixed-capacity GPU cache of hot rows (`gpu_cache_fraction` of the table) in front of
+  // the host table or tiers; misses are resolved on the host in stream order.
+  STRATA_GPU_CACHE = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum strata_gpu_placement strata_gpu_placement;
+#else
+typedef int32_t strata_gpu_placement;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+// How a table is spread over several GPUs of one process (`strata_table_options.gpu_sharding`).
+enum strata_gpu_sharding
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  // Each device that looks the table up holds its own copy (HPS's behaviour).
+  STRATA_GPU_REPLICATE = 0,
+  // The rows are split over every visible device; each key is served by the device that
+  // owns it, reading keys and writing rows through peer access (static placement only).
+  STRATA_GPU_SHARD = 1,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum strata_gpu_sharding strata_gpu_sharding;
+#else
+typedef int32_t strata_gpu_sharding;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
@@ -253,6 +308,18 @@ typedef struct strata_table_options {
   // A `strata_missing_key`: whether a missing key is filled with `default_value`
   // (`STRATA_MISSING_FILL`, the default) or is an error (`STRATA_MISSING_ERROR`).
   int32_t missing_key;
+  // A `strata_gpu_placement` for lookups on CUDA tensors. Default `STRATA_GPU_STATIC`.
+  int32_t gpu_placement;
+  // With `STRATA_GPU_CACHE`: the fraction of the table's rows the GPU cache holds, in
+  // [0, 1] (HPS `gpucacheper`). Default 0.5.
+  float gpu_cache_fraction;
+  // With `STRATA_GPU_CACHE`: when the last completed lookup's hit rate is at least this,
+  // misses get the default row at once and are inserted in the background; below it, misses
+  // are resolved on the host before the lookup's rows are final (HPS `hit_rate_threshold`).
+  // Default 0.9; above 1 means always resolve.
+  float hit_rate_threshold;
+  // A `strata_gpu_sharding`. Default `STRATA_GPU_REPLICATE`.
+  int32_t gpu_sharding;
 } strata_table_options;
 
 // Cumulative counters of one table, all tiers (`strata_table_get_stats`).

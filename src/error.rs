@@ -46,11 +46,14 @@ pub enum Status {
     STRATA_CONFIG_ERROR = 13,
     /// A persistent store (LMDB) failed, or a write went to a read-only table.
     STRATA_STORE_ERROR = 14,
+    /// The CUDA driver failed (out of device memory, a failed launch or copy, an error left on
+    /// the stream by earlier work); the message names the call and the driver's error.
+    STRATA_CUDA_ERROR = 15,
 }
 
 impl Status {
     /// Every status, in value order.
-    pub(crate) const ALL: [Status; 15] = [
+    pub(crate) const ALL: [Status; 16] = [
         Status::STRATA_OK,
         Status::STRATA_NULL_ARGUMENT,
         Status::STRATA_INVALID_ARGUMENT,
@@ -66,6 +69,7 @@ impl Status {
         Status::STRATA_INTERNAL,
         Status::STRATA_CONFIG_ERROR,
         Status::STRATA_STORE_ERROR,
+        Status::STRATA_CUDA_ERROR,
     ];
 
     /// The status's C name, e.g. `"STRATA_KEY_NOT_FOUND"`, as a static C string.
@@ -86,6 +90,7 @@ impl Status {
             Status::STRATA_INTERNAL => c"STRATA_INTERNAL",
             Status::STRATA_CONFIG_ERROR => c"STRATA_CONFIG_ERROR",
             Status::STRATA_STORE_ERROR => c"STRATA_STORE_ERROR",
+            Status::STRATA_CUDA_ERROR => c"STRATA_CUDA_ERROR",
         }
     }
 }
@@ -154,6 +159,10 @@ pub enum Error {
     /// The persistent store failed, or refused a write (read-only).
     #[error("{what}: {msg}")]
     Store { what: String, msg: String },
+
+    /// A CUDA driver call failed; `call` names it (`cuMemAlloc for the table copy on device 0`).
+    #[error("CUDA: {call}: {msg}")]
+    Cuda { call: String, msg: String },
 }
 
 impl Error {
@@ -174,6 +183,7 @@ impl Error {
             Error::Internal(_) => Status::STRATA_INTERNAL,
             Error::Config { .. } => Status::STRATA_CONFIG_ERROR,
             Error::Store { .. } => Status::STRATA_STORE_ERROR,
+            Error::Cuda { .. } => Status::STRATA_CUDA_ERROR,
         }
     }
 

@@ -127,6 +127,12 @@ impl KeyIndex {
         ((mix(key) as u128 * self.nb as u128) >> 64) as usize
     }
 
+    /// The buckets as raw memory: their address and count (64 bytes each). The CUDA executor
+    /// copies them to the device unchanged and probes them with the same hash.
+    pub(crate) fn raw_buckets(&self) -> (*const u8, usize) {
+        (self.buckets().as_ptr() as *const u8, self.nb)
+    }
+
     /// Hints the CPU to fetch the bucket `key` starts in.
     #[inline(always)]
     pub fn prefetch(&self, key: u64) {

@@ -58,23 +58,58 @@ pub(crate) struct Plan {
 // disjoint output rows (validated by `plan`).
 unsafe impl Sync for Plan {}
 
-/// Validates `keys` and `out` for a table of `dim` whose own memory is `table_range`; `None`
-/// when there are no keys (a valid no-op).
+/// `keys` and `out` checked against a table's `dim`, wherever they live. Built by [`check`].
+pub(crate) struct Checked {
+    pub k: TensorView,
+    pub o: TensorView,
+    pub kd: KeyDtype,
+    pub od: FloatDtype,
+    pub n: usize,
+    /// Element offsets of each key's output row start.
+    pub lead: Walk,
+    /// Element stride between consecutive values of a row.
+    pub col_stride: usize,
+}
+
+impl Checked {
+    /// The keys in canonical form (host keys only).
+    pub(crate) fn host_keys(&self) -> Vec<u64> {
+        let src = KeySource { ptr: self.k.ptr, dtype: self.kd, walk: Walk::new(&self.k.shape, &self.k.strides), elem: self.k.elem };
+        let mut keys = vec![0u64; self.n];
+        let mut offs = vec![0isize; self.n];
+        src.read(0, &mut keys, &mut offs);
+        keys
+    }
+
+    /// Writes compact rows (`n x dim` values of out's dtype, as bytes) into `out` (host `out`
+    /// only).
+    ///
+    /// # Safety
+    /// `out` must be writable host memory as validated.
+    pub(crate) unsafe fn write_host_rows(&self, rows: &[u8]) {
+        let size = self.od.size();
+        let dim = rows.len() / size / self.n.max(1);
+        let mut offs = vec![0isize; self.n];
+        self.lead.fill(0, &mut offs);
+        for (i, &off) in offs.iter().enumerate() {
+            for c in 0..dim {
+                let src = &rows[(i * dim + c) * size..(i * dim + c + 1) * size];
+                let dst = self.o.ptr.wrapping_offset((off + (c * self.col_stride) as isize) * size as isize);
+                // SAFETY: the caller's out holds element (i, c) at dst.
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, size) };
+            }
+        }
+    }
+}
+
+/// Checks dtypes, shapes and strides of `keys` and `out` for a table of `dim`, on any device;
+/// `None` when there are no keys (a valid no-op).
 ///
 /// # Safety
-/// As for [`Table::lookup`].
-pub(crate) unsafe fn plan(
-    dim: usize,
-    table_range: (usize, usize),
-    keys: &DLTensor,
-    out: &DLTensor,
-    opts: &LookupOptions,
-) -> Result<Option<Plan>> {
-    let threads = pool::resolve_threads(opts.num_threads)?;
+/// The tensors' shape and strides arrays must be readable.
+pub(crate) unsafe fn check(dim: usize, keys: &DLTensor, out: &DLTensor) -> Result<Option<Checked>> {
     let k = unsafe { TensorView::new(keys, "keys") }?;
     let o = unsafe { TensorView::new(out, "out") }?;
-    require_host(k.device, "keys")?;
-    require_host(o.device, "out")?;
     let kd = KeyDtype::of(k.dtype, "keys")?;
     let od = FloatDtype::of(o.dtype, "out")?;
     let n = k.numel;
@@ -108,18 +143,41 @@ pub(crate) unsafe fn plan(
             ),
         ));
     }
-    if overlaps(o.byte_range(), k.byte_range()) {
+    Ok(Some(Checked { k, o, kd, od, n, lead: Walk::new(&lead_shape, &lead_strides), col_stride }))
+}
+
+/// Validates host `keys` and `out` for a table of `dim` whose own memory is `table_range`;
+/// `None` when there are no keys (a valid no-op).
+///
+/// # Safety
+/// As for [`Table::lookup`].
+pub(crate) unsafe fn plan(
+    dim: usize,
+    table_range: (usize, usize),
+    keys: &DLTensor,
+    out: &DLTensor,
+    opts: &LookupOptions,
+) -> Result<Option<Plan>> {
+    let threads = pool::resolve_threads(opts.num_threads)?;
+    let k = unsafe { TensorView::new(keys, "keys") }?;
+    let o = unsafe { TensorView::new(out, "out") }?;
+    require_host(k.device, "keys")?;
+    require_host(o.device, "out")?;
+    let Some(c) = (unsafe { check(dim, keys, out) })? else {
+        return Ok(None);
+    };
+    if overlaps(c.o.byte_range(), c.k.byte_range()) {
         return Err(Error::layout("out", "overlaps the memory of keys; expected separate buffers"));
     }
-    if overlaps(o.byte_range(), table_range) {
+    if overlaps(c.o.byte_range(), table_range) {
         return Err(Error::layout("out", "overlaps the table's vectors; expected a separate buffer"));
     }
     Ok(Some(Plan {
-        keys: KeySource { ptr: k.ptr, dtype: kd, walk: Walk::new(&k.shape, &k.strides), elem: k.elem },
-        out: OutTarget { ptr: o.ptr, dtype: od, walk: Walk::new(&lead_shape, &lead_strides), col_stride },
-        n,
+        keys: KeySource { ptr: c.k.ptr, dtype: c.kd, walk: Walk::new(&c.k.shape, &c.k.strides), elem: c.k.elem },
+        out: OutTarget { ptr: c.o.ptr, dtype: c.od, walk: c.lead, col_stride: c.col_stride },
+        n: c.n,
         threads,
-        key_dtype: kd,
+        key_dtype: c.kd,
     }))
 }
 
@@ -134,6 +192,20 @@ impl Table {
     /// The tensors must describe memory that is valid as DLPack requires: `keys` readable,
     /// `out` writable, for every element their shape and strides reach.
     pub unsafe fn lookup(&self, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions) -> Result<LookupStats> {
+        unsafe { self.lookup_with(keys, out, opts, true) }
+    }
+
+    /// [`Table::lookup`], saying whether the caller wants the stats: on CUDA tensors, only
+    /// stats (or a table whose missing keys are errors) make the call wait for the stream.
+    ///
+    /// # Safety
+    /// As for [`Table::lookup`].
+    pub unsafe fn lookup_with(&self, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions, want_stats: bool) -> Result<LookupStats> {
+        #[cfg(feature = "cuda")]
+        if crate::exec::cuda::run::is_cuda(keys) || crate::exec::cuda::run::is_cuda(out) {
+            return unsafe { crate::exec::cuda::run::lookup(self, keys, out, opts, want_stats) };
+        }
+        let _ = want_stats;
         match &self.kind {
             TableKind::Static(t) => unsafe { t.lookup(keys, out, opts) },
             TableKind::Tiered(t) => match unsafe { plan(t.dim(), (0, 0), keys, out, opts) }? {

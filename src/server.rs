@@ -59,7 +59,7 @@ impl Server {
                 let default_value = m.default_value_for_each_table.get(i).copied().unwrap_or(0.0);
                 let table_name = m.embedding_table_names.get(i).cloned().unwrap_or_else(|| format!("table{i}"));
                 let name = format!("{}/{}", m.model, table_name);
-                let options = TableOptions { default_value, ..TableOptions::default() };
+                let options = TableOptions { default_value, ..gpu_options(m) };
                 let volatile = match v.kind {
                     VolatileDbKind::Disabled => None,
                     _ => Some(VolatileTier::new(
@@ -85,8 +85,8 @@ impl Server {
                             warm(vt, persistent.as_ref(), sparse, dim, v.initial_cache_rate)?;
                         }
                         let read_only = persistent.is_some() && cfg.persistent_db.read_only;
-                        Table {
-                            kind: TableKind::Tiered(TieredTable::new(
+                        Table::new(
+                            TableKind::Tiered(TieredTable::new(
                                 name.clone(),
                                 dim,
                                 volatile,
@@ -96,8 +96,8 @@ impl Server {
                                 default_value,
                                 MissingKey::STRATA_MISSING_FILL,
                             )),
-                            borrowed: false,
-                        }
+                            options.gpu()?,
+                        )
                     }
                 };
                 tables.push(Box::new(Table { borrowed: true, ..table }));
@@ -180,4 +180,31 @@ fn warm(v: &VolatileTier, persistent: Option<&crate::tier::persistent::Persisten
     }
     flush(&mut keys, &mut rows);
     Ok(())
+}
+
+/// A model's HPS GPU fields as table options: `use_static_table` places the whole table on the
+/// GPU; without `gpucache` every GPU lookup is resolved on the host (a cache of no rows);
+/// otherwise `embedding_cache_type` picks a cache of `gpucacheper` of the rows (dynamic), the
+/// whole table (static) or the table in mapped host memory (uvm). Tables served from tiers have
+/// no flat copy to place: static and uvm become a cache of every row.
+fn gpu_options(m: &crate::config::ModelConfig) -> TableOptions {
+    use crate::config::EmbeddingCacheType;
+    use crate::table::GpuPlacement::*;
+    let (placement, fraction) = if m.use_static_table {
+        (STRATA_GPU_STATIC, 1.0)
+    } else if !m.gpucache {
+        (STRATA_GPU_CACHE, 0.0)
+    } else {
+        match m.embedding_cache_type {
+            EmbeddingCacheType::Dynamic => (STRATA_GPU_CACHE, m.gpucacheper),
+            EmbeddingCacheType::Static => (STRATA_GPU_STATIC, 1.0),
+            EmbeddingCacheType::Uvm => (STRATA_GPU_UVM, 1.0),
+        }
+    };
+    TableOptions {
+        gpu_placement: placement as i32,
+        gpu_cache_fraction: fraction,
+        hit_rate_threshold: m.hit_rate_threshold,
+        ..TableOptions::default()
+    }
 }

@@ -24,6 +24,34 @@ pub enum MissingKey {
     STRATA_MISSING_ERROR = 1,
 }
 
+/// Where a table's rows live for lookups on CUDA tensors (`strata_table_options.gpu_placement`,
+/// HPS `use_static_table` / `embedding_cache_type`).
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
+pub enum GpuPlacement {
+    /// The whole table is copied to each device that looks it up (on its first lookup there).
+    STRATA_GPU_STATIC = 0,
+    /// The table stays in host memory, page-locked and mapped: the GPU gathers rows over the
+    /// bus without a copy (for tables larger than the GPU).
+    STRATA_GPU_UVM = 1,
+    /// A fixed-capacity GPU cache of hot rows (`gpu_cache_fraction` of the table) in front of
+    /// the host table or tiers; misses are resolved on the host in stream order.
+    STRATA_GPU_CACHE = 2,
+}
+
+/// How a table is spread over several GPUs of one process (`strata_table_options.gpu_sharding`).
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
+pub enum GpuSharding {
+    /// Each device that looks the table up holds its own copy (HPS's behaviour).
+    STRATA_GPU_REPLICATE = 0,
+    /// The rows are split over every visible device; each key is served by the device that
+    /// owns it, reading keys and writing rows through peer access (static placement only).
+    STRATA_GPU_SHARD = 1,
+}
+
 /// Options for building a table. Initialise with `strata_table_options_default()`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -34,11 +62,45 @@ pub struct TableOptions {
     /// A `strata_missing_key`: whether a missing key is filled with `default_value`
     /// (`STRATA_MISSING_FILL`, the default) or is an error (`STRATA_MISSING_ERROR`).
     pub missing_key: i32,
+    /// A `strata_gpu_placement` for lookups on CUDA tensors. Default `STRATA_GPU_STATIC`.
+    pub gpu_placement: i32,
+    /// With `STRATA_GPU_CACHE`: the fraction of the table's rows the GPU cache holds, in
+    /// [0, 1] (HPS `gpucacheper`). Default 0.5.
+    pub gpu_cache_fraction: f32,
+    /// With `STRATA_GPU_CACHE`: when the last completed lookup's hit rate is at least this,
+    /// misses get the default row at once and are inserted in the background; below it, misses
+    /// are resolved on the host before the lookup's rows are final (HPS `hit_rate_threshold`).
+    /// Default 0.9; above 1 means always resolve.
+    pub hit_rate_threshold: f32,
+    /// A `strata_gpu_sharding`. Default `STRATA_GPU_REPLICATE`.
+    pub gpu_sharding: i32,
 }
 
 impl Default for TableOptions {
     fn default() -> Self {
-        TableOptions { default_value: 0.0, missing_key: MissingKey::STRATA_MISSING_FILL as i32 }
+        TableOptions {
+            default_value: 0.0,
+            missing_key: MissingKey::STRATA_MISSING_FILL as i32,
+            gpu_placement: GpuPlacement::STRATA_GPU_STATIC as i32,
+            gpu_cache_fraction: 0.5,
+            hit_rate_threshold: 0.9,
+            gpu_sharding: GpuSharding::STRATA_GPU_REPLICATE as i32,
+        }
+    }
+}
+
+/// A table's validated GPU options (see [`TableOptions`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GpuOptions {
+    pub placement: GpuPlacement,
+    pub cache_fraction: f32,
+    pub hit_rate_threshold: f32,
+    pub sharding: GpuSharding,
+}
+
+impl Default for GpuOptions {
+    fn default() -> Self {
+        TableOptions::default().gpu().expect("the default options are valid")
     }
 }
 
@@ -54,6 +116,46 @@ impl TableOptions {
             )),
         }
     }
+
+    /// The GPU options, checking values a C caller may have set out of range.
+    pub fn gpu(&self) -> Result<GpuOptions> {
+        let placement = match self.gpu_placement {
+            0 => GpuPlacement::STRATA_GPU_STATIC,
+            1 => GpuPlacement::STRATA_GPU_UVM,
+            2 => GpuPlacement::STRATA_GPU_CACHE,
+            p => {
+                return Err(Error::invalid(
+                    "opts->gpu_placement",
+                    format!("{p}; expected STRATA_GPU_STATIC (0), STRATA_GPU_UVM (1) or STRATA_GPU_CACHE (2)"),
+                ));
+            }
+        };
+        let sharding = match self.gpu_sharding {
+            0 => GpuSharding::STRATA_GPU_REPLICATE,
+            1 => GpuSharding::STRATA_GPU_SHARD,
+            s => {
+                return Err(Error::invalid(
+                    "opts->gpu_sharding",
+                    format!("{s}; expected STRATA_GPU_REPLICATE (0) or STRATA_GPU_SHARD (1)"),
+                ));
+            }
+        };
+        let f = self.gpu_cache_fraction;
+        if !(0.0..=1.0).contains(&f) {
+            return Err(Error::invalid("opts->gpu_cache_fraction", format!("{f}; expected a fraction in [0, 1]")));
+        }
+        let t = self.hit_rate_threshold;
+        if !(t >= 0.0) {
+            return Err(Error::invalid("opts->hit_rate_threshold", format!("{t}; expected a number >= 0")));
+        }
+        if sharding == GpuSharding::STRATA_GPU_SHARD && placement != GpuPlacement::STRATA_GPU_STATIC {
+            return Err(Error::invalid(
+                "opts->gpu_sharding",
+                "STRATA_GPU_SHARD; sharding over GPUs needs gpu_placement = STRATA_GPU_STATIC",
+            ));
+        }
+        Ok(GpuOptions { placement, cache_fraction: f, hit_rate_threshold: t, sharding })
+    }
 }
 
 /// The table behind a `strata_table*` handle: a static table or (from a parameter server) a
@@ -63,6 +165,11 @@ pub struct Table {
     pub(crate) kind: TableKind,
     /// Owned by a server, which frees it: `strata_table_free` leaves such a table alone.
     pub(crate) borrowed: bool,
+    /// Where lookups on CUDA tensors find rows.
+    pub(crate) gpu: GpuOptions,
+    /// The table's copies, registrations and caches on CUDA devices, made on first use.
+    #[cfg(feature = "cuda")]
+    pub(crate) resident: crate::exec::cuda::Residency,
 }
 
 /// What a [`Table`] is.
@@ -73,11 +180,23 @@ pub(crate) enum TableKind {
 
 impl From<StaticTable> for Table {
     fn from(t: StaticTable) -> Self {
-        Table { kind: TableKind::Static(t), borrowed: false }
+        let gpu = t.gpu;
+        Table::new(TableKind::Static(t), gpu)
     }
 }
 
 impl Table {
+    /// A table of `kind`, owned by its handle.
+    pub(crate) fn new(kind: TableKind, gpu: GpuOptions) -> Self {
+        Table {
+            kind,
+            borrowed: false,
+            gpu,
+            #[cfg(feature = "cuda")]
+            resident: Default::default(),
+        }
+    }
+
     /// See [`StaticTable::from_dlpack`].
     ///
     /// # Safety
@@ -210,13 +329,16 @@ pub struct StaticTable {
     /// table's dtype, so a missing key gets exactly the value asked for.
     default_row: Vec<f32>,
     pub(crate) missing: MissingKey,
+    /// Where lookups on CUDA tensors find rows (kept for [`Table`]).
+    pub(crate) gpu: GpuOptions,
 }
 
 impl StaticTable {
     fn assemble(store: Store, rows: Rows, options: TableOptions) -> Result<Self> {
         let missing = options.missing()?;
+        let gpu = options.gpu()?;
         let default_row = vec![options.default_value; store.dim()];
-        Ok(StaticTable { store, rows, default_row, missing })
+        Ok(StaticTable { store, rows, default_row, missing, gpu })
     }
 
     /// A dense table (key = row number) over `store`.
@@ -232,6 +354,7 @@ impl StaticTable {
     /// The tensors must describe readable host memory as DLPack requires.
     pub unsafe fn from_dlpack(vectors: &DLTensor, keys: Option<&DLTensor>, options: TableOptions) -> Result<Self> {
         options.missing()?;
+        options.gpu()?;
         let v = unsafe { TensorView::new(vectors, "vectors") }?;
         let (dtype, rows, dim) = check_vectors(&v)?;
         let index = unsafe { build_rows(keys, rows) }?;
@@ -270,6 +393,7 @@ impl StaticTable {
         options: TableOptions,
     ) -> Result<Self> {
         options.missing()?;
+        let gpu = options.gpu()?;
         let m = unsafe { &*managed };
         if let Some(ver) = m.version() {
             if ver.major != dlpark::ffi::DLPACK_MAJOR_VERSION {
@@ -309,7 +433,7 @@ impl StaticTable {
         let owned = unsafe { dlpark::Managed::<M>::from_raw(managed) }
             .map_err(|e| Error::invalid("vectors", e.to_string()))?;
         let store = unsafe { Store::adopted(v.ptr, dtype, rows, dim, rs.max(dim), owned.into_deleter()) };
-        Ok(StaticTable { store, rows: index, default_row, missing })
+        Ok(StaticTable { store, rows: index, default_row, missing, gpu })
     }
 
     /// Opens a table in HugeCTR's sparse format: `dir/key` (little-endian int64, one per row)
@@ -318,6 +442,7 @@ impl StaticTable {
     /// unmapped. The files must not be truncated while the table is open.
     pub fn open(dir: &Path, dim: i64, options: TableOptions) -> Result<Self> {
         options.missing()?;
+        options.gpu()?;
         let dim = usize::try_from(dim).map_err(|_| Error::invalid("dim", format!("{dim}; expected 1 <= dim <= {STRATA_MAX_DIM}")))?;
         let folder = SparseFolder::open(dir, dim)?;
         let rows = folder.rows;
@@ -390,6 +515,32 @@ impl StaticTable {
     /// The default row (`dim` float32 values), as bytes.
     pub(crate) fn default_row_ptr(&self) -> *const u8 {
         self.default_row.as_ptr() as *const u8
+    }
+
+    /// The default row.
+    pub(crate) fn default_row(&self) -> &[f32] {
+        &self.default_row
+    }
+
+    /// Resolves canonical `keys` on the host: float32 rows into `rows` (`keys.len() * dim`)
+    /// and whether each was found into `found`. Missing keys' rows are left as they are.
+    pub(crate) fn resolve(&self, keys: &[u64], rows: &mut [f32], found: &mut [bool]) {
+        let dim = self.dim();
+        let dtype = self.dtype();
+        for (j, &key) in keys.iter().enumerate() {
+            let r = match &self.rows {
+                Rows::Dense => (key < self.len() as u64).then_some(key as usize),
+                Rows::Keyed(ix) => ix.get(key),
+            };
+            found[j] = r.is_some();
+            if let Some(r) = r {
+                let src = self.store.row_ptr(r);
+                for (c, v) in rows[j * dim..(j + 1) * dim].iter_mut().enumerate() {
+                    // SAFETY: r < rows; the row holds dim elements of dtype.
+                    *v = unsafe { crate::exec::cpu::load_f32(dtype, src.wrapping_add(c * dtype.size())) };
+                }
+            }
+        }
     }
 }
 

@@ -189,27 +189,51 @@ impl TieredTable {
         let n = hi - lo;
         let dim = self.dim;
         p.keys.read(lo, &mut s.keys[..n], &mut s.offs[..n]);
-        s.present[..n].fill(false);
+        let (vh, ph) = self.fetch(&s.keys[..n], &mut s.rows[..n * dim], &mut s.present[..n], &mut s.tiers)?;
+        found.volatile_hits += vh;
+        found.persistent_hits += ph;
+        for i in 0..n {
+            if !s.present[i] {
+                found.misses += 1;
+                if self.missing == MissingKey::STRATA_MISSING_ERROR && found.first_miss.is_none_or(|(j, _)| lo + i < j) {
+                    found.first_miss = Some((lo + i, s.keys[i]));
+                }
+            }
+        }
+        // SAFETY: the plan validated out for every key index below p.n; hi <= p.n.
+        unsafe { p.out.write_f32_rows(lo, dim, &s.rows[..n * dim], &s.present[..n], &self.default_row, &mut s.offs) };
+        Ok(())
+    }
+
+    /// Resolves canonical `keys` through the tiers: float32 rows into `rows`
+    /// (`keys.len() * dim`), whether each was found into `present`; promotes persistent hits
+    /// to the volatile tier when the configuration asks. Returns (volatile hits, persistent
+    /// hits). Missing keys' rows are left as they are.
+    pub(crate) fn fetch(&self, keys: &[u64], rows: &mut [f32], present: &mut [bool], s: &mut TierScratch) -> Result<(u64, u64)> {
+        let n = keys.len();
+        let dim = self.dim;
+        let (mut vh, mut ph) = (0, 0);
+        present.fill(false);
         if let Some(v) = &self.volatile {
-            let (h, _) = v.get_many(&s.keys[..n], &mut s.rows[..n * dim], &mut s.present[..n]);
-            found.volatile_hits += h;
+            let (h, _) = v.get_many(keys, rows, present);
+            vh = h;
         }
         if let Some(t) = &self.persistent {
             s.missing.clear();
-            s.missing.extend((0..n).filter(|&i| !s.present[i]));
+            s.missing.extend((0..n).filter(|&i| !present[i]));
             if !s.missing.is_empty() {
                 let m = s.missing.len();
                 s.miss_keys.clear();
-                s.miss_keys.extend(s.missing.iter().map(|&i| s.keys[i]));
+                s.miss_keys.extend(s.missing.iter().map(|&i| keys[i]));
                 s.miss_rows.resize(m * dim, 0.0);
                 s.miss_found.clear();
                 s.miss_found.resize(m, false);
                 let (h, _) = t.get_many(&s.miss_keys, &mut s.miss_rows, &mut s.miss_found)?;
-                found.persistent_hits += h;
+                ph = h;
                 for (j, &i) in s.missing.iter().enumerate() {
                     if s.miss_found[j] {
-                        s.rows[i * dim..(i + 1) * dim].copy_from_slice(&s.miss_rows[j * dim..(j + 1) * dim]);
-                        s.present[i] = true;
+                        rows[i * dim..(i + 1) * dim].copy_from_slice(&s.miss_rows[j * dim..(j + 1) * dim]);
+                        present[i] = true;
                     }
                 }
                 if self.cache_missed && h > 0
@@ -226,17 +250,22 @@ impl TieredTable {
                     }
             }
         }
-        for i in 0..n {
-            if !s.present[i] {
-                found.misses += 1;
-                if self.missing == MissingKey::STRATA_MISSING_ERROR && found.first_miss.is_none_or(|(j, _)| lo + i < j) {
-                    found.first_miss = Some((lo + i, s.keys[i]));
-                }
-            }
-        }
-        // SAFETY: the plan validated out for every key index below p.n; hi <= p.n.
-        unsafe { p.out.write_f32_rows(lo, dim, &s.rows[..n * dim], &s.present[..n], &self.default_row, &mut s.offs) };
-        Ok(())
+        Ok((vh, ph))
+    }
+
+    /// Whether a missing key fails the lookup.
+    pub(crate) fn missing_is_error(&self) -> bool {
+        self.missing == MissingKey::STRATA_MISSING_ERROR
+    }
+
+    /// The default row (float32).
+    pub(crate) fn default_row(&self) -> &[f32] {
+        &self.default_row
+    }
+
+    /// Changes when rows are written or erased (GPU caches compare it to drop stale rows).
+    pub(crate) fn generation(&self) -> u64 {
+        self.counters.upserts.load(Ordering::Relaxed) + self.counters.erases.load(Ordering::Relaxed)
     }
 
     /// Inserts or overwrites rows (`rows.len() == keys.len() * dim`): the persistent tier first
@@ -283,12 +312,7 @@ struct Scratch {
     offs: Vec<isize>,
     rows: Vec<f32>,
     present: Vec<bool>,
-    missing: Vec<usize>,
-    miss_keys: Vec<u64>,
-    miss_rows: Vec<f32>,
-    miss_found: Vec<bool>,
-    promote_keys: Vec<u64>,
-    promote_rows: Vec<f32>,
+    tiers: TierScratch,
 }
 
 impl Scratch {
@@ -298,12 +322,18 @@ impl Scratch {
             offs: vec![0; CHUNK],
             rows: vec![0.0; CHUNK * dim],
             present: vec![false; CHUNK],
-            missing: Vec::with_capacity(CHUNK),
-            miss_keys: Vec::with_capacity(CHUNK),
-            miss_rows: Vec::new(),
-            miss_found: Vec::with_capacity(CHUNK),
-            promote_keys: Vec::new(),
-            promote_rows: Vec::new(),
+            tiers: TierScratch::default(),
         }
     }
+}
+
+/// Buffers of [`TieredTable::fetch`], reused across calls.
+#[derive(Default)]
+pub(crate) struct TierScratch {
+    missing: Vec<usize>,
+    miss_keys: Vec<u64>,
+    miss_rows: Vec<f32>,
+    miss_found: Vec<bool>,
+    promote_keys: Vec<u64>,
+    promote_rows: Vec<f32>,
 }

@@ -156,6 +156,22 @@ fn shape_mismatches() {
     let s = unsafe { strata_table_from_dlpack(&v.t, null(), &bad, &mut t) };
     fails(s, Status::STRATA_INVALID_ARGUMENT, &["opts->missing_key: 7"]);
     assert!(t.is_null());
+    let gpu_cases: [(TableOptions, &str); 6] = [
+        (TableOptions { gpu_placement: 3, ..TableOptions::default() }, "opts->gpu_placement: 3; expected STRATA_GPU_STATIC (0)"),
+        (TableOptions { gpu_sharding: -1, ..TableOptions::default() }, "opts->gpu_sharding: -1; expected STRATA_GPU_REPLICATE (0)"),
+        (TableOptions { gpu_cache_fraction: 1.5, ..TableOptions::default() }, "opts->gpu_cache_fraction: 1.5; expected a fraction in [0, 1]"),
+        (TableOptions { gpu_cache_fraction: f32::NAN, ..TableOptions::default() }, "opts->gpu_cache_fraction: NaN"),
+        (TableOptions { hit_rate_threshold: -0.5, ..TableOptions::default() }, "opts->hit_rate_threshold: -0.5; expected a number >= 0"),
+        (
+            TableOptions { gpu_sharding: 1, gpu_placement: 2, ..TableOptions::default() },
+            "opts->gpu_sharding: STRATA_GPU_SHARD; sharding over GPUs needs gpu_placement = STRATA_GPU_STATIC",
+        ),
+    ];
+    for (bad, msg) in gpu_cases {
+        let s = unsafe { strata_table_from_dlpack(&v.t, null(), &bad, &mut t) };
+        fails(s, Status::STRATA_INVALID_ARGUMENT, &[msg]);
+        assert!(t.is_null());
+    }
 }
 
 #[test]
@@ -237,6 +253,7 @@ fn bad_options() {
 fn defaults_and_names() {
     let t = unsafe { strata_table_options_default() };
     assert_eq!((t.default_value, t.missing_key), (0.0, 0));
+    assert_eq!((t.gpu_placement, t.gpu_cache_fraction, t.hit_rate_threshold, t.gpu_sharding), (0, 0.5, 0.9, 0));
     let l = unsafe { strata_lookup_options_default() };
     assert!(l.stream.is_null());
     assert_eq!(l.num_threads, 0);

@@ -46,6 +46,10 @@ struct StrataTable {
 struct TableOptions {
     default_value: f32,
     missing_key: i32,
+    gpu_placement: i32,
+    gpu_cache_fraction: f32,
+    hit_rate_threshold: f32,
+    gpu_sharding: i32,
 }
 
 #[repr(C)]
@@ -445,6 +449,11 @@ impl Table {
             byte_offset: 0,
         };
         let mut opts = unsafe { strata_table_options_default() };
+        assert_eq!(
+            (opts.gpu_placement, opts.gpu_cache_fraction, opts.hit_rate_threshold, opts.gpu_sharding),
+            (0, 0.5, 0.9, 0),
+            "strata_table_options_default's GPU fields"
+        );
         opts.default_value = spec.default_value;
         opts.missing_key = spec.missing_error as i32;
         let mut ptr = std::ptr::null_mut();

@@ -24,7 +24,7 @@ unsafe fn run(
 ) -> Result<()> {
     let table = unsafe { arg_ref(table, "table") }?;
     let opts = unsafe { opt_ref(opts) }.copied().unwrap_or_default();
-    let found = unsafe { table.lookup(keys, out, &opts) }?;
+    let found = unsafe { table.lookup_with(keys, out, &opts, !stats.is_null()) }?;
     if let Some(s) = unsafe { stats.as_mut() } {
         *s = found;
     }

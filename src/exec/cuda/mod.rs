@@ -1,16 +1,35 @@
-//! The CUDA side (cargo feature `cuda`, on by default): driver discovery and the gather
-//! kernels, compiled at run time by NVRTC. cudarc loads `libcuda` and `libnvrtc` dynamically,
-//! so the library builds and loads on machines with neither; every entry point checks for them
-//! first instead of letting a missing library panic.
+//! The CUDA side (cargo feature `cuda`, on by default): lookups on CUDA tensors, enqueued on the
+//! caller's stream.
 //!
-//! Status: the kernels are compiled and checked (for sm_80 and sm_90) in CI; launching them on
-//! the caller's stream, table placements and caches are not built yet, so CUDA tensors still get
-//! `STRATA_UNSUPPORTED_DEVICE` with a message that says why.
+//! cudarc loads `libcuda` and `libnvrtc` dynamically, so the library builds and loads on
+//! machines with neither; every entry point checks for them first instead of letting a missing
+//! library panic. The kernels (`gather.cu`) are CUDA C compiled by NVRTC once per device
+//! architecture.
+//!
+//! - [`device`]: contexts, compiled kernels, streams.
+//! - [`backend`]: memory, launches, copies and host functions in stream order.
+//! - [`residency`]: where a table's rows are on each device (static copy, mapped host memory,
+//!   cache, shards), made on first use.
+//! - [`run`]: a lookup on CUDA tensors: validation, staging of host tensors, launches.
+//! - [`params`]: the kernels' parameter structs.
+//! - [`emulate`]: runs the same algorithms against a CPU build of the kernels (tests only).
+
+pub(crate) mod backend;
+pub(crate) mod cache;
+pub(crate) mod device;
+#[doc(hidden)]
+pub mod emulate;
+pub mod params;
+pub(crate) mod residency;
+pub(crate) mod run;
+
+pub use residency::Residency;
 
 use crate::error::{Error, Result};
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
 
-/// The CUDA C source of every gather kernel.
+/// The CUDA C source of every kernel.
 pub const GATHER_SOURCE: &str = include_str!("gather.cu");
 
 /// Key dtypes, table dtypes and output dtypes the kernels are instantiated for, by name.
@@ -18,15 +37,24 @@ pub const KEY_NAMES: [&str; 4] = ["i32", "i64", "u32", "u64"];
 /// Table and output dtype names of the kernels.
 pub const FLOAT_NAMES: [&str; 3] = ["f32", "f16", "bf16"];
 
-/// Every kernel's name, `strata_gather_<keys>_<table>_<out>`.
+/// Every kernel's name: `strata_gather_<keys>_<table>_<out>`,
+/// `strata_cache_probe_<keys>_<table>_<out>`, `strata_cache_fill_<table>_<out>` and
+/// `strata_cache_insert_<table>`.
 pub fn kernel_names() -> Vec<String> {
     let mut v = Vec::new();
     for k in KEY_NAMES {
         for t in FLOAT_NAMES {
             for o in FLOAT_NAMES {
                 v.push(format!("strata_gather_{k}_{t}_{o}"));
+                v.push(format!("strata_cache_probe_{k}_{t}_{o}"));
             }
         }
+    }
+    for t in FLOAT_NAMES {
+        for o in FLOAT_NAMES {
+            v.push(format!("strata_cache_fill_{t}_{o}"));
+        }
+        v.push(format!("strata_cache_insert_{t}"));
     }
     v
 }
@@ -56,7 +84,7 @@ pub fn nvrtc_available() -> bool {
     unsafe { cudarc::nvrtc::sys::is_culib_present() }
 }
 
-/// Compiles the gather kernels to PTX for a virtual architecture such as `"compute_90"`.
+/// Compiles the kernels to PTX for a virtual architecture such as `"compute_90"`.
 pub fn compile_gather(arch: &'static str) -> Result<String> {
     if !nvrtc_available() {
         return Err(Error::Device {
@@ -78,11 +106,25 @@ pub fn compile_gather(arch: &'static str) -> Result<String> {
     Ok(ptx.to_src())
 }
 
-/// Why this build cannot serve a CUDA tensor yet, for `STRATA_UNSUPPORTED_DEVICE` messages.
+/// The kernels' PTX for compute capability `major.minor`, compiled once per process.
+pub(crate) fn compile_gather_for(major: i32, minor: i32) -> Result<String> {
+    static PTX: OnceLock<Mutex<HashMap<(i32, i32), String>>> = OnceLock::new();
+    let mut cache = PTX.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = cache.get(&(major, minor)) {
+        return Ok(p.clone());
+    }
+    // NVRTC wants a 'static name; one small string per architecture, for the process's life.
+    let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
+    let ptx = compile_gather(arch)?;
+    cache.insert((major, minor), ptx.clone());
+    Ok(ptx)
+}
+
+/// Why a CUDA tensor cannot be served here, for `STRATA_UNSUPPORTED_DEVICE` messages.
 pub fn unsupported_reason() -> &'static str {
     if device_count() == 0 {
         "no CUDA driver or device is present on this machine (strata_cuda_available() returns 0)"
     } else {
-        "launching lookups on CUDA tensors is not part of this version yet"
+        "this tensor's device is not a CUDA device strata serves"
     }
 }

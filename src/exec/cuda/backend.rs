@@ -1,0 +1,288 @@
+//! What the GPU lookup algorithms need from a device: memory, launches and copies in stream
+//! order, and stream-ordered host functions. [`Stream`] is the real one (a CUDA device and the
+//! caller's stream); the tests drive the same algorithms through a CPU emulator of the kernels
+//! (`emulate`), so that the planning, parameter marshalling and cache protocol run in CI.
+
+use super::device::{Device, cuda_call};
+use super::params::{CacheParams, GatherParams};
+use crate::error::Result;
+use cudarc::driver::sys;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// Memory a lookup or placement uses: its device-visible address, and its host address when
+/// the host can read it (pinned or emulated memory). Freed on drop.
+pub(crate) struct Mem {
+    /// Device-visible address.
+    pub dev: u64,
+    /// Host address (NULL for device memory).
+    pub host: *mut u8,
+    pub bytes: usize,
+    owner: MemOwner,
+}
+
+enum MemOwner {
+    Device(Arc<Device>),
+    Pinned(Arc<Device>),
+    Host(#[allow(dead_code)] Vec<u64>),
+}
+
+// SAFETY: the memory is owned; freeing it binds the owning context first.
+unsafe impl Send for Mem {}
+unsafe impl Sync for Mem {}
+
+impl Mem {
+    /// Zeroed host memory standing in for device memory (the emulator).
+    pub(crate) fn host(bytes: usize) -> Mem {
+        let mut v = vec![0u64; bytes.div_ceil(8).max(1)];
+        let host = v.as_mut_ptr() as *mut u8;
+        Mem { dev: host as u64, host, bytes, owner: MemOwner::Host(v) }
+    }
+
+    /// `bytes` of device memory on `device`, zeroed.
+    pub(crate) fn device(device: &Arc<Device>, bytes: usize, what: &str) -> Result<Mem> {
+        device.bind()?;
+        let mut dev: sys::CUdeviceptr = 0;
+        // SAFETY: plain allocation in the bound context.
+        cuda_call(unsafe { sys::cuMemAlloc_v2(&mut dev, bytes.max(1)) }, || {
+            format!("cuMemAlloc of {bytes} bytes for {what} on device {}", device.ordinal)
+        })?;
+        let m = Mem { dev, host: std::ptr::null_mut(), bytes, owner: MemOwner::Device(device.clone()) };
+        cuda_call(unsafe { sys::cuMemsetD8_v2(dev, 0, bytes) }, || format!("cuMemsetD8 of {what}"))?;
+        Ok(m)
+    }
+
+    /// `bytes` of page-locked host memory mapped into every device's address space, zeroed.
+    pub(crate) fn pinned(device: &Arc<Device>, bytes: usize, what: &str) -> Result<Mem> {
+        device.bind()?;
+        let mut host: *mut c_void = std::ptr::null_mut();
+        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+        // SAFETY: plain allocation in the bound context.
+        cuda_call(unsafe { sys::cuMemHostAlloc(&mut host, bytes.max(1), flags) }, || {
+            format!("cuMemHostAlloc of {bytes} bytes for {what}")
+        })?;
+        let mut m = Mem { dev: 0, host: host as *mut u8, bytes, owner: MemOwner::Pinned(device.clone()) };
+        // SAFETY: the allocation is `bytes` long.
+        unsafe { std::ptr::write_bytes(m.host, 0, bytes) };
+        let mut dev: sys::CUdeviceptr = 0;
+        cuda_call(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0) }, || {
+            format!("cuMemHostGetDevicePointer for {what}")
+        })?;
+        m.dev = dev;
+        Ok(m)
+    }
+
+    /// The memory as a typed host slice (pinned or emulated memory only).
+    ///
+    /// # Safety
+    /// No device work may write the range while the slice is used, and no other slice of it
+    /// may be alive (the memory is shared with the device, so `&self` cannot guard it).
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn host_slice<T>(&self, len: usize) -> &mut [T] {
+        assert!(!self.host.is_null() && len * std::mem::size_of::<T>() <= self.bytes);
+        unsafe { std::slice::from_raw_parts_mut(self.host as *mut T, len) }
+    }
+}
+
+impl Drop for Mem {
+    fn drop(&mut self) {
+        match &self.owner {
+            MemOwner::Device(d) => {
+                if d.bind().is_ok() {
+                    // SAFETY: allocated by cuMemAlloc; queued work that used it holds the table's
+                    // in-flight count, which its owner waits for before dropping.
+                    unsafe { sys::cuMemFree_v2(self.dev) };
+                }
+            }
+            MemOwner::Pinned(d) => {
+                if d.bind().is_ok() {
+                    unsafe { sys::cuMemFreeHost(self.host as *mut c_void) };
+                }
+            }
+            MemOwner::Host(_) => {}
+        }
+    }
+}
+
+/// A host function run in stream order: after all work queued before it, before all work
+/// queued after it. It must not call CUDA.
+pub(crate) type HostFn = Box<dyn FnOnce() + Send + 'static>;
+
+/// Work for a background thread, given a backend on the device's internal stream.
+pub(crate) type Job = Box<dyn FnOnce(&dyn Backend) + Send + 'static>;
+/// Starts a [`Job`]; callable from a host function (it makes no CUDA call itself).
+pub(crate) type Spawner = Box<dyn FnOnce(Job) + Send + 'static>;
+
+/// A device and a stream to queue work on.
+pub(crate) trait Backend {
+    /// Multiprocessors, for grid sizes.
+    fn sms(&self) -> u32;
+    /// Zeroed device memory.
+    fn alloc_device(&self, bytes: usize, what: &str) -> Result<Mem>;
+    /// Zeroed page-locked host memory the device can address.
+    fn alloc_mapped(&self, bytes: usize, what: &str) -> Result<Mem>;
+    /// Queues a gather kernel.
+    ///
+    /// # Safety
+    /// Every address in `p` must be valid for what the kernel reads and writes.
+    unsafe fn launch_gather(&self, name: &str, grid: u32, p: &GatherParams) -> Result<()>;
+    /// Queues a cache kernel.
+    ///
+    /// # Safety
+    /// As for [`Backend::launch_gather`].
+    unsafe fn launch_cache(&self, name: &str, grid: u32, p: &CacheParams) -> Result<()>;
+    /// Queues zeroing `bytes` of device memory at `dev`.
+    ///
+    /// # Safety
+    /// The range must be device memory this work may write.
+    unsafe fn zero(&self, dev: u64, bytes: usize) -> Result<()>;
+    /// Queues a copy of `bytes` from device-visible `src` to host `dst`.
+    ///
+    /// # Safety
+    /// Both ranges valid until the copy completes; `dst` pinned for it to be asynchronous.
+    unsafe fn copy_to_host(&self, dst: *mut u8, src: u64, bytes: usize) -> Result<()>;
+    /// Copies `bytes` from host `src` to device-visible `dst` now (synchronously).
+    fn upload(&self, dst: u64, src: *const u8, bytes: usize) -> Result<()>;
+    /// Copies `bytes` from device-visible `src` to host `dst` after all queued work (waits).
+    fn download(&self, dst: *mut u8, src: u64, bytes: usize) -> Result<()>;
+    /// Queues a host function.
+    fn host_fn(&self, f: HostFn) -> Result<()>;
+    /// The CUDA stream behind this backend, if it is one.
+    fn as_stream(&self) -> Option<&Stream> {
+        None
+    }
+    /// A way to run work on a background thread with the device's internal stream.
+    fn spawner(&self) -> Spawner;
+    /// Waits for everything queued so far.
+    fn synchronize(&self) -> Result<()>;
+}
+
+/// Threads per block of every launch (the kernels' `__launch_bounds__`).
+pub(crate) const BLOCK: u32 = 256;
+
+/// Blocks for `n` rows of one warp each: enough to fill every multiprocessor several times
+/// over, no more than there are rows.
+pub(crate) fn grid(sms: u32, n: u64) -> u32 {
+    let warps_per_block = (BLOCK / 32) as u64;
+    let needed = n.div_ceil(warps_per_block).max(1);
+    needed.min(sms.max(1) as u64 * 16) as u32
+}
+
+/// A CUDA device and a (borrowed) stream of the caller's.
+pub(crate) struct Stream {
+    pub device: Arc<Device>,
+    pub stream: sys::CUstream,
+}
+
+// SAFETY: a CUstream may be used from any thread; the caller keeps it alive during the call.
+unsafe impl Send for Stream {}
+unsafe impl Sync for Stream {}
+
+impl Stream {
+    fn launch(&self, name: &str, grid: u32, params: *const c_void) -> Result<()> {
+        let f = self.device.function(name)?;
+        let mut args = [params as *mut c_void];
+        self.device.bind()?;
+        // SAFETY: the kernel takes one parameter struct by value; `params` points at it and
+        // cuLaunchKernel copies it before returning.
+        cuda_call(
+            unsafe {
+                sys::cuLaunchKernel(f, grid, 1, 1, BLOCK, 1, 1, 0, self.stream, args.as_mut_ptr(), std::ptr::null_mut())
+            },
+            || format!("cuLaunchKernel {name} ({grid} blocks) on device {}", self.device.ordinal),
+        )
+    }
+}
+
+unsafe extern "C" fn run_host_fn(data: *mut c_void) {
+    // SAFETY: `data` is the Box<HostFn> leaked by `host_fn`, run exactly once.
+    let f = unsafe { Box::from_raw(data as *mut HostFn) };
+    // A panic must not unwind into the driver's thread.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+}
+
+impl Backend for Stream {
+    fn sms(&self) -> u32 {
+        self.device.sms
+    }
+
+    fn alloc_device(&self, bytes: usize, what: &str) -> Result<Mem> {
+        Mem::device(&self.device, bytes, what)
+    }
+
+    fn alloc_mapped(&self, bytes: usize, what: &str) -> Result<Mem> {
+        Mem::pinned(&self.device, bytes, what)
+    }
+
+    unsafe fn launch_gather(&self, name: &str, grid: u32, p: &GatherParams) -> Result<()> {
+        self.launch(name, grid, p as *const GatherParams as *const c_void)
+    }
+
+    unsafe fn launch_cache(&self, name: &str, grid: u32, p: &CacheParams) -> Result<()> {
+        self.launch(name, grid, p as *const CacheParams as *const c_void)
+    }
+
+    unsafe fn zero(&self, dev: u64, bytes: usize) -> Result<()> {
+        self.device.bind()?;
+        cuda_call(unsafe { sys::cuMemsetD8Async(dev, 0, bytes, self.stream) }, || "cuMemsetD8Async".into())
+    }
+
+    unsafe fn copy_to_host(&self, dst: *mut u8, src: u64, bytes: usize) -> Result<()> {
+        self.device.bind()?;
+        cuda_call(unsafe { sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, bytes, self.stream) }, || {
+            format!("cuMemcpyDtoHAsync of {bytes} bytes")
+        })
+    }
+
+    fn upload(&self, dst: u64, src: *const u8, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.device.bind()?;
+        // SAFETY: the caller passes a readable source and a device range of `bytes`.
+        cuda_call(unsafe { sys::cuMemcpyHtoD_v2(dst, src as *const c_void, bytes) }, || {
+            format!("cuMemcpyHtoD of {bytes} bytes to device {}", self.device.ordinal)
+        })
+    }
+
+    fn download(&self, dst: *mut u8, src: u64, bytes: usize) -> Result<()> {
+        self.synchronize()?;
+        // SAFETY: the caller passes a writable destination and a device range of `bytes`.
+        cuda_call(unsafe { sys::cuMemcpyDtoH_v2(dst as *mut c_void, src, bytes) }, || {
+            format!("cuMemcpyDtoH of {bytes} bytes from device {}", self.device.ordinal)
+        })
+    }
+
+    fn as_stream(&self) -> Option<&Stream> {
+        Some(self)
+    }
+
+    fn spawner(&self) -> Spawner {
+        let device = self.device.clone();
+        Box::new(move |job: Job| {
+            std::thread::spawn(move || {
+                let b = Stream { stream: device.internal, device };
+                job(&b);
+            });
+        })
+    }
+
+    fn host_fn(&self, f: HostFn) -> Result<()> {
+        self.device.bind()?;
+        let data = Box::into_raw(Box::new(f)) as *mut c_void;
+        // SAFETY: run_host_fn takes back the box exactly once.
+        let r = unsafe { sys::cuLaunchHostFunc(self.stream, Some(run_host_fn), data) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            // Not queued: free the closure here.
+            drop(unsafe { Box::from_raw(data as *mut HostFn) });
+        }
+        cuda_call(r, || "cuLaunchHostFunc".into())
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.device.bind()?;
+        cuda_call(unsafe { sys::cuStreamSynchronize(self.stream) }, || {
+            format!("cuStreamSynchronize (an earlier launch on this stream may have failed) on device {}", self.device.ordinal)
+        })
+    }
+}

@@ -1,0 +1,357 @@
+//! The GPU cache of a table's hot rows (placement `STRATA_GPU_CACHE`), and a lookup through it
+//! with no host synchronisation:
+//!
+//! 1. `probe` (on the caller's stream) copies the hits into `out` and lists the misses (key and
+//!    position) in page-locked host memory the GPU writes directly; the hit and miss counts go
+//!    to device memory and are copied back behind it.
+//! 2. A host function, run by the driver in stream order once the probe is done, resolves the
+//!    misses on the host (static table, or volatile then persistent tier) into page-locked
+//!    staging rows, unless the last completed lookup's hit rate reached `hit_rate_threshold`:
+//!    then the misses get the default row now and a background thread resolves them and
+//!    inserts them on the device's internal stream (HPS's asynchronous insert, without HPS's
+//!    host synchronisation on every lookup).
+//! 3. `fill` (on the caller's stream) writes the resolved rows (or defaults) into `out` and
+//!    inserts them into the cache.
+//!
+//! Ordering the caller gets: every row of `out` is final when the stream reaches the end of
+//! the lookup's work, as for any kernel. Rows inserted in the background become visible to
+//! later lookups once their insert has run. A lookup on another stream may run concurrently:
+//! each cache set has a seqlock, so a reader never returns a torn row (it treats the key as a
+//! miss instead). Upserts and erases on a server table are seen by the cache at the next
+//! lookup, which empties it first.
+//!
+//! The host functions refer to the table: its [`Residency`](super::Residency) waits for them
+//! (and for background inserts) before the table is freed.
+
+use super::backend::{Backend, HostFn, Mem, grid};
+use super::params::{CacheParams, FILL_DEFAULTS, FILL_ROWS, WAYS};
+use super::residency::InFlight;
+use crate::dlpack::FloatDtype;
+use crate::error::Result;
+use crate::table::{Table, TableKind};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// One device's cache of a table's rows.
+pub(crate) struct CacheState {
+    /// Sets of [`WAYS`] rows; 0 = no rows cached (every key resolved on the host).
+    pub sets: u64,
+    dim: usize,
+    dtype: FloatDtype,
+    slot_keys: Option<Mem>,
+    slot_used: Option<Mem>,
+    set_version: Option<Mem>,
+    vectors: Option<Mem>,
+    /// The default row, in device memory.
+    default_row: Mem,
+    threshold: f32,
+    /// Last-use clock (never 0, which marks an empty way).
+    tick: AtomicU32,
+    /// Hit rate of the last completed lookup, as f32 bits.
+    last_hit_rate: AtomicU32,
+    /// The table generation the cache holds rows of (server tables change).
+    generation: AtomicU64,
+    /// Staging buffers of finished lookups, for reuse.
+    pool: Mutex<Vec<Staging>>,
+}
+
+/// Page-locked buffers of one lookup through the cache.
+pub(crate) struct Staging {
+    capacity: usize,
+    /// Device: [hits, misses].
+    counters: Mem,
+    /// Host, mapped: [hits, misses] copied back, then the lookup's own results.
+    host_counters: Mem,
+    miss_keys: Mem,
+    miss_index: Mem,
+    rows: Mem,
+    found: Mem,
+    control: Mem,
+}
+
+impl Staging {
+    fn new(b: &dyn Backend, capacity: usize, dim: usize) -> Result<Self> {
+        Ok(Staging {
+            capacity,
+            counters: b.alloc_device(16, "cache counters")?,
+            host_counters: b.alloc_mapped(32, "cache counters")?,
+            miss_keys: b.alloc_mapped(capacity * 8, "cache miss keys")?,
+            miss_index: b.alloc_mapped(capacity * 8, "cache miss positions")?,
+            rows: b.alloc_mapped(capacity * dim * 4, "cache miss rows")?,
+            found: b.alloc_mapped(capacity * 4, "cache miss flags")?,
+            control: b.alloc_mapped(16, "cache control")?,
+        })
+    }
+}
+
+/// What a lookup through the cache found, known once its stream has passed the host function.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct CacheCounts {
+    pub hits: u64,
+    pub misses: u64,
+}
+
+/// A pointer to the table for host functions. The table's residency waits for every host
+/// function that holds one (through [`InFlight`]) before the table is freed.
+#[derive(Clone, Copy)]
+struct TablePtr(*const Table);
+// SAFETY: Table is Sync; see above for the lifetime.
+unsafe impl Send for TablePtr {}
+
+impl TablePtr {
+    /// # Safety
+    /// The table's residency must still be waiting for the work holding this pointer.
+    unsafe fn get<'a>(self) -> &'a Table {
+        unsafe { &*self.0 }
+    }
+}
+
+impl CacheState {
+    /// A cache of `fraction` of `rows` rows of `dim` elements of `dtype`, empty.
+    pub(crate) fn new(
+        b: &dyn Backend,
+        rows: usize,
+        dim: usize,
+        dtype: FloatDtype,
+        fraction: f32,
+        threshold: f32,
+        default_row: &[f32],
+    ) -> Result<Self> {
+        let capacity = (rows as f64 * fraction as f64).ceil() as usize;
+        let sets = capacity.div_ceil(WAYS) as u64;
+        let slots = sets as usize * WAYS;
+        let alloc = |bytes: usize, what: &str| -> Result<Option<Mem>> {
+            if sets == 0 { Ok(None) } else { b.alloc_device(bytes, what).map(Some) }
+        };
+        let default = b.alloc_device(dim * 4, "the default row")?;
+        b.upload(default.dev, default_row.as_ptr() as *const u8, std::mem::size_of_val(default_row))?;
+        Ok(CacheState {
+            sets,
+            dim,
+            dtype,
+            slot_keys: alloc(slots * 8, "cache keys")?,
+            slot_used: alloc(slots * 4, "cache ways")?,
+            set_version: alloc(sets as usize * 4, "cache versions")?,
+            vectors: alloc(slots * dim * dtype.size(), "cache rows")?,
+            default_row: default,
+            threshold,
+            tick: AtomicU32::new(1),
+            last_hit_rate: AtomicU32::new(0f32.to_bits()),
+            generation: AtomicU64::new(0),
+            pool: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The hit rate of the last lookup whose misses were resolved.
+    pub(crate) fn last_hit_rate(&self) -> f32 {
+        f32::from_bits(self.last_hit_rate.load(Ordering::Relaxed))
+    }
+
+    fn addr(m: &Option<Mem>) -> u64 {
+        m.as_ref().map_or(0, |m| m.dev)
+    }
+
+    fn take_staging(&self, b: &dyn Backend, n: usize) -> Result<Staging> {
+        let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = pool.iter().position(|s| s.capacity >= n) {
+            return Ok(pool.swap_remove(i));
+        }
+        drop(pool);
+        Staging::new(b, n.next_power_of_two().max(1024), self.dim)
+    }
+
+    fn next_tick(&self) -> u32 {
+        loop {
+            let t = self.tick.fetch_add(1, Ordering::Relaxed);
+            if t != 0 {
+                return t;
+            }
+        }
+    }
+
+    /// Empties the cache when the table changed since its rows were cached (queued on `b`'s
+    /// stream).
+    fn prepare(&self, b: &dyn Backend, table: &Table) -> Result<()> {
+        let generation = match &table.kind {
+            TableKind::Tiered(t) => t.generation(),
+            _ => 0,
+        };
+        if self.generation.swap(generation, Ordering::Relaxed) != generation
+            && let Some(used) = &self.slot_used
+        {
+            // SAFETY: the cache's own device memory.
+            unsafe { b.zero(used.dev, used.bytes) }?;
+        }
+        Ok(())
+    }
+
+    /// Looks up `n` keys through the cache on `b`'s stream (see the module docs). `params`
+    /// holds the keys and out; the result counts are filled in `counts` once the stream has
+    /// passed the host function (read them after synchronising).
+    ///
+    /// # Safety
+    /// `params.keys` and `params.out` must be valid device-visible tensors for `n` keys, until
+    /// the stream has run this work; `table` must be the table this cache belongs to, with its
+    /// residency's `inflight`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn lookup(
+        self: &Arc<Self>,
+        b: &dyn Backend,
+        table: &Table,
+        inflight: &Arc<InFlight>,
+        names: (&str, &str),
+        mut params: CacheParams,
+        counts: Option<Arc<Mutex<CacheCounts>>>,
+    ) -> Result<()> {
+        let n = params.n as usize;
+        self.prepare(b, table)?;
+        let staging = self.take_staging(b, n)?;
+        params.slot_keys = Self::addr(&self.slot_keys);
+        params.slot_used = Self::addr(&self.slot_used);
+        params.set_version = Self::addr(&self.set_version);
+        params.vectors = Self::addr(&self.vectors);
+        params.sets = self.sets;
+        params.default_row = self.default_row.dev;
+        params.counters = staging.counters.dev;
+        params.miss_keys = staging.miss_keys.dev;
+        params.miss_index = staging.miss_index.dev;
+        params.rows = staging.rows.dev;
+        params.found = staging.found.dev;
+        params.control = staging.control.dev;
+        params.dim = self.dim as u32;
+        params.tick = self.next_tick();
+        let g = grid(b.sms(), n as u64);
+        unsafe {
+            b.zero(staging.counters.dev, 16)?;
+            b.launch_cache(names.0, g, &params)?;
+            b.copy_to_host(staging.host_counters.host, staging.counters.dev, 16)?;
+        }
+
+        // Step 2: resolve the misses on the host, in stream order.
+        let staging = Arc::new(staging);
+        let (state, st2, tp, inf) = (self.clone(), staging.clone(), TablePtr(table), inflight.clone());
+        let dim = self.dim;
+        let background_rows = Arc::new(Mutex::new(None::<Vec<u64>>));
+        let bg = background_rows.clone();
+        inflight.start();
+        let resolve: HostFn = Box::new(move || {
+            // SAFETY: the probe has finished (stream order), so the staging's host side is ours.
+            let hc = unsafe { st2.host_counters.host_slice::<u64>(4) };
+            let (hits, m) = (hc[0], hc[1] as usize);
+            let background = f32::from_bits(state.last_hit_rate.load(Ordering::Relaxed)) >= state.threshold;
+            let keys = unsafe { st2.miss_keys.host_slice::<u64>(m) };
+            let found = unsafe { st2.found.host_slice::<u32>(m) };
+            let control = unsafe { st2.control.host_slice::<u32>(1) };
+            let mut resolved = 0u64;
+            if background && m > 0 {
+                control[0] = FILL_DEFAULTS;
+                *bg.lock().unwrap_or_else(|e| e.into_inner()) = Some(keys.to_vec());
+            } else {
+                control[0] = FILL_ROWS;
+                let rows = unsafe { st2.rows.host_slice::<f32>(m * dim) };
+                let mut present = vec![false; m];
+                // SAFETY: the residency waits for this function before the table is freed.
+                let table = unsafe { tp.get() };
+                if resolve_on_host(table, keys, rows, &mut present).is_err() {
+                    present.fill(false);
+                }
+                for (f, &p) in found.iter_mut().zip(&present) {
+                    *f = p as u32;
+                    resolved += p as u64;
+                }
+            }
+            let total = hits + m as u64;
+            let rate = if total == 0 { 1.0 } else { hits as f32 / total as f32 };
+            state.last_hit_rate.store(rate.to_bits(), Ordering::Relaxed);
+            // The lookup's own counts: hits are keys the table holds, the rest got defaults.
+            hc[2] = hits + resolved;
+            hc[3] = m as u64 - resolved;
+            drop(state);
+            drop(st2);
+            inf.done();
+        });
+        b.host_fn(resolve)?;
+
+        // Step 3: write the misses' rows (or defaults) and insert them.
+        unsafe { b.launch_cache(names.1, g, &params)? };
+
+        // Step 4: hand back the staging; start the background insert if step 2 asked for one.
+        let (state, st3, tp, inf) = (self.clone(), staging, TablePtr(table), inflight.clone());
+        let insert_name = format!("strata_cache_insert_{}", super::run::float_name(self.dtype));
+        let spawn = b.spawner();
+        inflight.start();
+        let finish: HostFn = Box::new(move || {
+            let hc = unsafe { st3.host_counters.host_slice::<u64>(4) };
+            if let Some(c) = counts {
+                *c.lock().unwrap_or_else(|e| e.into_inner()) = CacheCounts { hits: hc[2], misses: hc[3] };
+            }
+            let keys = background_rows.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(keys) = keys {
+                let job_state = state.clone();
+                inf.start();
+                let inf2 = inf.clone();
+                spawn(Box::new(move |b: &dyn Backend| {
+                    // SAFETY: the residency waits for this job (in flight) before the table goes.
+                    let table = unsafe { tp.get() };
+                    let _ = job_state.insert_in_background(b, table, &keys, &insert_name);
+                    drop(job_state);
+                    inf2.done();
+                }));
+            }
+            // Step 2 dropped its reference before this ran, so this is the last one.
+            if let Ok(s) = Arc::try_unwrap(st3) {
+                state.pool.lock().unwrap_or_else(|e| e.into_inner()).push(s);
+            }
+            drop(state);
+            inf.done();
+        });
+        b.host_fn(finish)
+    }
+
+    /// Resolves `keys` on the host and inserts the found rows (background job; `b` is the
+    /// device's internal stream, synchronised before returning).
+    fn insert_in_background(&self, b: &dyn Backend, table: &Table, keys: &[u64], name: &str) -> Result<()> {
+        if self.sets == 0 || keys.is_empty() {
+            return Ok(());
+        }
+        let m = keys.len();
+        let staging = self.take_staging(b, m)?;
+        let rows = unsafe { staging.rows.host_slice::<f32>(m * self.dim) };
+        let mut present = vec![false; m];
+        resolve_on_host(table, keys, rows, &mut present)?;
+        unsafe { staging.miss_keys.host_slice::<u64>(m) }.copy_from_slice(keys);
+        for (f, &p) in unsafe { staging.found.host_slice::<u32>(m) }.iter_mut().zip(&present) {
+            *f = p as u32;
+        }
+        let params = CacheParams {
+            n: m as u64,
+            slot_keys: Self::addr(&self.slot_keys),
+            slot_used: Self::addr(&self.slot_used),
+            set_version: Self::addr(&self.set_version),
+            vectors: Self::addr(&self.vectors),
+            sets: self.sets,
+            default_row: self.default_row.dev,
+            miss_keys: staging.miss_keys.dev,
+            rows: staging.rows.dev,
+            found: staging.found.dev,
+            control: staging.control.dev,
+            dim: self.dim as u32,
+            tick: self.next_tick(),
+            ..CacheParams::default()
+        };
+        let r = unsafe { b.launch_cache(name, grid(b.sms(), m as u64), &params) }.and_then(|_| b.synchronize());
+        self.pool.lock().unwrap_or_else(|e| e.into_inner()).push(staging);
+        r
+    }
+}
+
+/// Resolves canonical keys on the host (static table or tiers) into float32 rows.
+fn resolve_on_host(table: &Table, keys: &[u64], rows: &mut [f32], present: &mut [bool]) -> Result<()> {
+    match &table.kind {
+        TableKind::Static(st) => {
+            st.resolve(keys, rows, present);
+            Ok(())
+        }
+        TableKind::Tiered(t) => t.fetch(keys, rows, present, &mut Default::default()).map(|_| ()),
+    }
+}

@@ -1,0 +1,221 @@
+//! Runs the CUDA lookup algorithms against a CPU build of the kernels (tests only).
+//!
+//! `tests/cuda_emulated.rs` compiles `gather.cu` as C++ with `tests/cuda_emu/` (each warp's 32
+//! lanes run as fibers that meet at warp collectives) into a shared library and loads it here.
+//! The lookups below use the same parameter structs, the same gather and cache code
+//! ([`super::run::execute`], [`super::cache`]) and the same shard split as the GPU path; only
+//! memory (host memory stands in for device memory) and launches (the emulator) differ. Host
+//! functions and background inserts run at once, in order.
+
+use super::backend::{Backend, HostFn, Job, Mem, Spawner};
+use super::cache::CacheState;
+use super::params::{CacheParams, GatherParams};
+use super::residency::{GatherSource, InFlight, Placed, shard_params, split};
+use super::run::{Io, execute};
+use crate::error::{Error, Result};
+use crate::lookup::{LookupStats, check};
+use crate::table::{Rows, Table, TableKind};
+use dlpark::ffi::DLTensor;
+use std::ffi::{CString, c_void};
+use std::sync::Arc;
+
+type Launch = unsafe extern "C" fn(*mut c_void, i32, u32, u32, *const c_void);
+
+/// The kernel emulator: a shared library built from `gather.cu` and `tests/cuda_emu/launch.cc`.
+pub struct Emulator {
+    lib: *mut c_void,
+    launch: Launch,
+    /// Multiprocessors the grid sizes assume (small, so emulated grids stay small).
+    pub sms: u32,
+}
+
+// SAFETY: launches are serialised by `&self` users (one test thread per emulator).
+unsafe impl Send for Emulator {}
+unsafe impl Sync for Emulator {}
+
+impl Emulator {
+    /// Loads the emulator library at `path`.
+    pub fn load(path: &std::path::Path) -> std::result::Result<Self, String> {
+        let c = CString::new(path.to_string_lossy().as_bytes()).map_err(|e| e.to_string())?;
+        // SAFETY: dlopen of a library the test built.
+        let lib = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        if lib.is_null() {
+            return Err(format!("dlopen {}: {:?}", path.display(), unsafe { std::ffi::CStr::from_ptr(libc::dlerror()) }));
+        }
+        let sym = unsafe { libc::dlsym(lib, c"strata_emu_launch".as_ptr()) };
+        if sym.is_null() {
+            return Err("strata_emu_launch is missing".into());
+        }
+        // SAFETY: the symbol has this signature (launch.cc).
+        let launch = unsafe { std::mem::transmute::<*mut c_void, Launch>(sym) };
+        Ok(Emulator { lib, launch, sms: 2 })
+    }
+
+    /// sizeof GatherParams, CacheParams and Bucket as the C++ side sees them.
+    pub fn sizes(&self) -> [u64; 3] {
+        let mut s = [0u64; 3];
+        let f = unsafe { libc::dlsym(self.lib, c"strata_emu_sizes".as_ptr()) };
+        assert!(!f.is_null());
+        let f = unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut u64)>(f) };
+        unsafe { f(s.as_mut_ptr()) };
+        s
+    }
+
+    fn run(&self, name: &str, gather: bool, grid: u32, params: *const c_void) -> Result<()> {
+        let c = CString::new(name).expect("kernel names have no NUL");
+        let k = unsafe { libc::dlsym(self.lib, c.as_ptr()) };
+        if k.is_null() {
+            return Err(Error::Internal(format!("kernel {name} is not in the emulator")));
+        }
+        // SAFETY: k is a kernel of the parameter kind `gather` says; params points at one.
+        unsafe { (self.launch)(k, gather as i32, grid, super::backend::BLOCK, params) };
+        Ok(())
+    }
+}
+
+impl Backend for Emulator {
+    fn sms(&self) -> u32 {
+        self.sms
+    }
+    fn alloc_device(&self, bytes: usize, _what: &str) -> Result<Mem> {
+        Ok(Mem::host(bytes))
+    }
+    fn alloc_mapped(&self, bytes: usize, _what: &str) -> Result<Mem> {
+        Ok(Mem::host(bytes))
+    }
+    unsafe fn launch_gather(&self, name: &str, grid: u32, p: &GatherParams) -> Result<()> {
+        self.run(name, true, grid, p as *const GatherParams as *const c_void)
+    }
+    unsafe fn launch_cache(&self, name: &str, grid: u32, p: &CacheParams) -> Result<()> {
+        self.run(name, false, grid, p as *const CacheParams as *const c_void)
+    }
+    unsafe fn zero(&self, dev: u64, bytes: usize) -> Result<()> {
+        unsafe { std::ptr::write_bytes(dev as *mut u8, 0, bytes) };
+        Ok(())
+    }
+    unsafe fn copy_to_host(&self, dst: *mut u8, src: u64, bytes: usize) -> Result<()> {
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst, bytes) };
+        Ok(())
+    }
+    fn upload(&self, dst: u64, src: *const u8, bytes: usize) -> Result<()> {
+        unsafe { std::ptr::copy_nonoverlapping(src, dst as *mut u8, bytes) };
+        Ok(())
+    }
+    fn download(&self, dst: *mut u8, src: u64, bytes: usize) -> Result<()> {
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst, bytes) };
+        Ok(())
+    }
+    fn host_fn(&self, f: HostFn) -> Result<()> {
+        f();
+        Ok(())
+    }
+    fn spawner(&self) -> Spawner {
+        let me = Emulator { lib: self.lib, launch: self.launch, sms: self.sms };
+        Box::new(move |job: Job| job(&me))
+    }
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// How an emulated lookup finds rows.
+#[derive(Debug, Clone, Copy)]
+pub enum Placement {
+    /// One gather over the table's rows (what static and uvm placements run).
+    Gather,
+    /// A cache of `fraction` of the rows with a hit-rate threshold.
+    Cache { fraction: f32, threshold: f32 },
+    /// `count` shards, each gathering the keys it owns.
+    Shards { count: usize },
+}
+
+/// A placement made once and used by several emulated lookups (caches keep their rows).
+pub struct Emulated {
+    placed: Placed,
+    inflight: Arc<InFlight>,
+    _shards: Vec<super::residency::HostShard>,
+}
+
+impl Emulated {
+    /// Places `table` as `placement` in host memory.
+    pub fn place(emu: &Emulator, table: &Table, placement: Placement) -> Result<Self> {
+        let mut shards_host = Vec::new();
+        let placed = match (placement, &table.kind) {
+            (Placement::Gather, TableKind::Static(st)) => {
+                let buckets = match &st.rows {
+                    Rows::Keyed(ix) => ix.raw_buckets().0 as u64,
+                    Rows::Dense => 0,
+                };
+                let src = GatherSource::new(st, st.store().row_ptr_or_base() as u64, buckets, st.default_row().as_ptr() as u64, Vec::new(), None);
+                Placed::Gather(src)
+            }
+            (Placement::Shards { count }, TableKind::Static(st)) => {
+                shards_host = split(st, count)?;
+                let mut v = Vec::new();
+                for (s, h) in shards_host.iter().enumerate() {
+                    let (table_addr, buckets) = match &h.packed {
+                        Some((rows, index)) => (rows.as_ptr() as u64, index.raw_buckets().0 as u64),
+                        None => (if h.hi > h.lo { st.store().row_ptr(h.lo) as u64 } else { st.store().row_ptr_or_base() as u64 }, 0),
+                    };
+                    let params = shard_params(st, h, s, count, table_addr, buckets, st.default_row().as_ptr() as u64);
+                    let mut g = GatherSource::new(st, 0, 0, 0, Vec::new(), None);
+                    g.params = params;
+                    v.push(g);
+                }
+                return Ok(Emulated { placed: Placed::EmulatedShards(v), inflight: Default::default(), _shards: shards_host });
+            }
+            (Placement::Cache { fraction, threshold }, kind) => {
+                let (rows, dim, dtype, default) = match kind {
+                    TableKind::Static(st) => (st.len(), st.dim(), st.dtype(), st.default_row()),
+                    TableKind::Tiered(t) => (t.len(), t.dim(), crate::dlpack::FloatDtype::F32, t.default_row()),
+                };
+                Placed::Cache(Arc::new(CacheState::new(emu, rows, dim, dtype, fraction, threshold, default)?))
+            }
+            _ => return Err(Error::invalid("placement", "gather and shard placements need a static table")),
+        };
+        Ok(Emulated { placed, inflight: Default::default(), _shards: shards_host })
+    }
+
+    /// The hit rate of the cache's last lookup (cache placements only).
+    pub fn last_hit_rate(&self) -> Option<f32> {
+        match &self.placed {
+            Placed::Cache(c) => Some(c.last_hit_rate()),
+            _ => None,
+        }
+    }
+
+    /// Looks `keys` up into `out` (host tensors standing in for device tensors) through this
+    /// placement on the emulator, with stats.
+    ///
+    /// # Safety
+    /// As for [`Table::lookup`].
+    pub unsafe fn lookup(&self, emu: &Emulator, table: &Table, keys: &DLTensor, out: &DLTensor) -> Result<LookupStats> {
+        let Some(c) = (unsafe { check(table.dim(), keys, out) })? else {
+            return Ok(LookupStats::default());
+        };
+        let canonical;
+        let (k, kd, ks) = match crate::dlpack::Walk::new(&c.k.shape, &c.k.strides).linear_stride() {
+            Some(s) => (c.k.ptr as u64, c.kd, s as i64),
+            None => {
+                canonical = c.host_keys();
+                (canonical.as_ptr() as u64, crate::dlpack::KeyDtype::U64, 1)
+            }
+        };
+        let dim = table.dim();
+        let mut staged = Vec::new();
+        let (o, ors, ocs) = match c.lead.linear_stride() {
+            Some(s) => (c.o.ptr as u64, s as i64, c.col_stride as i64),
+            None => {
+                staged = vec![0u8; c.n * dim * c.od.size()];
+                (staged.as_mut_ptr() as u64, dim as i64, 1)
+            }
+        };
+        let io = Io { keys: k, key_dtype: kd, key_stride: ks, n: c.n as u64, out: o, out_dtype: c.od, out_row_stride: ors, out_col_stride: ocs };
+        let counts = unsafe { execute(emu, table, &self.inflight, &self.placed, &io, true) }?;
+        if !staged.is_empty() {
+            unsafe { c.write_host_rows(&staged) };
+        }
+        let (hits, misses) = counts.read(emu)?.unwrap_or((0, 0));
+        Ok(LookupStats { hits, misses, ..LookupStats::default() })
+    }
+}

@@ -1,0 +1,75 @@
+//! The kernels' parameter structs, laid out exactly as `GatherParams` and `CacheParams` in
+//! `gather.cu` (every kernel takes one of them by value). Addresses are device-visible
+//! (`CUdeviceptr`, or a host address under the CPU emulator the tests use).
+
+/// Parameters of `strata_gather_<keys>_<table>_<out>`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GatherParams {
+    /// Keys: `n` keys at `keys + i * key_stride` elements.
+    pub keys: u64,
+    pub key_stride: i64,
+    pub n: u64,
+    /// The table (this shard's rows): row `r` at `table + r * row_stride` elements.
+    pub table: u64,
+    /// Rows of the whole table (dense keys at or above it are misses).
+    pub rows: u64,
+    pub row_stride: u64,
+    /// The keyed index's buckets, or 0 for a dense table.
+    pub buckets: u64,
+    pub num_buckets: u64,
+    /// `dim` float32 values for missing keys.
+    pub default_row: u64,
+    /// Output row `i` at `out + i * out_row_stride`, element `c` at `+ c * out_col_stride`.
+    pub out: u64,
+    pub out_row_stride: i64,
+    pub out_col_stride: i64,
+    /// `[hits, misses]` (u64, device memory) added to, or 0.
+    pub counts: u64,
+    /// Dense shards: the rows `[owned_lo, owned_hi)` this shard holds.
+    pub owned_lo: u64,
+    pub owned_hi: u64,
+    /// Keyed shards: this shard and the number of shards.
+    pub shard: u32,
+    pub num_shards: u32,
+    pub dim: u32,
+    pub pad: u32,
+}
+
+/// Parameters of `strata_cache_probe_*`, `strata_cache_fill_*` and `strata_cache_insert_*`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CacheParams {
+    pub keys: u64,
+    pub key_stride: i64,
+    pub n: u64,
+    pub out: u64,
+    pub out_row_stride: i64,
+    pub out_col_stride: i64,
+    /// `sets * WAYS` keys, last-use ticks (0 = empty), `sets` seqlock versions.
+    pub slot_keys: u64,
+    pub slot_used: u64,
+    pub set_version: u64,
+    /// `sets * WAYS` rows of `dim` elements of the table's dtype.
+    pub vectors: u64,
+    /// Number of sets; 0 = a cache of no rows (every key is resolved on the host).
+    pub sets: u64,
+    pub default_row: u64,
+    /// `[hits, misses]` in device memory.
+    pub counters: u64,
+    /// Mapped host memory: canonical keys and positions of the misses.
+    pub miss_keys: u64,
+    pub miss_index: u64,
+    /// Mapped host memory: the misses' float32 rows, found flags (u32) and the fill mode.
+    pub rows: u64,
+    pub found: u64,
+    pub control: u64,
+    pub dim: u32,
+    pub tick: u32,
+}
+
+/// Ways per cache set (`STRATA_WAYS` in gather.cu).
+pub const WAYS: usize = 8;
+/// `control[0]` values: write the resolved rows, or write defaults (rows come in the background).
+pub const FILL_ROWS: u32 = 0;
+pub const FILL_DEFAULTS: u32 = 1;

@@ -1,0 +1,356 @@
+//! Where a table's rows are for lookups on each CUDA device, made on the first lookup there:
+//!
+//! - static: the vectors, the keyed index's buckets (unchanged) and the default row copied to
+//!   device memory;
+//! - uvm: the vectors page-locked and mapped where they are (`cuMemHostRegister`), the index
+//!   and default row in device memory: the GPU reads rows over the bus, nothing is copied;
+//! - cache: a [`CacheState`] of `gpu_cache_fraction` of the rows, filled on demand from the
+//!   host table or tiers (server tables served from tiers always use a cache: they have no flat
+//!   copy to place);
+//! - shards: the rows split over every visible device, each holding its rows and (keyed
+//!   tables) an index of its keys; every device's kernels may read and write its peers' memory.
+//!
+//! A [`Residency`] belongs to one [`Table`] and is dropped before the table's rows. Dropping it
+//! waits for queued work that still refers to the table (host functions and background cache
+//! inserts, counted by [`InFlight`]).
+
+use super::backend::{Backend, Mem};
+use super::cache::CacheState;
+use super::device::{Device, cuda_call};
+use super::params::GatherParams;
+use crate::dlpack::FloatDtype;
+use crate::error::Result;
+use crate::index::KeyIndex;
+use crate::table::{GpuPlacement, GpuSharding, Rows, StaticTable, Table, TableKind};
+use cudarc::driver::sys;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Condvar, Mutex};
+
+/// Counts queued work that refers to a table; the table waits for zero before it is freed.
+#[derive(Default)]
+pub(crate) struct InFlight {
+    n: Mutex<usize>,
+    zero: Condvar,
+}
+
+impl InFlight {
+    pub(crate) fn start(&self) {
+        *self.n.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+    }
+
+    pub(crate) fn done(&self) {
+        let mut n = self.n.lock().unwrap_or_else(|e| e.into_inner());
+        *n -= 1;
+        if *n == 0 {
+            self.zero.notify_all();
+        }
+    }
+
+    fn wait(&self) {
+        let mut n = self.n.lock().unwrap_or_else(|e| e.into_inner());
+        while *n != 0 {
+            n = self.zero.wait(n).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// A table's placements on CUDA devices (see the module docs).
+#[derive(Default)]
+pub struct Residency {
+    placed: Mutex<HashMap<usize, Arc<Placed>>>,
+    registration: Mutex<Option<Arc<Registration>>>,
+    pub(crate) inflight: Arc<InFlight>,
+}
+
+impl Drop for Residency {
+    fn drop(&mut self) {
+        self.inflight.wait();
+    }
+}
+
+/// How one device serves a table.
+pub(crate) enum Placed {
+    /// One gather kernel over rows this device can address.
+    Gather(GatherSource),
+    /// A GPU cache in front of the host table or tiers.
+    Cache(Arc<CacheState>),
+    /// Every device's share; the lookup's device is among them.
+    Shards(Vec<(Arc<Device>, GatherSource)>),
+    /// Shards all run on the lookup's own backend, one after another (the emulator).
+    EmulatedShards(Vec<GatherSource>),
+}
+
+/// Rows a gather kernel can read on one device: the table part of [`GatherParams`], and the
+/// memory that backs it.
+pub(crate) struct GatherSource {
+    pub params: GatherParams,
+    pub dtype: FloatDtype,
+    _mem: Vec<Mem>,
+    _registration: Option<Arc<Registration>>,
+}
+
+impl GatherSource {
+    /// A source over memory the device addresses as given (`table`, `buckets`, `default_row`
+    /// are device-visible addresses).
+    pub(crate) fn new(
+        st: &StaticTable,
+        table: u64,
+        buckets: u64,
+        default_row: u64,
+        mem: Vec<Mem>,
+        registration: Option<Arc<Registration>>,
+    ) -> Self {
+        let num_buckets = match &st.rows {
+            Rows::Dense => 0,
+            Rows::Keyed(ix) => ix.raw_buckets().1 as u64,
+        };
+        let rows = st.len() as u64;
+        let params = GatherParams {
+            table,
+            rows,
+            row_stride: st.store().row_stride() as u64,
+            buckets: if num_buckets == 0 { 0 } else { buckets },
+            num_buckets,
+            default_row,
+            owned_lo: 0,
+            owned_hi: rows,
+            shard: 0,
+            num_shards: 1,
+            dim: st.dim() as u32,
+            ..GatherParams::default()
+        };
+        GatherSource { params, dtype: st.dtype(), _mem: mem, _registration: registration }
+    }
+}
+
+/// Host memory page-locked and mapped for every device (`cuMemHostRegister`, portable);
+/// unregistered on drop.
+pub(crate) struct Registration {
+    ptr: *mut c_void,
+    device: Arc<Device>,
+}
+
+// SAFETY: a registration is a process-wide property of the memory.
+unsafe impl Send for Registration {}
+unsafe impl Sync for Registration {}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if self.device.bind().is_ok() {
+            // SAFETY: registered by `Registration::new`.
+            unsafe { sys::cuMemHostUnregister(self.ptr) };
+        }
+    }
+}
+
+impl Registration {
+    /// Registers `[start, start + bytes)` (widened to whole pages).
+    fn new(device: &Arc<Device>, start: usize, bytes: usize) -> Result<Self> {
+        let page = 4096;
+        let lo = start & !(page - 1);
+        let hi = (start + bytes).next_multiple_of(page);
+        device.bind()?;
+        let base = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+        // Read-only registration also works for read-only file mappings; not every system has it.
+        let mut r = unsafe { sys::cuMemHostRegister_v2(lo as *mut c_void, hi - lo, base | sys::CU_MEMHOSTREGISTER_READ_ONLY) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            r = unsafe { sys::cuMemHostRegister_v2(lo as *mut c_void, hi - lo, base) };
+        }
+        cuda_call(r, || format!("cuMemHostRegister of the table's {bytes} bytes (uvm placement)"))?;
+        Ok(Registration { ptr: lo as *mut c_void, device: device.clone() })
+    }
+}
+
+/// Copies `bytes` from host `src` into new device memory.
+fn upload(device: &Arc<Device>, src: *const u8, bytes: usize, what: &str) -> Result<Mem> {
+    let m = Mem::device(device, bytes, what)?;
+    if bytes > 0 {
+        // SAFETY: src is readable for bytes; m is bytes long.
+        cuda_call(unsafe { sys::cuMemcpyHtoD_v2(m.dev, src as *const c_void, bytes) }, || {
+            format!("cuMemcpyHtoD of {bytes} bytes ({what}) to device {}", device.ordinal)
+        })?;
+    }
+    Ok(m)
+}
+
+/// Device-visible address of registered host memory at `host`.
+fn mapped_address(device: &Arc<Device>, host: *const u8) -> Result<u64> {
+    device.bind()?;
+    let mut dev: sys::CUdeviceptr = 0;
+    cuda_call(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host as *mut c_void, 0) }, || {
+        "cuMemHostGetDevicePointer for the table's rows".into()
+    })?;
+    Ok(dev)
+}
+
+/// The bytes a store's rows span: from row 0 to the end of the last row.
+fn span(st: &StaticTable) -> usize {
+    let s = st.store();
+    if s.rows() == 0 { 0 } else { ((s.rows() - 1) * s.row_stride() + s.dim()) * s.dtype().size() }
+}
+
+/// The index's buckets and the default row, in device memory.
+fn upload_index_and_default(device: &Arc<Device>, st: &StaticTable) -> Result<(Mem, Mem)> {
+    let (ptr, nb) = match &st.rows {
+        Rows::Dense => (std::ptr::null(), 0),
+        Rows::Keyed(ix) => ix.raw_buckets(),
+    };
+    let index = upload(device, ptr, nb * 64, "the keyed index")?;
+    let default = upload(device, st.default_row().as_ptr() as *const u8, st.dim() * 4, "the default row")?;
+    Ok((index, default))
+}
+
+impl Residency {
+    /// How `device` serves `table`, made on first use. `backend` allocates cache memory.
+    pub(crate) fn placed(&self, table: &Table, device: &Arc<Device>, backend: &dyn Backend) -> Result<Arc<Placed>> {
+        let mut map = self.placed.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = map.get(&device.ordinal) {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(self.place(table, device, backend)?);
+        if let Placed::Shards(shards) = &*p {
+            for (d, _) in shards {
+                map.insert(d.ordinal, p.clone());
+            }
+        }
+        map.insert(device.ordinal, p.clone());
+        Ok(p)
+    }
+
+    fn place(&self, table: &Table, device: &Arc<Device>, backend: &dyn Backend) -> Result<Placed> {
+        let gpu = table.gpu;
+        let st = match &table.kind {
+            TableKind::Static(st) => st,
+            TableKind::Tiered(t) => {
+                let fraction = if gpu.placement == GpuPlacement::STRATA_GPU_CACHE { gpu.cache_fraction } else { 1.0 };
+                let c = CacheState::new(backend, t.len(), t.dim(), FloatDtype::F32, fraction, gpu.hit_rate_threshold, t.default_row())?;
+                return Ok(Placed::Cache(Arc::new(c)));
+            }
+        };
+        if gpu.sharding == GpuSharding::STRATA_GPU_SHARD && super::device_count() > 1 {
+            return Ok(Placed::Shards(shard(st)?));
+        }
+        Ok(match gpu.placement {
+            GpuPlacement::STRATA_GPU_STATIC => {
+                let vectors = upload(device, st.store().row_ptr_or_base(), span(st), "the table copy")?;
+                let (index, default) = upload_index_and_default(device, st)?;
+                let (t, b, d) = (vectors.dev, index.dev, default.dev);
+                Placed::Gather(GatherSource::new(st, t, b, d, vec![vectors, index, default], None))
+            }
+            GpuPlacement::STRATA_GPU_UVM => {
+                let reg = {
+                    let mut r = self.registration.lock().unwrap_or_else(|e| e.into_inner());
+                    match &*r {
+                        Some(reg) => reg.clone(),
+                        None => {
+                            let start = st.store().row_ptr_or_base() as usize;
+                            let reg = Arc::new(Registration::new(device, start, span(st).max(1))?);
+                            *r = Some(reg.clone());
+                            reg
+                        }
+                    }
+                };
+                let table_addr = mapped_address(device, st.store().row_ptr_or_base())?;
+                let (index, default) = upload_index_and_default(device, st)?;
+                let (b, d) = (index.dev, default.dev);
+                Placed::Gather(GatherSource::new(st, table_addr, b, d, vec![index, default], Some(reg)))
+            }
+            GpuPlacement::STRATA_GPU_CACHE => {
+                let c = CacheState::new(
+                    backend,
+                    st.len(),
+                    st.dim(),
+                    st.dtype(),
+                    gpu.cache_fraction,
+                    gpu.hit_rate_threshold,
+                    st.default_row(),
+                )?;
+                Placed::Cache(Arc::new(c))
+            }
+        })
+    }
+}
+
+/// Which of `num_shards` shards owns keyed-table key `key` (as the gather kernel decides).
+pub(crate) fn key_owner(key: u64, num_shards: u32) -> u32 {
+    ((crate::index::mix(key) & 0xffff_ffff) % num_shards as u64) as u32
+}
+
+/// One shard of a static table, on the host: the rows `[lo, hi)` of a dense table, or a keyed
+/// table's rows owned by this shard ([`key_owner`]) packed with an index of their keys.
+pub(crate) struct HostShard {
+    pub lo: usize,
+    pub hi: usize,
+    pub packed: Option<(Vec<u8>, KeyIndex)>,
+}
+
+/// Splits a static table into `count` shards.
+pub(crate) fn split(st: &StaticTable, count: usize) -> Result<Vec<HostShard>> {
+    let (dim, size, rows) = (st.dim(), st.dtype().size(), st.len());
+    (0..count)
+        .map(|s| match &st.rows {
+            Rows::Dense => Ok(HostShard { lo: rows * s / count, hi: rows * (s + 1) / count, packed: None }),
+            Rows::Keyed(ix) => {
+                let mine: Vec<(u64, usize)> = ix.iter().filter(|&(k, _)| key_owner(k, count as u32) == s as u32).collect();
+                let index = KeyIndex::build(mine.iter().map(|&(k, _)| k), |k| k as i64 as i128, "keys")?;
+                let mut packed = vec![0u8; mine.len() * dim * size];
+                for (j, &(_, r)) in mine.iter().enumerate() {
+                    // SAFETY: r < rows; a row is dim elements of size bytes.
+                    let src = unsafe { std::slice::from_raw_parts(st.store().row_ptr(r), dim * size) };
+                    packed[j * dim * size..(j + 1) * dim * size].copy_from_slice(src);
+                }
+                Ok(HostShard { lo: 0, hi: mine.len(), packed: Some((packed, index)) })
+            }
+        })
+        .collect()
+}
+
+/// Gather parameters of shard `s` of `count`, given where its rows, index and default row are.
+pub(crate) fn shard_params(st: &StaticTable, h: &HostShard, s: usize, count: usize, table: u64, buckets: u64, default_row: u64) -> GatherParams {
+    let mut p = GatherSource::new(st, table, buckets, default_row, Vec::new(), None).params;
+    if let Some((_, index)) = &h.packed {
+        p.row_stride = st.dim() as u64;
+        p.buckets = buckets;
+        p.num_buckets = index.raw_buckets().1 as u64;
+    }
+    p.owned_lo = h.lo as u64;
+    p.owned_hi = h.hi as u64;
+    p.shard = s as u32;
+    p.num_shards = count as u32;
+    p
+}
+
+/// Splits a static table over every visible device (see [`split`]), each shard's rows, index
+/// and default row in its device's memory.
+fn shard(st: &StaticTable) -> Result<Vec<(Arc<Device>, GatherSource)>> {
+    let count = super::device_count();
+    let devices: Vec<Arc<Device>> = (0..count).map(Device::get).collect::<Result<_>>()?;
+    for a in &devices {
+        for b in &devices {
+            a.enable_peer_access(b)?;
+        }
+    }
+    let (dim, size) = (st.dim(), st.dtype().size());
+    let mut shards = Vec::with_capacity(count);
+    for (s, (device, h)) in devices.iter().zip(split(st, count)?).enumerate() {
+        let default = upload(device, st.default_row().as_ptr() as *const u8, dim * 4, "the default row")?;
+        let (v, b) = match &h.packed {
+            None => {
+                let store = st.store();
+                let bytes = if h.hi > h.lo { ((h.hi - h.lo - 1) * store.row_stride() + dim) * size } else { 0 };
+                let start = if h.hi > h.lo { store.row_ptr(h.lo) } else { store.row_ptr_or_base() };
+                (upload(device, start, bytes, "a table shard")?, None)
+            }
+            Some((packed, index)) => {
+                let (bp, nb) = index.raw_buckets();
+                (upload(device, packed.as_ptr(), packed.len(), "a table shard")?, Some(upload(device, bp, nb * 64, "a shard's index")?))
+            }
+        };
+        let params = shard_params(st, &h, s, count, v.dev, b.as_ref().map_or(0, |b| b.dev), default.dev);
+        let mut mem = vec![v, default];
+        mem.extend(b);
+        shards.push((device.clone(), GatherSource { params, dtype: st.dtype(), _mem: mem, _registration: None }));
+    }
+    Ok(shards)
+}

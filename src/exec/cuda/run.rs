@@ -1,0 +1,444 @@
+//! A lookup on CUDA tensors: checks, where keys and rows are read and written, and the launches,
+//! all queued on the caller's stream.
+//!
+//! - Keys and out on the device (kDLCUDA, kDLCUDAManaged) or in page-locked host memory
+//!   (kDLCUDAHost) are read and written by the kernels in place; their strides must reduce to
+//!   one stride per key (keys) and per row (out's leading dimensions).
+//! - Keys in pageable host memory (kDLCPU) are read on the host (any strides) and copied to the
+//!   device in stream order; the call returns once the driver has taken them.
+//! - `out` in pageable host memory: rows are gathered into device memory, copied back and
+//!   written into `out` before the call returns, so the call waits for the stream.
+//! - Stats, or a table whose missing keys are errors, make the call wait for the stream;
+//!   otherwise it returns once the work is queued.
+
+use super::backend::{Backend, Mem, Stream, grid};
+use super::cache::CacheCounts;
+use super::device::{Device, cuda_call};
+use super::params::{CacheParams, GatherParams};
+use super::residency::{InFlight, Placed};
+use crate::dlpack::{FloatDtype, KeyDtype, TensorView, Walk, device_name};
+use crate::error::{Error, Result};
+use crate::lookup::{LookupOptions, LookupStats, check};
+use crate::table::{MissingKey, Table, TableKind};
+use cudarc::driver::sys;
+use dlpark::ffi::{DLDeviceType, DLTensor};
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+/// The kernels' name for a key dtype.
+pub(crate) fn key_name(k: KeyDtype) -> &'static str {
+    match k {
+        KeyDtype::I32 => "i32",
+        KeyDtype::I64 => "i64",
+        KeyDtype::U32 => "u32",
+        KeyDtype::U64 => "u64",
+    }
+}
+
+/// The kernels' name for a float dtype.
+pub(crate) fn float_name(f: FloatDtype) -> &'static str {
+    match f {
+        FloatDtype::F32 => "f32",
+        FloatDtype::F16 => "f16",
+        FloatDtype::BF16 => "bf16",
+    }
+}
+
+/// Where one lookup's keys are read and rows written, as device-visible addresses.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Io {
+    pub keys: u64,
+    pub key_dtype: KeyDtype,
+    pub key_stride: i64,
+    pub n: u64,
+    pub out: u64,
+    pub out_dtype: FloatDtype,
+    pub out_row_stride: i64,
+    pub out_col_stride: i64,
+}
+
+/// Counts a lookup asks for: `[hits, misses]` in device memory per gather launch, or the
+/// cache's host-side counts.
+pub(crate) enum Counts {
+    None,
+    Device(Vec<Mem>),
+    Cache(Arc<Mutex<CacheCounts>>),
+}
+
+impl Counts {
+    /// Reads the counts (after the stream was synchronised).
+    pub(crate) fn read(&self, b: &dyn Backend) -> Result<Option<(u64, u64)>> {
+        match self {
+            Counts::None => Ok(None),
+            Counts::Device(mems) => {
+                let (mut h, mut m) = (0, 0);
+                for mem in mems {
+                    let mut c = [0u64; 2];
+                    b.download(c.as_mut_ptr() as *mut u8, mem.dev, 16)?;
+                    h += c[0];
+                    m += c[1];
+                }
+                Ok(Some((h, m)))
+            }
+            Counts::Cache(c) => {
+                let c = *c.lock().unwrap_or_else(|e| e.into_inner());
+                Ok(Some((c.hits, c.misses)))
+            }
+        }
+    }
+}
+
+/// Queues the lookup of `io` through `placed` on `b`'s stream.
+///
+/// # Safety
+/// `io` must describe device-visible memory valid until the stream has run this work.
+pub(crate) unsafe fn execute(
+    b: &dyn Backend,
+    table: &Table,
+    inflight: &Arc<InFlight>,
+    placed: &Placed,
+    io: &Io,
+    want_counts: bool,
+) -> Result<Counts> {
+    match placed {
+        Placed::Gather(src) => {
+            let counts = if want_counts { Some(b.alloc_device(16, "lookup counts")?) } else { None };
+            let p = gather_params(&src.params, io, counts.as_ref().map_or(0, |c| c.dev));
+            let name = format!("strata_gather_{}_{}_{}", key_name(io.key_dtype), float_name(src.dtype), float_name(io.out_dtype));
+            unsafe { b.launch_gather(&name, grid(b.sms(), io.n), &p) }?;
+            Ok(counts.map_or(Counts::None, |c| Counts::Device(vec![c])))
+        }
+        Placed::Cache(cache) => {
+            let dtype = match &table.kind {
+                TableKind::Static(st) => st.dtype(),
+                _ => FloatDtype::F32,
+            };
+            let probe = format!("strata_cache_probe_{}_{}_{}", key_name(io.key_dtype), float_name(dtype), float_name(io.out_dtype));
+            let fill = format!("strata_cache_fill_{}_{}", float_name(dtype), float_name(io.out_dtype));
+            let params = CacheParams {
+                keys: io.keys,
+                key_stride: io.key_stride,
+                n: io.n,
+                out: io.out,
+                out_row_stride: io.out_row_stride,
+                out_col_stride: io.out_col_stride,
+                ..CacheParams::default()
+            };
+            let counts = want_counts.then(|| Arc::new(Mutex::new(CacheCounts::default())));
+            unsafe { cache.lookup(b, table, inflight, (&probe, &fill), params, counts.clone()) }?;
+            Ok(counts.map_or(Counts::None, Counts::Cache))
+        }
+        Placed::EmulatedShards(shards) => {
+            let mut counts = Vec::new();
+            for src in shards {
+                let c = if want_counts { Some(b.alloc_device(16, "shard counts")?) } else { None };
+                let p = gather_params(&src.params, io, c.as_ref().map_or(0, |c| c.dev));
+                let name = format!("strata_gather_{}_{}_{}", key_name(io.key_dtype), float_name(src.dtype), float_name(io.out_dtype));
+                unsafe { b.launch_gather(&name, grid(b.sms(), io.n), &p) }?;
+                counts.extend(c);
+            }
+            Ok(if want_counts { Counts::Device(counts) } else { Counts::None })
+        }
+        Placed::Shards(shards) => {
+            let Some(s) = b.as_stream() else {
+                return Err(Error::Internal("sharded tables run on CUDA streams only".into()));
+            };
+            unsafe { execute_shards(s, shards, io, want_counts) }
+        }
+    }
+}
+
+fn gather_params(table: &GatherParams, io: &Io, counts: u64) -> GatherParams {
+    GatherParams {
+        keys: io.keys,
+        key_stride: io.key_stride,
+        n: io.n,
+        out: io.out,
+        out_row_stride: io.out_row_stride,
+        out_col_stride: io.out_col_stride,
+        counts,
+        ..*table
+    }
+}
+
+/// An event recorded on `stream` (in `device`'s context), destroyed once it has completed.
+fn record(device: &Device, stream: sys::CUstream) -> Result<sys::CUevent> {
+    device.bind()?;
+    let mut ev: sys::CUevent = std::ptr::null_mut();
+    cuda_call(unsafe { sys::cuEventCreate(&mut ev, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) }, || {
+        "cuEventCreate".into()
+    })?;
+    let r = unsafe { sys::cuEventRecord(ev, stream) };
+    cuda_call(r, || "cuEventRecord".into()).inspect_err(|_| unsafe {
+        sys::cuEventDestroy_v2(ev);
+    })
+    .map(|_| ev)
+}
+
+/// Makes `stream` wait for `ev`, then releases `ev` (the driver frees it once it completed).
+fn wait_and_release(device: &Device, stream: sys::CUstream, ev: sys::CUevent) -> Result<()> {
+    device.bind()?;
+    let r = unsafe { sys::cuStreamWaitEvent(stream, ev, 0) };
+    unsafe { sys::cuEventDestroy_v2(ev) };
+    cuda_call(r, || "cuStreamWaitEvent".into())
+}
+
+/// Each shard's device gathers the keys it owns, reading keys from and writing rows to the
+/// caller's device through peer access; the caller's stream waits for every shard.
+unsafe fn execute_shards(s: &Stream, shards: &[(Arc<Device>, super::residency::GatherSource)], io: &Io, want_counts: bool) -> Result<Counts> {
+    let mut counts = Vec::new();
+    let start = record(&s.device, s.stream)?;
+    let mut done = Vec::new();
+    let result = (|| -> Result<()> {
+        for (device, src) in shards {
+            let c = if want_counts { Some(Mem::device(device, 16, "shard counts")?) } else { None };
+            let p = gather_params(&src.params, io, c.as_ref().map_or(0, |c| c.dev));
+            let name = format!("strata_gather_{}_{}_{}", key_name(io.key_dtype), float_name(src.dtype), float_name(io.out_dtype));
+            let own = device.ordinal == s.device.ordinal;
+            let stream = if own { s.stream } else { device.internal };
+            if !own {
+                device.bind()?;
+                cuda_call(unsafe { sys::cuStreamWaitEvent(stream, start, 0) }, || "cuStreamWaitEvent".into())?;
+            }
+            let b = Stream { device: device.clone(), stream };
+            unsafe { b.launch_gather(&name, grid(device.sms, io.n), &p) }?;
+            if !own {
+                done.push((device.clone(), record(device, stream)?));
+            }
+            counts.extend(c);
+        }
+        Ok(())
+    })();
+    unsafe { sys::cuEventDestroy_v2(start) };
+    for (_, ev) in done {
+        wait_and_release(&s.device, s.stream, ev)?;
+    }
+    result?;
+    Ok(if want_counts { Counts::Device(counts) } else { Counts::None })
+}
+
+/// Whether the kernels can address memory of this device type directly.
+fn device_visible(t: DLDeviceType) -> bool {
+    matches!(t, DLDeviceType::CUDA | DLDeviceType::CUDAMANAGED | DLDeviceType::CUDAHOST)
+}
+
+/// The CUDA device a lookup runs on: the one its CUDA tensors are on.
+fn lookup_device(k: &TensorView, o: &TensorView) -> Result<usize> {
+    let on_cuda = |v: &TensorView| matches!(v.device.device_type, DLDeviceType::CUDA | DLDeviceType::CUDAMANAGED);
+    let id = |v: &TensorView, arg: &'static str| {
+        usize::try_from(v.device.device_id)
+            .map_err(|_| Error::Device { arg, msg: format!("device {}; expected device_id >= 0", device_name(v.device)) })
+    };
+    match (on_cuda(k), on_cuda(o)) {
+        (true, true) => {
+            let (a, b) = (id(k, "keys")?, id(o, "out")?);
+            if a != b {
+                return Err(Error::Device {
+                    arg: "out",
+                    msg: format!(
+                        "device {} but keys are on {}; expected both on the same CUDA device",
+                        device_name(o.device),
+                        device_name(k.device)
+                    ),
+                });
+            }
+            Ok(a)
+        }
+        (true, false) => id(k, "keys"),
+        (false, true) => id(o, "out"),
+        (false, false) => Err(Error::Internal("a CUDA lookup without a CUDA tensor".into())),
+    }
+}
+
+/// Memory from the stream-ordered allocator, freed in stream order when dropped.
+struct StreamBuf<'a> {
+    dev: u64,
+    s: &'a Stream,
+}
+
+impl<'a> StreamBuf<'a> {
+    fn new(s: &'a Stream, bytes: usize, what: &str) -> Result<Self> {
+        s.device.bind()?;
+        let mut dev = 0;
+        cuda_call(unsafe { sys::cuMemAllocAsync(&mut dev, bytes.max(1), s.stream) }, || {
+            format!("cuMemAllocAsync of {bytes} bytes for {what} on device {}", s.device.ordinal)
+        })?;
+        Ok(StreamBuf { dev, s })
+    }
+}
+
+impl Drop for StreamBuf<'_> {
+    fn drop(&mut self) {
+        if self.s.device.bind().is_ok() {
+            unsafe { sys::cuMemFreeAsync(self.dev, self.s.stream) };
+        }
+    }
+}
+
+/// Whether the tensor is a CUDA tensor (so the lookup runs on the GPU path).
+pub(crate) fn is_cuda(t: &DLTensor) -> bool {
+    matches!(t.device.device_type, DLDeviceType::CUDA | DLDeviceType::CUDAMANAGED)
+}
+
+/// A lookup where `keys` or `out` is a CUDA tensor (see the module docs). `want_stats` makes the
+/// call wait for the stream and count hits and misses.
+///
+/// # Safety
+/// As for [`Table::lookup`]; device tensors must be valid on their device until the stream has
+/// run the lookup, and `opts.stream` must be NULL or a stream of that device's primary context.
+pub(crate) unsafe fn lookup(table: &Table, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions, want_stats: bool) -> Result<LookupStats> {
+    let dim = table.dim();
+    let Some(c) = (unsafe { check(dim, keys, out) })? else {
+        return Ok(LookupStats::default());
+    };
+    if super::device_count() == 0 {
+        let (arg, v) = if is_cuda(keys) { ("keys", &c.k) } else { ("out", &c.o) };
+        return Err(Error::Device { arg, msg: format!("device {}; {}", device_name(v.device), super::unsupported_reason()) });
+    }
+    let ordinal = lookup_device(&c.k, &c.o)?;
+    let device = Device::get(ordinal)?;
+    let s = Stream { device: device.clone(), stream: opts.stream as sys::CUstream };
+    let n = c.n;
+    let od = c.od;
+
+    // Keys: in place, or read on the host and copied in.
+    let key_linear = Walk::new(&c.k.shape, &c.k.strides).linear_stride();
+    let mut _key_buf = None;
+    let (keys_addr, key_dtype, key_stride) = match (device_visible(c.k.device.device_type), key_linear) {
+        (true, Some(stride)) => (c.k.ptr as u64, c.kd, stride as i64),
+        (true, None) => {
+            return Err(Error::layout(
+                "keys",
+                format!("strides {:?} of a device tensor of shape {:?}; expected strides that reduce to one", c.k.strides, c.k.shape),
+            ));
+        }
+        (false, _) => {
+            let canonical = c.host_keys();
+            let buf = StreamBuf::new(&s, n * 8, "the keys")?;
+            cuda_call(unsafe { sys::cuMemcpyHtoDAsync_v2(buf.dev, canonical.as_ptr() as *const c_void, n * 8, s.stream) }, || {
+                format!("cuMemcpyHtoDAsync of {n} keys")
+            })?;
+            let addr = buf.dev;
+            _key_buf = Some(buf);
+            (addr, KeyDtype::U64, 1)
+        }
+    };
+
+    // Out: in place, or a device buffer copied back.
+    let out_linear = c.lead.linear_stride();
+    let host_out = !device_visible(c.o.device.device_type);
+    let mut out_buf = None;
+    let (out_addr, out_row_stride, out_col_stride) = match (host_out, out_linear) {
+        (false, Some(stride)) => (c.o.ptr as u64, stride as i64, c.col_stride as i64),
+        (false, None) => {
+            return Err(Error::layout(
+                "out",
+                format!(
+                    "strides {:?} of a device tensor of shape {:?}; expected the leading dimensions' strides to reduce to one",
+                    c.o.strides, c.o.shape
+                ),
+            ));
+        }
+        (true, _) => {
+            let buf = StreamBuf::new(&s, n * dim * od.size(), "the rows")?;
+            let addr = buf.dev;
+            out_buf = Some(buf);
+            (addr, dim as i64, 1)
+        }
+    };
+    if device_visible(c.k.device.device_type) && !host_out && ranges_overlap(c.o.byte_range(), c.k.byte_range()) {
+        return Err(Error::layout("out", "overlaps the memory of keys; expected separate buffers"));
+    }
+
+    let io = Io {
+        keys: keys_addr,
+        key_dtype,
+        key_stride,
+        n: n as u64,
+        out: out_addr,
+        out_dtype: od,
+        out_row_stride,
+        out_col_stride,
+    };
+    let missing_error = match &table.kind {
+        TableKind::Static(st) => st.missing == MissingKey::STRATA_MISSING_ERROR,
+        TableKind::Tiered(t) => t.missing_is_error(),
+    };
+    let want_counts = want_stats || missing_error;
+    let placed = table.resident.placed(table, &device, &s)?;
+    let counts = unsafe { execute(&s, table, &table.resident.inflight, &placed, &io, want_counts) }?;
+
+    if let Some(buf) = &out_buf {
+        let mut rows = vec![0u8; n * dim * od.size()];
+        cuda_call(unsafe { sys::cuMemcpyDtoHAsync_v2(rows.as_mut_ptr() as *mut c_void, buf.dev, rows.len(), s.stream) }, || {
+            format!("cuMemcpyDtoHAsync of {} bytes of rows", rows.len())
+        })?;
+        s.synchronize()?;
+        // SAFETY: check() validated out for n rows of dim elements.
+        unsafe { c.write_host_rows(&rows) };
+    }
+    let mut stats = LookupStats::default();
+    if want_counts {
+        s.synchronize()?;
+        if let Some((hits, misses)) = counts.read(&s)? {
+            stats.hits = hits;
+            stats.misses = misses;
+        }
+        if missing_error && stats.misses > 0 {
+            return Err(first_missing(table, &c, &s, keys_addr, key_dtype, key_stride, n));
+        }
+    }
+    drop(out_buf);
+    drop(_key_buf);
+    Ok(stats)
+}
+
+fn ranges_overlap(a: (usize, usize), b: (usize, usize)) -> bool {
+    a.0 < a.1 && b.0 < b.1 && a.0 < b.1 && b.0 < a.1
+}
+
+/// The error for the first key the table lacks (keys read back from the device when needed).
+#[allow(clippy::too_many_arguments)]
+fn first_missing(
+    table: &Table,
+    c: &crate::lookup::Checked,
+    s: &Stream,
+    keys: u64,
+    dtype: KeyDtype,
+    stride: i64,
+    n: usize,
+) -> Error {
+    let canonical: Vec<u64> = if !device_visible(c.k.device.device_type) {
+        c.host_keys()
+    } else {
+        let elem = match dtype {
+            KeyDtype::I32 | KeyDtype::U32 => 4,
+            KeyDtype::I64 | KeyDtype::U64 => 8,
+        };
+        let (lo, hi) = if stride >= 0 { (0, (n as i64 - 1) * stride) } else { ((n as i64 - 1) * stride, 0) };
+        let bytes = ((hi - lo + 1) * elem) as usize;
+        let mut raw = vec![0u8; bytes];
+        let base = (keys as i64 + lo * elem) as u64;
+        if s.download(raw.as_mut_ptr(), base, bytes).is_err() {
+            return Error::KeyNotFound { key: -1, index: 0 };
+        }
+        (0..n as i64)
+            .map(|i| unsafe { dtype.read(raw.as_ptr().add(((i * stride - lo) * elem) as usize)) })
+            .collect()
+    };
+    let mut rows = vec![0f32; table.dim()];
+    for (i, &k) in canonical.iter().enumerate() {
+        let mut found = [false];
+        let ok = match &table.kind {
+            TableKind::Static(st) => {
+                st.resolve(&[k], &mut rows, &mut found);
+                true
+            }
+            TableKind::Tiered(t) => t.fetch(&[k], &mut rows, &mut found, &mut Default::default()).is_ok(),
+        };
+        if ok && !found[0] {
+            return Error::KeyNotFound { key: c.kd.value(k), index: i };
+        }
+    }
+    Error::KeyNotFound { key: -1, index: 0 }
+}
