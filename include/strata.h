@@ -404,8 +404,17 @@ struct strata_lookup_options strata_lookup_options_default(void);
 // - `out`: float32, float16 or bfloat16; shape `[*keys.shape, dim]` or `[numel(keys), dim]`;
 //   non-negative, non-overlapping strides (sorted by size, each steps past the extent of the
 //   smaller ones); must not overlap `keys` or the table's vectors.
-// - Both on kDLCPU or kDLCUDAHost in this build; another device gets
-//   `STRATA_UNSUPPORTED_DEVICE`.
+// - Host tensors (kDLCPU, kDLCUDAHost) run on CPU threads and are read and written before the
+//   call returns. When `keys` or `out` is a CUDA tensor (kDLCUDA, kDLCUDAManaged; both on
+//   the same `device_id`), the lookup is queued on `opts->stream` (a `cudaStream_t` of that
+//   device's primary context; NULL = the legacy default stream) and the call returns without
+//   waiting, unless `stats` is not NULL, `out` is pageable host memory (kDLCPU), or the
+//   table's missing keys are errors. Host keys with device out and device keys with host out
+//   are served too. Device tensors must stay valid until the stream has run the lookup, and
+//   the table must not be freed before then either (`strata_table_free` waits for strata's
+//   own queued host work, not for the caller's kernels). Where the table's rows are on the
+//   device is `strata_table_options.gpu_placement`. Without a CUDA driver or device, CUDA
+//   tensors get `STRATA_UNSUPPORTED_DEVICE`; a failing CUDA call gets `STRATA_CUDA_ERROR`.
 // - `opts` may be NULL (defaults). `stats` may be NULL; else it receives hits and misses.
 // - Missing keys get the table's default value, or `STRATA_KEY_NOT_FOUND` when the table was
 //   built with `STRATA_MISSING_ERROR` (then `out` is unspecified).

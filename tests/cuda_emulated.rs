@@ -22,8 +22,9 @@ use strata::{LookupOptions, Table};
 fn emulator() -> &'static Emulator {
     static EMU: OnceLock<Emulator> = OnceLock::new();
     EMU.get_or_init(|| {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("strata_emu_{}.so", std::process::id()));
+        // STRATA_SOURCE_DIR: the source tree when this binary runs away from where it was built.
+        let root = std::env::var_os("STRATA_SOURCE_DIR").map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
+        let out = std::env::temp_dir().join(format!("strata_emu_{}.so", std::process::id()));
         let st = std::process::Command::new("g++")
             .args(["-std=c++17", "-O2", "-g", "-fPIC", "-shared", "-DSTRATA_EMULATE", "-Wall", "-Wextra", "-Werror"])
             .arg("-Wno-unknown-pragmas")

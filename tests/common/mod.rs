@@ -237,7 +237,20 @@ unsafe impl Sync for Owned {}
 
 impl Owned {
     pub fn build(vectors: &[f32], rows: usize, dim: usize, keys: Option<&[i64]>, opts: &TableOptions) -> Owned {
-        let v = Desc::compact(vectors.as_ptr().cast(), F32, &[rows as i64, dim as i64]);
+        Owned::build_bytes(
+            // SAFETY: f32 values viewed as their bytes.
+            unsafe { std::slice::from_raw_parts(vectors.as_ptr().cast(), std::mem::size_of_val(vectors)) },
+            F32,
+            rows,
+            dim,
+            keys,
+            opts,
+        )
+    }
+
+    /// A table copied from compact `[rows, dim]` values of `dtype`, given as bytes.
+    pub fn build_bytes(vectors: &[u8], dtype: DLDataType, rows: usize, dim: usize, keys: Option<&[i64]>, opts: &TableOptions) -> Owned {
+        let v = Desc::compact(vectors.as_ptr(), dtype, &[rows as i64, dim as i64]);
         let k = keys.map(|k| Desc::compact(k.as_ptr().cast(), I64, &[k.len() as i64]));
         let mut t = std::ptr::null_mut();
         ok(unsafe { strata_table_from_dlpack(&v.t, k.as_ref().map_or(std::ptr::null(), |k| &k.t), opts, &mut t) });

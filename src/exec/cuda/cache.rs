@@ -202,6 +202,7 @@ impl CacheState {
         names: (&str, &str),
         mut params: CacheParams,
         counts: Option<Arc<Mutex<CacheCounts>>>,
+        always_resolve: bool,
     ) -> Result<()> {
         let n = params.n as usize;
         self.prepare(b, table)?;
@@ -233,12 +234,12 @@ impl CacheState {
         let dim = self.dim;
         let background_rows = Arc::new(Mutex::new(None::<Vec<u64>>));
         let bg = background_rows.clone();
-        inflight.start();
         let resolve: HostFn = Box::new(move || {
             // SAFETY: the probe has finished (stream order), so the staging's host side is ours.
             let hc = unsafe { st2.host_counters.host_slice::<u64>(4) };
             let (hits, m) = (hc[0], hc[1] as usize);
-            let background = f32::from_bits(state.last_hit_rate.load(Ordering::Relaxed)) >= state.threshold;
+            let background =
+                !always_resolve && f32::from_bits(state.last_hit_rate.load(Ordering::Relaxed)) >= state.threshold;
             let keys = unsafe { st2.miss_keys.host_slice::<u64>(m) };
             let found = unsafe { st2.found.host_slice::<u32>(m) };
             let control = unsafe { st2.control.host_slice::<u32>(1) };
@@ -270,7 +271,7 @@ impl CacheState {
             drop(st2);
             inf.done();
         });
-        b.host_fn(resolve)?;
+        queue(b, inflight, resolve)?;
 
         // Step 3: write the misses' rows (or defaults) and insert them.
         unsafe { b.launch_cache(names.1, g, &params)? };
@@ -279,7 +280,6 @@ impl CacheState {
         let (state, st3, tp, inf) = (self.clone(), staging, TablePtr(table), inflight.clone());
         let insert_name = format!("strata_cache_insert_{}", super::run::float_name(self.dtype));
         let spawn = b.spawner();
-        inflight.start();
         let finish: HostFn = Box::new(move || {
             let hc = unsafe { st3.host_counters.host_slice::<u64>(4) };
             if let Some(c) = counts {
@@ -305,7 +305,7 @@ impl CacheState {
             drop(state);
             inf.done();
         });
-        b.host_fn(finish)
+        queue(b, inflight, finish)
     }
 
     /// Resolves `keys` on the host and inserts the found rows (background job; `b` is the
@@ -343,6 +343,13 @@ impl CacheState {
         self.pool.lock().unwrap_or_else(|e| e.into_inner()).push(staging);
         r
     }
+}
+
+/// Queues a host function that refers to the table, counted in flight until it has run (it
+/// calls `inflight.done()` last).
+fn queue(b: &dyn Backend, inflight: &InFlight, f: HostFn) -> Result<()> {
+    inflight.start();
+    b.host_fn(f).inspect_err(|_| inflight.done())
 }
 
 /// Resolves canonical keys on the host (static table or tiers) into float32 rows.

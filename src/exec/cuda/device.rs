@@ -131,9 +131,19 @@ impl Device {
         }
         self.bind()?;
         let r = unsafe { sys::cuCtxEnablePeerAccess(peer.ctx.cu_ctx(), 0) };
-        if r == sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
-            return Ok(());
+        if r != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+            cuda_call(r, || format!("cuCtxEnablePeerAccess from device {} to {}", self.ordinal, peer.ordinal))?;
         }
-        cuda_call(r, || format!("cuCtxEnablePeerAccess from device {} to {}", self.ordinal, peer.ordinal))
+        // Memory from `peer`'s stream-ordered allocator (strata's staging, and hosts that use
+        // cudaMallocAsync) needs its own grant.
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        cuda_call(unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, theirs) }, || "cuDeviceGetDefaultMemPool".into())?;
+        let desc = sys::CUmemAccessDesc {
+            location: sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: self.ordinal as i32 },
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        cuda_call(unsafe { sys::cuMemPoolSetAccess(pool, &desc, 1) }, || {
+            format!("cuMemPoolSetAccess for device {} on device {}'s pool", self.ordinal, peer.ordinal)
+        })
     }
 }

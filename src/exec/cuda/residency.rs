@@ -137,7 +137,7 @@ unsafe impl Sync for Registration {}
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        if self.device.bind().is_ok() {
+        if !self.ptr.is_null() && self.device.bind().is_ok() {
             // SAFETY: registered by `Registration::new`.
             unsafe { sys::cuMemHostUnregister(self.ptr) };
         }
@@ -154,8 +154,12 @@ impl Registration {
         let base = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
         // Read-only registration also works for read-only file mappings; not every system has it.
         let mut r = unsafe { sys::cuMemHostRegister_v2(lo as *mut c_void, hi - lo, base | sys::CU_MEMHOSTREGISTER_READ_ONLY) };
-        if r != sys::CUresult::CUDA_SUCCESS {
+        if r != sys::CUresult::CUDA_SUCCESS && r != sys::CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED {
             r = unsafe { sys::cuMemHostRegister_v2(lo as *mut c_void, hi - lo, base) };
+        }
+        if r == sys::CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED {
+            // The host registered it (e.g. pinned it for its own copies): use it, leave it be.
+            return Ok(Registration { ptr: std::ptr::null_mut(), device: device.clone() });
         }
         cuda_call(r, || format!("cuMemHostRegister of the table's {bytes} bytes (uvm placement)"))?;
         Ok(Registration { ptr: lo as *mut c_void, device: device.clone() })

@@ -100,6 +100,10 @@ pub(crate) unsafe fn execute(
     io: &Io,
     want_counts: bool,
 ) -> Result<Counts> {
+    let missing_error = match &table.kind {
+        TableKind::Static(st) => st.missing == MissingKey::STRATA_MISSING_ERROR,
+        TableKind::Tiered(t) => t.missing_is_error(),
+    };
     match placed {
         Placed::Gather(src) => {
             let counts = if want_counts { Some(b.alloc_device(16, "lookup counts")?) } else { None };
@@ -125,7 +129,8 @@ pub(crate) unsafe fn execute(
                 ..CacheParams::default()
             };
             let counts = want_counts.then(|| Arc::new(Mutex::new(CacheCounts::default())));
-            unsafe { cache.lookup(b, table, inflight, (&probe, &fill), params, counts.clone()) }?;
+            // A table whose missing keys are errors needs every miss resolved to tell.
+            unsafe { cache.lookup(b, table, inflight, (&probe, &fill), params, counts.clone(), missing_error) }?;
             Ok(counts.map_or(Counts::None, Counts::Cache))
         }
         Placed::EmulatedShards(shards) => {
@@ -288,6 +293,7 @@ pub(crate) fn is_cuda(t: &DLTensor) -> bool {
 /// run the lookup, and `opts.stream` must be NULL or a stream of that device's primary context.
 pub(crate) unsafe fn lookup(table: &Table, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions, want_stats: bool) -> Result<LookupStats> {
     let dim = table.dim();
+    crate::exec::pool::resolve_threads(opts.num_threads)?;
     let Some(c) = (unsafe { check(dim, keys, out) })? else {
         return Ok(LookupStats::default());
     };
@@ -298,6 +304,7 @@ pub(crate) unsafe fn lookup(table: &Table, keys: &DLTensor, out: &DLTensor, opts
     let ordinal = lookup_device(&c.k, &c.o)?;
     let device = Device::get(ordinal)?;
     let s = Stream { device: device.clone(), stream: opts.stream as sys::CUstream };
+    check_stream(&device, s.stream)?;
     let n = c.n;
     let od = c.od;
 
@@ -440,5 +447,26 @@ fn first_missing(
             return Error::KeyNotFound { key: c.kd.value(k), index: i };
         }
     }
-    Error::KeyNotFound { key: -1, index: 0 }
+    Error::Internal("the GPU lookup counted missing keys that the host finds in the table".into())
+}
+
+/// Fails unless `stream` is NULL, a special handle, or a stream of `device`'s primary context.
+fn check_stream(device: &Device, stream: sys::CUstream) -> Result<()> {
+    // NULL is the legacy default stream; 1 and 2 are cudaStreamLegacy and cudaStreamPerThread.
+    if (stream as usize) <= 2 {
+        return Ok(());
+    }
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    cuda_call(unsafe { sys::cuStreamGetCtx(stream, &mut ctx) }, || "cuStreamGetCtx(opts->stream)".into())?;
+    if ctx != device.ctx.cu_ctx() {
+        return Err(Error::invalid(
+            "opts->stream",
+            format!(
+                "belongs to another CUDA context than device {}'s primary context; expected a stream of the device \
+                 the tensors are on",
+                device.ordinal
+            ),
+        ));
+    }
+    Ok(())
 }

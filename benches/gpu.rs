@@ -1,0 +1,128 @@
+//! The GPU benchmark: gather GB/s of strata on CUDA tensors for the static, uvm and (warm) cache
+//! placements at 200K and 1M keys x 64..1024 dims, beside a device-to-device memcpy of the same
+//! output bytes on the same stream (the limit) and beside strata's CPU path on the same keys.
+//! Prints a table last; the target is static >= 0.8 of the memcpy figure at 1M x 256.
+//!
+//! `cargo bench --bench gpu` (scripts/gpu-check.sh runs it). Without a CUDA device it prints
+//! "skipped: no CUDA device". Not a test: it asserts nothing about speed.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use common::*;
+use cudarc::driver::{CudaContext, result, sys};
+use dlpark::ffi::DLDeviceType;
+use std::time::Instant;
+use strata::exec::cuda;
+
+/// Milliseconds per call of `f` on stream `s`, by CUDA events around `iters` calls after one
+/// warm-up call.
+fn gpu_ms(s: sys::CUstream, iters: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    let start = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).unwrap();
+    let end = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).unwrap();
+    unsafe { result::event::record(start, s) }.unwrap();
+    for _ in 0..iters {
+        f();
+    }
+    unsafe { result::event::record(end, s) }.unwrap();
+    unsafe { result::event::synchronize(end) }.unwrap();
+    let ms = unsafe { result::event::elapsed(start, end) }.unwrap() as f64 / iters as f64;
+    unsafe {
+        result::event::destroy(start).unwrap();
+        result::event::destroy(end).unwrap();
+    }
+    ms
+}
+
+/// Median milliseconds of 3 host-timed calls after a warm-up.
+fn cpu_ms(mut f: impl FnMut()) -> f64 {
+    f();
+    let mut t: Vec<f64> = (0..3)
+        .map(|_| {
+            let t0 = Instant::now();
+            f();
+            t0.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    t.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    t[1]
+}
+
+fn main() {
+    if cuda::device_count() == 0 {
+        println!("skipped: no CUDA device");
+        return;
+    }
+    let ctx = CudaContext::new(0).unwrap();
+    ctx.bind_to_thread().unwrap();
+    let s = result::stream::create(result::stream::StreamKind::NonBlocking).unwrap();
+    let name = result::device::get_name(result::device::get(0).unwrap()).unwrap();
+    let mut rng = Rng(7);
+    let mut lines = Vec::new();
+    for dim in [64usize, 128, 256, 512, 1024] {
+        // Tables of at most 1 GiB (1M rows up to dim 256).
+        let rows = (1usize << 20).min((1usize << 28) / dim);
+        let mut data = vec![0f32; rows * dim];
+        for v in data.iter_mut() {
+            *v = rng.f32();
+        }
+        let keys: Vec<i64> = (0..rows as i64).map(|r| r * 2654435761 % (1 << 40)).collect();
+        let tables: Vec<(&str, Owned)> = [
+            ("static", TableOptions::default()),
+            ("uvm", TableOptions { gpu_placement: 1, ..TableOptions::default() }),
+            ("cache", TableOptions { gpu_placement: 2, gpu_cache_fraction: 0.5, hit_rate_threshold: 2.0, ..TableOptions::default() }),
+        ]
+        .into_iter()
+        .map(|(n, o)| (n, Owned::build(&data, rows, dim, Some(&keys), &o)))
+        .collect();
+        drop(data);
+        for n in [200_000usize, 1 << 20] {
+            let bytes = n * dim * 4;
+            // Keys from the first 40% of rows, so the warm cache (half the rows) holds them all.
+            let hot = rows * 2 / 5;
+            let kb: Vec<i64> = (0..n).map(|_| keys[rng.below(hot as u64) as usize]).collect();
+            let dkeys = unsafe { result::malloc_sync(n * 8) }.unwrap();
+            unsafe { result::memcpy_htod_sync(dkeys, &kb) }.unwrap();
+            let dout = unsafe { result::malloc_sync(bytes) }.unwrap();
+            let dsrc = unsafe { result::malloc_sync(bytes) }.unwrap();
+            let k = Desc::compact(dkeys as *const u8, I64, &[n as i64]).device(DLDeviceType::CUDA);
+            let mut o = Desc::compact(dout as *const u8, F32, &[n as i64, dim as i64]).device(DLDeviceType::CUDA);
+            let opts = LookupOptions { stream: s as *mut std::ffi::c_void, num_threads: 0 };
+            let iters = (20usize << 30) / bytes.max(1) / 8 + 3;
+            let memcpy = gpu_ms(s, iters, || unsafe { result::memcpy_dtod_async(dout, dsrc, bytes, s) }.unwrap());
+            let gbs = |ms: f64| bytes as f64 / ms / 1e6;
+            let mut row = format!("{:>7} x {:>4}  memcpy {:>7.1} GB/s", n, dim, gbs(memcpy));
+            let mut static_ratio = None;
+            for (pname, t) in &tables {
+                let ms = gpu_ms(s, iters, || {
+                    let st = unsafe { strata_lookup(t.0, &k.t, &mut o.t, &opts, std::ptr::null_mut()) };
+                    assert_eq!(st, Status::STRATA_OK, "{pname}: {}", last_error());
+                });
+                row += &format!(" | {pname} {:>7.1} GB/s {:>4.2}x", gbs(ms), memcpy / ms);
+                if *pname == "static" {
+                    static_ratio = Some(memcpy / ms);
+                }
+            }
+            let hk = Desc::compact(kb.as_ptr().cast(), I64, &[n as i64]);
+            let mut host_out = vec![0f32; n * dim];
+            let mut ho = Desc::compact(host_out.as_mut_ptr().cast(), F32, &[n as i64, dim as i64]);
+            let cpu = cpu_ms(|| ok(unsafe { strata_lookup(tables[0].1.0, &hk.t, &mut ho.t, std::ptr::null(), std::ptr::null_mut()) }));
+            row += &format!(" | cpu path {:>6.1} GB/s", gbs(cpu));
+            if n == 1 << 20 && dim == 256 {
+                row += &format!("   <- target: static >= 0.80x memcpy: {}", if static_ratio.unwrap() >= 0.8 { "met" } else { "NOT met" });
+            }
+            println!("{row}");
+            lines.push(row);
+            unsafe {
+                result::free_sync(dkeys).unwrap();
+                result::free_sync(dout).unwrap();
+                result::free_sync(dsrc).unwrap();
+            }
+        }
+    }
+    println!("\n== GPU gather, {name}, float32 rows, keyed tables of up to 1M rows (x = fraction of device memcpy)");
+    for l in lines {
+        println!("{l}");
+    }
+}

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Builds, tests and benchmarks strata's CUDA path on a machine with an NVIDIA GPU, in one call,
+# and prints the GPU benchmark's table last.
+#
+#   bash scripts/gpu-check.sh          build here (needs cargo) and run
+#   bash scripts/gpu-check.sh build    only build the test and bench binaries into target/gpu-check/
+#   bash scripts/gpu-check.sh run      only run binaries from target/gpu-check/ (for a GPU machine
+#                                      without Rust: build elsewhere, then carry target/gpu-check)
+#
+# What runs: tests/cuda.rs (every placement, dtype and host/device mix against the CPU path,
+# 1M keys, a lookup queued behind a spinning kernel, two streams, errors, several devices when
+# present), tests/cuda_emulated.rs (the kernels on the CPU emulator, as in CI), and
+# benches/gpu.rs (GB/s of static/uvm/cache gathers beside a device memcpy and the CPU path).
+# NVRTC is found in a CUDA toolkit or the nvidia-cuda-nvrtc wheel; a CUDA 13 libnvrtc.so.13 is
+# offered to cudarc under the name libnvrtc.so.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+mode="${1:-all}"
+dest=target/gpu-check
+
+build() {
+    echo "== building the GPU test and bench binaries"
+    rm -rf "$dest" && mkdir -p "$dest"
+    local msgs
+    msgs="$(cargo test --no-run --message-format=json --test cuda --test cuda_emulated 2>/dev/null)"
+    for t in cuda cuda_emulated; do
+        local exe
+        exe="$(printf '%s\n' "$msgs" | python3 -c "
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get('reason') == 'compiler-artifact' and m['target']['name'] == '$t' and m.get('executable'):
+        print(m['executable'])")"
+        cp "$exe" "$dest/$t" && strip "$dest/$t"
+    done
+    local bench
+    bench="$(cargo bench --no-run --message-format=json --bench gpu 2>/dev/null | python3 -c "
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get('reason') == 'compiler-artifact' and m['target']['name'] == 'gpu' and m.get('executable'):
+        print(m['executable'])")"
+    cp "$bench" "$dest/gpu-bench" && strip "$dest/gpu-bench"
+    ls -la "$dest"
+}
+
+find_nvrtc() {
+    local shim
+    shim="$(mktemp -d)"
+    local found=""
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+        $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
+        for f in $(ls "$d"/libnvrtc.so* "$d"/nvidia/*/lib/libnvrtc.so* "$d"/nvidia/cu*/lib/libnvrtc.so* 2>/dev/null); do
+            case "$f" in *builtins*|*alt*) continue ;; esac
+            found="$f"
+            break 2
+        done
+    done
+    if [ -z "$found" ]; then
+        echo "NVRTC not found (no CUDA toolkit, no nvidia-cuda-nvrtc wheel): the GPU path cannot compile its kernels" >&2
+        exit 1
+    fi
+    ln -sf "$found" "$shim/libnvrtc.so"
+    echo "== NVRTC: $found" >&2
+    echo "$shim:$(dirname "$found")"
+}
+
+run() {
+    [ -x "$dest/cuda" ] || { echo "missing $dest/cuda: run 'bash scripts/gpu-check.sh build' first" >&2; exit 1; }
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv 2>/dev/null || true
+    export LD_LIBRARY_PATH="$(find_nvrtc)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export STRATA_REQUIRE_NVRTC=1
+    export STRATA_SOURCE_DIR="$PWD"
+    echo "== tests/cuda.rs"
+    "$dest/cuda" --test-threads=1 2>&1 | tee "${OUT:-/tmp}/gpu-tests.log" | grep -E "^test |skipped|panicked|test result|left|right" || true
+    grep -q "test result: ok" "${OUT:-/tmp}/gpu-tests.log" || { echo "GPU tests FAILED (log: ${OUT:-/tmp}/gpu-tests.log)"; tail -40 "${OUT:-/tmp}/gpu-tests.log"; }
+    echo "== tests/cuda_emulated.rs"
+    "$dest/cuda_emulated" 2>&1 | grep -E "^test |panicked|test result" || true
+    echo "== benches/gpu.rs"
+    "$dest/gpu-bench" 2>&1 | tee "${OUT:-/tmp}/gpu-bench.log"
+}
+
+case "$mode" in
+    build) build ;;
+    run) run ;;
+    all) build && run ;;
+    *) echo "usage: $0 [build|run|all]" >&2; exit 2 ;;
+esac
