@@ -604,7 +604,9 @@ strata_status strata_table_open(const char *dir,
 
 // Frees a table: its copy or mapping, or (for adopted tables) calls the DLPack deleter once.
 // NULL is a no-op, and so is a table borrowed from a server (`strata_server_table`), which
-// the server frees. No lookup on the table may be running or start afterwards.
+// the server frees. No lookup on the table may be running or start afterwards. A table used
+// by lookups on CUDA tensors first waits for the work on those devices (queued lookups still
+// read its device copy) and for strata's own queued host work, then frees its device memory.
 void strata_table_free(struct strata_table *table);
 
 // Elements per row, or -1 (with `strata_last_error` set) when `table` is NULL.

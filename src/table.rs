@@ -162,14 +162,16 @@ impl TableOptions {
 /// tiered one. Immutable or internally synchronised: `Send + Sync`, many threads may look it
 /// up at once.
 pub struct Table {
+    /// The table's copies, registrations and caches on CUDA devices, made on first use.
+    /// Declared first so that it is dropped first: its drop waits for queued GPU work that
+    /// still reads the rows below.
+    #[cfg(feature = "cuda")]
+    pub(crate) resident: crate::exec::cuda::Residency,
     pub(crate) kind: TableKind,
     /// Owned by a server, which frees it: `strata_table_free` leaves such a table alone.
     pub(crate) borrowed: bool,
     /// Where lookups on CUDA tensors find rows.
     pub(crate) gpu: GpuOptions,
-    /// The table's copies, registrations and caches on CUDA devices, made on first use.
-    #[cfg(feature = "cuda")]
-    pub(crate) resident: crate::exec::cuda::Residency,
 }
 
 /// What a [`Table`] is.

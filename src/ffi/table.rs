@@ -122,7 +122,9 @@ pub unsafe extern "C" fn strata_table_open(
 
 /// Frees a table: its copy or mapping, or (for adopted tables) calls the DLPack deleter once.
 /// NULL is a no-op, and so is a table borrowed from a server (`strata_server_table`), which
-/// the server frees. No lookup on the table may be running or start afterwards.
+/// the server frees. No lookup on the table may be running or start afterwards. A table used
+/// by lookups on CUDA tensors first waits for the work on those devices (queued lookups still
+/// read its device copy) and for strata's own queued host work, then frees its device memory.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_table_free(table: *mut Table) {
     if !table.is_null() && !unsafe { &*table }.is_borrowed() {

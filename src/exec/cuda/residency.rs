@@ -64,8 +64,21 @@ pub struct Residency {
 }
 
 impl Drop for Residency {
+    /// Waits for strata's queued host functions and background inserts, then for all work on
+    /// the devices that hold a placement (a kernel queued on the caller's stream may still read
+    /// the table's device memory), and frees the placements.
     fn drop(&mut self) {
         self.inflight.wait();
+        let placed = self.placed.get_mut().unwrap_or_else(|e| e.into_inner());
+        for &ordinal in placed.keys() {
+            if let Ok(d) = Device::get(ordinal)
+                && d.bind().is_ok()
+            {
+                // SAFETY: plain synchronisation of the bound context.
+                unsafe { sys::cuCtxSynchronize() };
+            }
+        }
+        placed.clear();
     }
 }
 
