@@ -1233,12 +1233,20 @@ fn out_dtype(odd: f64) -> impl Strategy<Value = (u8, u8, u16)> {
     prop_oneof![1000 - w => valid, w => invalid]
 }
 
+fn cuda_present() -> bool {
+    unsafe extern "C" {
+        fn strata_cuda_available() -> i32;
+    }
+    unsafe { strata_cuda_available() != 0 }
+}
+
 fn device_code(odd: f64) -> impl Strategy<Value = u32> {
     let w = |p: f64| ((1000.0 * p * odd) as u32).max(if odd > 0.0 { 1 } else { 0 });
     prop_oneof![
         1000 => Just(DLDeviceType::CPU.0),
         w(0.1) => Just(DLDeviceType::CUDAHOST.0),
-        w(0.02) => Just(DLDeviceType::CUDA.0),
+        // Host memory labelled kDLCUDA: only where no driver could launch on it.
+        (if cuda_present() { 0 } else { w(0.02) }) => Just(DLDeviceType::CUDA.0),
         w(0.02) => Just(DLDeviceType::OPENCL.0),
     ]
 }
