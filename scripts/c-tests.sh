@@ -168,6 +168,18 @@ mpi_option_maps_to_the_feature() {
     fi
 }
 check "STRATA_MPI=ON maps to cargo feature mpi" mpi_option_maps_to_the_feature
+# STRATA_TENSORRT: AUTO builds the plugin only where TensorRT is; ON without it is refused clearly.
+tensorrt_option() {
+    local log="$WORK/trt-configure.log"
+    if cmake -S "$ROOT" -B "$ROOT/build/c-trt" -DSTRATA_TENSORRT=ON >"$log" 2>&1; then
+        grep -q "strata: building the TensorRT plugin" "$log" &&
+            cmake --build "$ROOT/build/c-trt" --target strata_trt_plugin >/dev/null
+    else
+        echo "(no TensorRT here: the option must be refused clearly)"
+        grep -q "STRATA_TENSORRT=ON, but TensorRT" "$log"
+    fi
+}
+check "STRATA_TENSORRT=ON builds the plugin, or is refused without TensorRT" tensorrt_option
 
 # ---- installed packages: find_package(strata) and pkg-config ------------------------------
 
