@@ -1509,29 +1509,17 @@ def test_header_compiles_as_c11_and_cxx17(tmp_path):
         assert re.search(rf"\b{name}\(", header), f"{name} is not declared in include/strata.h"
 
 
-def test_struct_layouts_match_the_header(tmp_path):
-    """Compile a C11 program against include/strata.h and compare every struct's size and
-    field offsets with the ctypes mirrors used by the rest of this file."""
-    structs = {
-        "DLDevice": DLDevice,
-        "DLDataType": DLDataType,
-        "DLTensor": DLTensor,
-        "DLManagedTensor": DLManagedTensor,
-        "DLPackVersion": DLPackVersion,
-        "DLManagedTensorVersioned": DLManagedTensorVersioned,
-        "struct strata_table_options": strata_table_options,
-        "struct strata_lookup_options": strata_lookup_options,
-        "struct strata_lookup_stats": strata_lookup_stats,
-        "struct strata_table_info": strata_table_info,
-    }
+def assert_layouts_match_the_header(tmp_path, structs, prefix_only=None):
+    """Compiles a C11 program against include/strata.h and compares each struct's size and field
+    offsets with its ctypes mirror ({C name: Structure}). ``prefix_only`` maps a C name to the
+    fields its header declares, for a mirror ahead of the header: those fields must then be an
+    exact prefix of the mirror (what an older library reads through a pointer)."""
+    prefix_only = prefix_only or {}
     lines = []
-    # strata_table_options may be ahead of the header (the CUDA fields): the header's struct must
-    # then be an exact prefix of the mirror, which is what an older library reads through a pointer.
-    header_only = {"struct strata_table_options": HEADER_TABLE_OPTION_FIELDS}
     for cname, py in structs.items():
         lines.append(f'printf("{cname} size %zu\\n", sizeof({cname}));')
         for fname, _ in py._fields_:
-            if cname in header_only and fname not in header_only[cname]:
+            if cname in prefix_only and fname not in prefix_only[cname]:
                 continue
             lines.append(f'printf("{cname} {fname} %zu\\n", offsetof({cname}, {fname}));')
     src = tmp_path / "layout.c"
@@ -1550,18 +1538,34 @@ def test_struct_layouts_match_the_header(tmp_path):
         got[(" ".join(name), field)] = int(value)
     for cname, py in structs.items():
         fields = [f for f, _ in py._fields_]
-        if cname in header_only:
-            assert fields[: len(header_only[cname])] == header_only[cname], f"{cname}: not a prefix of the mirror"
-            fields = header_only[cname]
-            if len(fields) < len(py._fields_):
-                assert got[(cname, "size")] == getattr(py, py._fields_[len(fields)][0]).offset, cname
-            else:
-                assert got[(cname, "size")] == ctypes.sizeof(py), cname
-        else:
-            assert got[(cname, "size")] == ctypes.sizeof(py), cname
+        size = ctypes.sizeof(py)
+        if cname in prefix_only:
+            assert fields[: len(prefix_only[cname])] == prefix_only[cname], f"{cname}: not a prefix of the mirror"
+            if len(prefix_only[cname]) < len(fields):
+                size = getattr(py, fields[len(prefix_only[cname])]).offset
+            fields = prefix_only[cname]
+        assert got[(cname, "size")] == size, cname
         for fname in fields:
             assert got[(cname, fname)] == getattr(py, fname).offset, f"{cname}.{fname}"
     assert got[("status", "size")] == ctypes.sizeof(STATUS_T)
+
+
+def test_struct_layouts_match_the_header(tmp_path):
+    """Every struct's size and field offsets against the C compiler's, for the ctypes mirrors used
+    by the rest of this file. strata_table_options may be ahead of the header (the CUDA fields)."""
+    structs = {
+        "DLDevice": DLDevice,
+        "DLDataType": DLDataType,
+        "DLTensor": DLTensor,
+        "DLManagedTensor": DLManagedTensor,
+        "DLPackVersion": DLPackVersion,
+        "DLManagedTensorVersioned": DLManagedTensorVersioned,
+        "struct strata_table_options": strata_table_options,
+        "struct strata_lookup_options": strata_lookup_options,
+        "struct strata_lookup_stats": strata_lookup_stats,
+        "struct strata_table_info": strata_table_info,
+    }
+    assert_layouts_match_the_header(tmp_path, structs, {"struct strata_table_options": HEADER_TABLE_OPTION_FIELDS})
 
 
 @pytest.mark.parametrize("dim_log2", [62, 40])

@@ -105,14 +105,16 @@ def test_library_found_next_to_the_package_without_the_variable(tmp_path):
 
 
 def test_struct_mirrors_match_the_header(tmp_path):
-    """Every ctypes struct of the package against the C compiler's sizes and offsets.
-    strata_table_options may be ahead of the header (the CUDA fields): the header's struct must
-    then be an exact prefix of the mirror."""
+    """Every ctypes struct of the package against the C compiler's sizes and offsets (the helper
+    of test_ctypes.py). strata_table_options may be ahead of the header (the CUDA fields)."""
+    from test_ctypes import HEADER_TABLE_OPTION_FIELDS, assert_layouts_match_the_header
+
     structs = {
         "DLDevice": _ffi.DLDevice,
         "DLDataType": _ffi.DLDataType,
         "DLTensor": _ffi.DLTensor,
         "DLManagedTensor": _ffi.DLManagedTensor,
+        "DLPackVersion": _ffi.DLPackVersion,
         "DLManagedTensorVersioned": _ffi.DLManagedTensorVersioned,
         "struct strata_table_options": _ffi.strata_table_options,
         "struct strata_lookup_options": _ffi.strata_lookup_options,
@@ -123,38 +125,8 @@ def test_struct_mirrors_match_the_header(tmp_path):
         "struct strata_partition": _ffi.strata_partition,
         "struct strata_partitioned": _ffi.strata_partitioned,
     }
-    header = (REPO / "include" / "strata.h").read_text()
-    body = re.search(r"typedef struct strata_table_options \{(.*?)\} strata_table_options;", header, re.S).group(1)
-    option_fields = re.findall(r"(\w+);", re.sub(r"//[^\n]*", "", body))
-    lines = []
-    for cname, py in structs.items():
-        lines.append(f'printf("{cname} size %zu\\n", sizeof({cname}));')
-        for fname, _ in py._fields_:
-            if cname == "struct strata_table_options" and fname not in option_fields:
-                continue
-            lines.append(f'printf("{cname} {fname} %zu\\n", offsetof({cname}, {fname}));')
-    src = tmp_path / "layout.c"
-    src.write_text('#include <stdio.h>\n#include <stddef.h>\n#include "strata.h"\nint main(void) {\n'
-                   + "\n".join(lines) + "\nreturn 0;\n}\n")
-    exe = tmp_path / "layout"
-    r = subprocess.run(["cc", "-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic", f"-I{REPO / 'include'}",
-                        str(src), "-o", str(exe)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    got = {}
-    for line in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.splitlines():
-        *name, field, value = line.split(" ")
-        got[(" ".join(name), field)] = int(value)
-    for cname, py in structs.items():
-        fields = [f for f, _ in py._fields_]
-        size = ctypes_size = __import__("ctypes").sizeof(py)
-        if cname == "struct strata_table_options":
-            assert fields[: len(option_fields)] == option_fields
-            if len(option_fields) < len(fields):
-                size = getattr(py, fields[len(option_fields)]).offset
-            fields = option_fields
-        assert got[(cname, "size")] == size, (cname, got[(cname, "size")], ctypes_size)
-        for fname in fields:
-            assert got[(cname, fname)] == getattr(py, fname).offset, f"{cname}.{fname}"
+    assert_layouts_match_the_header(tmp_path, structs, {"struct strata_table_options": HEADER_TABLE_OPTION_FIELDS})
+    assert _ffi.STATUS_T is __import__("ctypes").c_int32
 
 
 def test_every_status_has_an_exception_class():

@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+from test_ctypes import LIB_PATH
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -22,16 +23,6 @@ def snippets() -> dict:
     text = (REPO / "README.md").read_text()
     found = dict(re.findall(r"<!-- readme-test: (\w+) -->\s*```python\n(.*?)```", text, re.S))
     return found
-
-
-def library() -> str:
-    env = os.environ.get("STRATA_LIBRARY")
-    if env:
-        return env
-    for p in (REPO / "target" / "release" / "libstrata.so", REPO / "target" / "debug" / "libstrata.so"):
-        if p.exists():
-            return str(p)
-    raise RuntimeError("libstrata.so not found: cargo build --release, or set STRATA_LIBRARY")
 
 
 def test_the_readme_has_both_snippets():
@@ -45,7 +36,7 @@ def test_snippet_runs_as_written(name, tmp_path):
     code = snippets()[name]
     want = [line.split("# expected output:", 1)[1].strip() for line in code.splitlines() if "# expected output:" in line]
     assert want, f"the {name} snippet states its expected output"
-    env = dict(os.environ, STRATA_LIBRARY=library())
+    env = dict(os.environ, STRATA_LIBRARY=os.environ.get("STRATA_LIBRARY", LIB_PATH))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert r.returncode == 0, r.stderr
     got = " ".join(r.stdout.split())

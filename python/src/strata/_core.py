@@ -8,7 +8,7 @@ import os
 import weakref
 from ctypes import POINTER, byref, c_char_p, c_int32, c_int64, c_uint64
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
 import numpy as np
 
@@ -97,13 +97,35 @@ class LookupStats:
     persistent_hits: int
 
 
+_C = TypeVar("_C", bound="_Closeable")
+
+
+class _Closeable:
+    """``with`` blocks and garbage collection both end in :meth:`close`."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _C) -> _C:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # a half-built object, or interpreter shutdown
+            pass
+
+
 def _dtype_name(code: int, bits: int) -> str:
     return {(_ffi.kDLFloat, 32): "float32", (_ffi.kDLFloat, 16): "float16", (_ffi.kDLBfloat, 16): "bfloat16"}.get(
         (code, bits), f"dtype({code},{bits})"
     )
 
 
-class Table:
+class Table(_Closeable):
     """An embedding table: rows of ``dim`` floats found by key (or by row number for dense
     tables). Make one with :meth:`from_array`, :meth:`open`, :func:`from_partitioned` or
     :meth:`Server.table`.
@@ -209,20 +231,6 @@ class Table:
         if self._owner is None:
             _ffi.strata_table_free(h)
         self._keepalive.clear()
-
-    def __enter__(self) -> "Table":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            if self._h and self._owner is None:
-                _ffi.strata_table_free(self._h)
-                self._h = None
-        except Exception:  # interpreter shutdown
-            pass
 
     # ---- queries -----------------------------------------------------------------------------
 
@@ -514,7 +522,7 @@ def _lookup(
 # ---- servers ---------------------------------------------------------------------------------
 
 
-class Server:
+class Server(_Closeable):
     """An HPS-style parameter server opened from a ``ps.json``: every model's tables, tiered as
     the configuration says. Tables from :meth:`table` belong to the server: they stay usable
     while it is open, and :meth:`close` ends them all."""
@@ -557,20 +565,6 @@ class Server:
             h, self._h = self._h, None
             self._tables.clear()
             _ffi.strata_server_free(h)
-
-    def __enter__(self) -> "Server":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            if self._h:
-                _ffi.strata_server_free(self._h)
-                self._h = None
-        except Exception:
-            pass
 
     def table(self, model: str, table_id: int = 0) -> Table:
         """Table ``table_id`` (its index in the model's ``sparse_files``) of ``model``."""
@@ -734,16 +728,3 @@ def default_num_threads() -> int:
     """Threads a host lookup with ``num_threads=None`` may use."""
     return int(_ffi.strata_default_num_threads())
 
-
-__all__ = [
-    "LookupStats",
-    "Server",
-    "Table",
-    "TableInfo",
-    "build_features",
-    "cuda_available",
-    "default_num_threads",
-    "from_partitioned",
-    "lookup",
-    "version",
-]
