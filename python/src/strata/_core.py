@@ -261,7 +261,7 @@ class Table(_Closeable):
         """Cumulative counters of a server table's tiers (all zero for static tables)."""
         s = _ffi.strata_table_stats()
         _check(_ffi.strata_table_get_stats(self._handle(), byref(s)))
-        return {name: int(getattr(s, name)) for name, _ in s._fields_}
+        return {f[0]: int(getattr(s, f[0])) for f in s._fields_}
 
     def __repr__(self) -> str:
         if self.closed:
@@ -404,7 +404,7 @@ def _allocate(keys_obj: Any, device: Tuple[int, int], shape: Tuple[int, ...], dt
 
                 return torch.empty(shape, dtype=torch.bfloat16)
             try:
-                import ml_dtypes  # type: ignore[import-not-found]
+                import ml_dtypes
             except ImportError:
                 raise UnsupportedDtype(
                     "dtype: 'bfloat16' needs ml_dtypes for NumPy outputs; pass out= (e.g. a torch.bfloat16 tensor)"
@@ -416,7 +416,7 @@ def _allocate(keys_obj: Any, device: Tuple[int, int], shape: Tuple[int, ...], dt
 
         return torch.empty(shape, dtype=getattr(torch, dtype), device=keys_obj.device)
     if fw == "cupy":
-        import cupy  # type: ignore[import-not-found]
+        import cupy
 
         with cupy.cuda.Device(device[1]):
             return cupy.empty(shape, dtype=dtype)
@@ -441,7 +441,7 @@ def _as_framework_of(keys_obj: Any, arr: Any) -> Any:
 
             return torch.from_dlpack(arr)
         if fw in ("jax", "jaxlib"):
-            import jax.numpy as jnp  # type: ignore[import-not-found]
+            import jax.numpy as jnp
 
             return jnp.from_dlpack(arr)
         ns = getattr(keys_obj, "__array_namespace__", None)
@@ -657,12 +657,12 @@ def from_partitioned(
     keep: List[Any] = []
     c_parts = (_ffi.strata_partition * max(1, len(grid)))()
     for i, pos in enumerate(grid):
-        e = entries.get(pos)
-        if e is None:
+        entry = entries.get(pos)
+        if entry is None:
             raise InvalidArgument(f"__partitioned__: partition {pos}: no entry for this grid position of the tiling")
         c = c_parts[i]
-        start, pshape = _ints(e["start"]), _ints(e["shape"])
-        location = e.get("location", [0])
+        start, pshape = _ints(entry["start"]), _ints(entry["shape"])
+        location = entry.get("location", [0])
         locs = (_ffi.strata_partition_location * max(1, len(location)))()
         for j, loc in enumerate(location):
             if isinstance(loc, (tuple, list)):
@@ -675,7 +675,7 @@ def from_partitioned(
         c.shape = ctypes.cast(pshape, POINTER(c_int64))
         c.locations = ctypes.cast(locs, POINTER(_ffi.strata_partition_location))
         c.num_locations = len(location)
-        data = e.get("data")
+        data = entry.get("data")
         if data is None:
             continue
         if not hasattr(data, "__dlpack__") and get is not None:

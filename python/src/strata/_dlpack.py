@@ -124,17 +124,17 @@ def _release(ctx: Optional[int]) -> None:
         _contexts.pop(ctx or 0, None)
 
 
-@_ffi.DLManagedTensorDeleter
+@_ffi.DLManagedTensorDeleter  # type: ignore[untyped-decorator]
 def _delete_legacy(m: Any) -> None:
     _release(m.contents.manager_ctx)
 
 
-@_ffi.DLManagedTensorVersionedDeleter
+@_ffi.DLManagedTensorVersionedDeleter  # type: ignore[untyped-decorator]
 def _delete_versioned(m: Any) -> None:
     _release(m.contents.manager_ctx)
 
 
-@_ffi.PyCapsule_Destructor
+@_ffi.PyCapsule_Destructor  # type: ignore[untyped-decorator]
 def _capsule_destructor(cap: int) -> None:
     # An unconsumed capsule owns its tensor: call the deleter (a consumer renames it "used_...").
     for name, kind in ((_VERSIONED, _ffi.DLManagedTensorVersioned), (_LEGACY, _ffi.DLManagedTensor)):
