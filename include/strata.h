@@ -13,6 +13,17 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+/* ---- What this build contains: STRATA_HAS_CUDA and STRATA_HAS_MPI (0 or 1), and
+ *      STRATA_BUILD_FEATURES (STRATA_FEATURE_* bits, equal to strata_build_features() at run
+ *      time). They live in strata_features.h, which CMake writes for the options it builds with
+ *      and installs next to this header. When it is absent (a header taken from the source tree)
+ *      they stay undefined: test with #ifdef STRATA_BUILD_FEATURES, or ask
+ *      strata_build_features(). ---- */
+#if defined(__has_include)
+#if __has_include("strata_features.h")
+#include "strata_features.h"
+#endif
+#endif
 /* ---- DLPack ABI (v1.x). Skipped when the host already included <dlpack/dlpack.h>; defining
  *      DLPACK_DLPACK_H_ makes a later include of the real header a no-op. ---- */
 #ifndef DLPACK_DLPACK_H_
@@ -90,6 +101,14 @@ typedef struct DLManagedTensorVersioned {
 
 // `MAJOR * 10000 + MINOR * 100 + PATCH`, for `#if STRATA_VERSION_NUMBER >= ...` checks.
 #define STRATA_VERSION_NUMBER (((STRATA_VERSION_MAJOR * 10000) + (STRATA_VERSION_MINOR * 100)) + STRATA_VERSION_PATCH)
+
+// Bit of `strata_build_features()`: this library was built with CUDA support (cargo feature
+// `cuda`, CMake option `STRATA_CUDA`). Whether a device is present is `strata_cuda_available()`.
+#define STRATA_FEATURE_CUDA (1 << 0)
+
+// Bit of `strata_build_features()`: this library was built with MPI support (cargo feature
+// `mpi`, CMake option `STRATA_MPI`).
+#define STRATA_FEATURE_MPI (1 << 1)
 
 // Largest `dim` (elements per row) a table may have: far above any embedding, and small
 // enough that a row's byte size never overflows.
@@ -388,6 +407,11 @@ const char *strata_status_name(int32_t status);
 // 1 when this build has CUDA support and a CUDA driver with at least one device is present,
 // else 0. Never fails: without a driver (or without the `cuda` feature) it returns 0.
 int32_t strata_cuda_available(void);
+
+// What this build contains, as `STRATA_FEATURE_*` bits. A host compiled against an installed
+// strata can compare it with the `STRATA_HAS_CUDA` / `STRATA_HAS_MPI` macros of
+// `strata_features.h` (written next to `strata.h` by CMake). Never fails.
+uint32_t strata_build_features(void);
 
 // The number of threads a lookup with `num_threads = 0` may use: `STRATA_NUM_THREADS` if
 // set, else the CPUs in the process's affinity mask (read once, at first use).

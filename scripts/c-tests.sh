@@ -139,13 +139,56 @@ CARGO_VERSION="$(sed -n 's/^version = "\([^"]*\)".*/\1/p' Cargo.toml | head -n 1
 check "version macros agree with strata_version() and Cargo.toml ($CARGO_VERSION)" \
     build_and_run c11 gcc tests/c/version.c "$CARGO_VERSION"
 
+# ---- CMake options -> cargo features -> STRATA_HAS_* macros --------------------------------
+
+# STRATA_CUDA=OFF: a library without the cuda feature (dev profile, the build test.sh already
+# makes with `cargo build --lib --no-default-features`), whose macros and runtime both say so.
+NOCUDA_BUILD="$ROOT/build/c-nocuda"
+features_without_cuda() {
+    cmake -S "$ROOT" -B "$NOCUDA_BUILD" -DSTRATA_CUDA=OFF -DSTRATA_MPI=OFF -DSTRATA_CARGO_PROFILE=dev >/dev/null &&
+        grep -qx "build --profile dev --lib --no-default-features" "$NOCUDA_BUILD/strata_cargo_args.txt" &&
+        grep -q "define STRATA_HAS_CUDA 0" "$NOCUDA_BUILD/include/strata_features.h" &&
+        cmake --build "$NOCUDA_BUILD" --target features >/dev/null &&
+        "$NOCUDA_BUILD/features" 0
+}
+check "STRATA_CUDA=OFF: no cargo features, STRATA_HAS_CUDA 0 == strata_build_features()" features_without_cuda
+# STRATA_MPI=ON maps to the cargo feature `mpi`; a source tree without that feature refuses the
+# option at configure time with a message that says why (instead of a cargo error at build time).
+mpi_option_maps_to_the_feature() {
+    local log="$WORK/mpi-configure.log"
+    if grep -q '^mpi *= *\[' Cargo.toml; then
+        cmake -S "$ROOT" -B "$ROOT/build/c-mpi" -DSTRATA_MPI=ON -DSTRATA_CUDA=ON >"$log" 2>&1 &&
+            grep -qx "build --profile release --lib --no-default-features --features cuda,mpi" \
+                "$ROOT/build/c-mpi/strata_cargo_args.txt" &&
+            grep -q "define STRATA_HAS_MPI 1" "$ROOT/build/c-mpi/include/strata_features.h"
+    else
+        echo "(Cargo.toml has no mpi feature yet: the option must be refused clearly)"
+        ! cmake -S "$ROOT" -B "$ROOT/build/c-mpi" -DSTRATA_MPI=ON >"$log" 2>&1 &&
+            grep -q "STRATA_MPI=ON, but this strata's Cargo.toml has no .mpi. feature" "$log"
+    fi
+}
+check "STRATA_MPI=ON maps to cargo feature mpi" mpi_option_maps_to_the_feature
+# STRATA_TENSORRT: AUTO builds the plugin only where TensorRT is; ON without it is refused clearly.
+tensorrt_option() {
+    local log="$WORK/trt-configure.log"
+    if cmake -S "$ROOT" -B "$ROOT/build/c-trt" -DSTRATA_TENSORRT=ON >"$log" 2>&1; then
+        grep -q "strata: building the TensorRT plugin" "$log" &&
+            cmake --build "$ROOT/build/c-trt" --target strata_trt_plugin >/dev/null
+    else
+        echo "(no TensorRT here: the option must be refused clearly)"
+        grep -q "STRATA_TENSORRT=ON, but TensorRT" "$log"
+    fi
+}
+check "STRATA_TENSORRT=ON builds the plugin, or is refused without TensorRT" tensorrt_option
+
 # ---- installed packages: find_package(strata) and pkg-config ------------------------------
 
 PREFIX="$WORK/prefix"
 rm -rf "$PREFIX" "$WORK/consumer"
 install_strata() {
     cmake -S "$ROOT" -B "$ROOT/build/pkg" -DSTRATA_BUILD_EXAMPLES=OFF -DCMAKE_INSTALL_PREFIX="$PREFIX" >/dev/null &&
-        cmake --build "$ROOT/build/pkg" >/dev/null && cmake --install "$ROOT/build/pkg" >/dev/null
+        cmake --build "$ROOT/build/pkg" >/dev/null && cmake --install "$ROOT/build/pkg" >/dev/null &&
+        [ -f "$PREFIX/include/strata_features.h" ]
 }
 check "cmake --install to a prefix" install_strata
 consumer_cmake() {

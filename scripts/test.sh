@@ -5,7 +5,8 @@
 #   1. cargo test: unit tests, integration tests through the C ABI, the header freshness check,
 #      and the bounded property test (tests/fuzz.rs; PROPTEST_CASES, default 1000 here);
 #   2. the C side (scripts/c-tests.sh): examples under ASan/UBSan and valgrind, header compiles;
-#   3. the Python ctypes tests (scripts/py-tests.sh);
+#   3. the Python tests (scripts/py-tests.sh: ctypes, the installed package, README snippets)
+#      and the TensorFlow op (scripts/tf-tests.sh, tensorflow-cpu in build/tf-venv);
 #   4. smoke runs of both benchmarks on small sizes (proves it builds and runs; times are not
 #      checked).
 set -euo pipefail
@@ -54,6 +55,13 @@ echo "== C tests"
 bash scripts/c-tests.sh
 echo "== Python tests"
 bash scripts/py-tests.sh
+# tensorflow-cpu goes into build/tf-venv (about 1 minute to install, once; 40 s to build and test).
+if [ -n "${STRATA_SKIP_TF:-}" ]; then
+    echo "== TensorFlow op tests: SKIPPED (STRATA_SKIP_TF is set)"
+else
+    echo "== TensorFlow op tests"
+    bash scripts/tf-tests.sh
+fi
 echo "== benchmark smoke run (small sizes; the numbers mean nothing here)"
 cargo bench --bench lookup -- 20000 64 5000 2
 cargo bench --bench tiered -- 20000 16 2000 3

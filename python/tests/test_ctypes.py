@@ -138,8 +138,43 @@ STATUS_NAME = {v: k for k, v in STATUS.items()}
 STRATA_MISSING_FILL, STRATA_MISSING_ERROR = 0, 1
 
 
+STRATA_GPU_STATIC, STRATA_GPU_UVM, STRATA_GPU_CACHE = 0, 1, 2
+STRATA_GPU_REPLICATE, STRATA_GPU_SHARD = 0, 1
+
+
 class strata_table_options(Structure):
-    _fields_ = [("default_value", c_float), ("missing_key", c_int32)]
+    """The CUDA-era layout (24 bytes). A library whose header predates the GPU fields reads only
+    the prefix it knows of a struct passed by pointer, so passing this one is safe with both;
+    see _header_fields for the by-value return of strata_table_options_default()."""
+
+    _fields_ = [
+        ("default_value", c_float),
+        ("missing_key", c_int32),
+        ("gpu_placement", c_int32),
+        ("gpu_cache_fraction", c_float),
+        ("hit_rate_threshold", c_float),
+        ("gpu_sharding", c_int32),
+    ]
+
+
+TABLE_OPTION_DEFAULTS = dict(default_value=0.0, missing_key=STRATA_MISSING_FILL, gpu_placement=STRATA_GPU_STATIC,
+                             gpu_cache_fraction=0.5, hit_rate_threshold=0.9, gpu_sharding=STRATA_GPU_REPLICATE)
+
+
+def _header_fields(struct: str) -> list:
+    """Field names of ``struct`` in include/strata.h, in order."""
+    text = (REPO / "include" / "strata.h").read_text()
+    body = re.search(r"typedef struct %s \{(.*?)\} %s;" % (struct, struct), text, re.S).group(1)
+    return re.findall(r"(\w+);", re.sub(r"//[^\n]*", "", body))
+
+
+# strata_table_options_default() returns the struct by value: bind it with exactly the fields of
+# the header this library was built with (a 24-byte restype over an 8-byte return reads garbage).
+HEADER_TABLE_OPTION_FIELDS = _header_fields("strata_table_options")
+
+
+class _returned_table_options(Structure):
+    _fields_ = [f for f in strata_table_options._fields_ if f[0] in HEADER_TABLE_OPTION_FIELDS]
 
 
 class strata_lookup_options(Structure):
@@ -187,7 +222,7 @@ strata_last_error = _fn("strata_last_error", c_char_p)
 strata_status_name = _fn("strata_status_name", c_char_p, c_int32)
 strata_default_num_threads = _fn("strata_default_num_threads", c_int32)
 strata_lookup_options_default = _fn("strata_lookup_options_default", strata_lookup_options)
-strata_table_options_default = _fn("strata_table_options_default", strata_table_options)
+strata_table_options_default = _fn("strata_table_options_default", _returned_table_options)
 strata_lookup = _fn(
     "strata_lookup",
     STATUS_T,
@@ -345,7 +380,7 @@ def bf16_to_f32(u16) -> np.ndarray:
 
 
 def table_options(default_value=0.0, missing=STRATA_MISSING_FILL):
-    o = strata_table_options_default()
+    o = strata_table_options(**TABLE_OPTION_DEFAULTS)
     o.default_value = default_value
     o.missing_key = missing
     return o
@@ -505,7 +540,9 @@ def test_version_status_names_and_defaults():
     assert strata_status_name(99).decode() == "STRATA_UNKNOWN_STATUS"
     assert strata_status_name(-1).decode() == "STRATA_UNKNOWN_STATUS"
     o = strata_table_options_default()
-    assert o.default_value == 0.0 and o.missing_key == STRATA_MISSING_FILL
+    assert [f for f, _ in o._fields_] == HEADER_TABLE_OPTION_FIELDS, "the mirror lacks a field of the header"
+    for name in HEADER_TABLE_OPTION_FIELDS:
+        assert getattr(o, name) == pytest.approx(TABLE_OPTION_DEFAULTS[name]), name
     lo = strata_lookup_options_default()
     assert lo.stream is None and lo.num_threads == 0
     assert strata_default_num_threads() >= 1
@@ -1472,25 +1509,18 @@ def test_header_compiles_as_c11_and_cxx17(tmp_path):
         assert re.search(rf"\b{name}\(", header), f"{name} is not declared in include/strata.h"
 
 
-def test_struct_layouts_match_the_header(tmp_path):
-    """Compile a C11 program against include/strata.h and compare every struct's size and
-    field offsets with the ctypes mirrors used by the rest of this file."""
-    structs = {
-        "DLDevice": DLDevice,
-        "DLDataType": DLDataType,
-        "DLTensor": DLTensor,
-        "DLManagedTensor": DLManagedTensor,
-        "DLPackVersion": DLPackVersion,
-        "DLManagedTensorVersioned": DLManagedTensorVersioned,
-        "struct strata_table_options": strata_table_options,
-        "struct strata_lookup_options": strata_lookup_options,
-        "struct strata_lookup_stats": strata_lookup_stats,
-        "struct strata_table_info": strata_table_info,
-    }
+def assert_layouts_match_the_header(tmp_path, structs, prefix_only=None):
+    """Compiles a C11 program against include/strata.h and compares each struct's size and field
+    offsets with its ctypes mirror ({C name: Structure}). ``prefix_only`` maps a C name to the
+    fields its header declares, for a mirror ahead of the header: those fields must then be an
+    exact prefix of the mirror (what an older library reads through a pointer)."""
+    prefix_only = prefix_only or {}
     lines = []
     for cname, py in structs.items():
         lines.append(f'printf("{cname} size %zu\\n", sizeof({cname}));')
         for fname, _ in py._fields_:
+            if cname in prefix_only and fname not in prefix_only[cname]:
+                continue
             lines.append(f'printf("{cname} {fname} %zu\\n", offsetof({cname}, {fname}));')
     src = tmp_path / "layout.c"
     src.write_text(
@@ -1507,10 +1537,35 @@ def test_struct_layouts_match_the_header(tmp_path):
         *name, field, value = line.split(" ")
         got[(" ".join(name), field)] = int(value)
     for cname, py in structs.items():
-        assert got[(cname, "size")] == ctypes.sizeof(py), cname
-        for fname, _ in py._fields_:
+        fields = [f for f, _ in py._fields_]
+        size = ctypes.sizeof(py)
+        if cname in prefix_only:
+            assert fields[: len(prefix_only[cname])] == prefix_only[cname], f"{cname}: not a prefix of the mirror"
+            if len(prefix_only[cname]) < len(fields):
+                size = getattr(py, fields[len(prefix_only[cname])]).offset
+            fields = prefix_only[cname]
+        assert got[(cname, "size")] == size, cname
+        for fname in fields:
             assert got[(cname, fname)] == getattr(py, fname).offset, f"{cname}.{fname}"
     assert got[("status", "size")] == ctypes.sizeof(STATUS_T)
+
+
+def test_struct_layouts_match_the_header(tmp_path):
+    """Every struct's size and field offsets against the C compiler's, for the ctypes mirrors used
+    by the rest of this file. strata_table_options may be ahead of the header (the CUDA fields)."""
+    structs = {
+        "DLDevice": DLDevice,
+        "DLDataType": DLDataType,
+        "DLTensor": DLTensor,
+        "DLManagedTensor": DLManagedTensor,
+        "DLPackVersion": DLPackVersion,
+        "DLManagedTensorVersioned": DLManagedTensorVersioned,
+        "struct strata_table_options": strata_table_options,
+        "struct strata_lookup_options": strata_lookup_options,
+        "struct strata_lookup_stats": strata_lookup_stats,
+        "struct strata_table_info": strata_table_info,
+    }
+    assert_layouts_match_the_header(tmp_path, structs, {"struct strata_table_options": HEADER_TABLE_OPTION_FIELDS})
 
 
 @pytest.mark.parametrize("dim_log2", [62, 40])

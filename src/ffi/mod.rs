@@ -133,6 +133,29 @@ pub extern "C" fn strata_cuda_available() -> i32 {
     }
 }
 
+/// Bit of `strata_build_features()`: this library was built with CUDA support (cargo feature
+/// `cuda`, CMake option `STRATA_CUDA`). Whether a device is present is `strata_cuda_available()`.
+pub const STRATA_FEATURE_CUDA: u32 = 1 << 0;
+/// Bit of `strata_build_features()`: this library was built with MPI support (cargo feature
+/// `mpi`, CMake option `STRATA_MPI`).
+pub const STRATA_FEATURE_MPI: u32 = 1 << 1;
+
+/// What this build contains, as `STRATA_FEATURE_*` bits. A host compiled against an installed
+/// strata can compare it with the `STRATA_HAS_CUDA` / `STRATA_HAS_MPI` macros of
+/// `strata_features.h` (written next to `strata.h` by CMake). Never fails.
+#[unsafe(no_mangle)]
+#[allow(unexpected_cfgs)] // `mpi` is declared by the MPI work (issue 5); until then it is off.
+pub extern "C" fn strata_build_features() -> u32 {
+    let mut bits = 0;
+    if cfg!(feature = "cuda") {
+        bits |= STRATA_FEATURE_CUDA;
+    }
+    if cfg!(feature = "mpi") {
+        bits |= STRATA_FEATURE_MPI;
+    }
+    bits
+}
+
 /// The number of threads a lookup with `num_threads = 0` may use: `STRATA_NUM_THREADS` if
 /// set, else the CPUs in the process's affinity mask (read once, at first use).
 #[unsafe(no_mangle)]
@@ -167,6 +190,13 @@ mod tests {
         assert_eq!(s, Status::STRATA_INTERNAL);
         let msg = unsafe { CStr::from_ptr(strata_last_error()) }.to_str().unwrap();
         assert!(msg.contains("boom"), "{msg}");
+    }
+
+    #[test]
+    fn build_features_follow_the_cargo_features() {
+        let f = strata_build_features();
+        assert_eq!(f & STRATA_FEATURE_CUDA != 0, cfg!(feature = "cuda"));
+        assert_eq!(f & !(STRATA_FEATURE_CUDA | STRATA_FEATURE_MPI), 0);
     }
 
     #[test]

@@ -4,7 +4,17 @@
 
 #include <strata.h>
 
+/* The installed strata.h brings the installed strata_features.h with it. */
+#ifndef STRATA_BUILD_FEATURES
+#error "the installed strata.h did not include strata_features.h"
+#endif
+
 int main(void) {
+    if (strata_build_features() != STRATA_BUILD_FEATURES) {
+        fprintf(stderr, "consumer: strata_build_features() %u != STRATA_BUILD_FEATURES %u\n", strata_build_features(),
+                (unsigned)STRATA_BUILD_FEATURES);
+        return 1;
+    }
     float vectors[6] = {0, 1, 2, 3, 4, 5};
     int64_t vshape[2] = {3, 2}, vstrides[2] = {2, 1};
     DLTensor v = {vectors, {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, vshape, vstrides, 0};

@@ -1,0 +1,213 @@
+// Tests of the TensorRT -> DLPack mapping (trt_dlpack.cpp) without TensorRT: shapes, data types,
+// refusals and their messages, and end-to-end lookups through strata on host memory. Built and
+// run under AddressSanitizer/UBSan by the CMake project (ctest trt_dlpack).
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "trt_dlpack.h"
+
+using strata_trt::DataType;
+using strata_trt::Location;
+using strata_trt::TensorDesc;
+
+static int passed = 0, failed = 0;
+
+#define CHECK(cond, ...)                                         \
+    do {                                                         \
+        if (cond) {                                              \
+            passed++;                                            \
+        } else {                                                 \
+            failed++;                                            \
+            std::fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+            std::fprintf(stderr, __VA_ARGS__);                   \
+            std::fprintf(stderr, "\n");                          \
+        }                                                        \
+    } while (0)
+
+static TensorDesc desc(std::initializer_list<int64_t> dims, DataType t, const void *data,
+                       Location loc = Location::kHost) {
+    TensorDesc d;
+    d.dims.nbDims = static_cast<int32_t>(dims.size());
+    int i = 0;
+    for (int64_t x : dims) d.dims.d[i++] = x;
+    d.type = t;
+    d.data = data;
+    d.location = loc;
+    return d;
+}
+
+static bool contains(const std::string &s, const char *part) { return s.find(part) != std::string::npos; }
+
+static uint32_t f32_bits(float f) {
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    return b;
+}
+
+// float -> IEEE half for values exactly representable as normal halves (all the table holds).
+static uint16_t half_bits(float f) {
+    if (f == 0.0f) return std::signbit(f) ? 0x8000 : 0;
+    uint32_t b = f32_bits(f);
+    uint32_t sign = (b >> 16) & 0x8000, exp = ((b >> 23) & 0xFF) - 127 + 15, mant = (b >> 13) & 0x3FF;
+    return static_cast<uint16_t>(sign | (exp << 10) | mant);
+}
+
+int main() {
+    // A dense table of 10 rows x 4: row r is {r, r + 0.5, -r, 2r}, exact in half and bfloat16.
+    const int64_t rows = 10, dim = 4;
+    std::vector<float> vec(rows * dim);
+    for (int64_t r = 0; r < rows; r++) {
+        const float x = static_cast<float>(r);
+        float row[4] = {x, x + 0.5f, -x, 2 * x};
+        std::memcpy(&vec[r * dim], row, sizeof row);
+    }
+    int64_t vshape[2] = {rows, dim}, vstrides[2] = {dim, 1};
+    DLTensor v{vec.data(), {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, vshape, vstrides, 0};
+    strata_table_options topts = strata_table_options_default();
+    topts.default_value = -7.0f;
+    strata_table *table = nullptr;
+    if (strata_table_from_dlpack(&v, nullptr, &topts, &table) != STRATA_OK) {
+        std::fprintf(stderr, "table: %s\n", strata_last_error());
+        return 1;
+    }
+    auto want = [&](int64_t key, int64_t j) { return key >= 0 && key < rows ? vec[key * dim + j] : -7.0f; };
+    std::string err;
+
+    // The mapping itself: shape, row-major strides, dtype, device.
+    {
+        int32_t keys[6] = {0};
+        strata_trt::DLTensorView view;
+        err = strata_trt::to_dltensor(desc({2, 3}, DataType::kINT32, keys), "keys", false, view);
+        CHECK(err.empty(), "%s", err.c_str());
+        CHECK(view.tensor.ndim == 2 && view.tensor.shape[0] == 2 && view.tensor.shape[1] == 3, "shape");
+        CHECK(view.tensor.strides[0] == 3 && view.tensor.strides[1] == 1, "strides");
+        CHECK(view.tensor.dtype.code == kDLInt && view.tensor.dtype.bits == 32 && view.tensor.dtype.lanes == 1, "dtype");
+        CHECK(view.tensor.device.device_type == kDLCPU && view.tensor.data == keys, "host device and data");
+        TensorDesc dev = desc({5}, DataType::kINT64, keys, Location::kDevice);
+        dev.device_id = 3;
+        err = strata_trt::to_dltensor(dev, "keys", false, view);
+        CHECK(err.empty() && view.tensor.device.device_type == kDLCUDA && view.tensor.device.device_id == 3 &&
+                  view.tensor.dtype.bits == 64,
+              "device tensor: %s", err.c_str());
+        const DataType outs[3] = {DataType::kFLOAT, DataType::kHALF, DataType::kBF16};
+        const uint8_t codes[3] = {kDLFloat, kDLFloat, kDLBfloat}, bits[3] = {32, 16, 16};
+        for (int i = 0; i < 3; i++) {
+            err = strata_trt::to_dltensor(desc({5, 4}, outs[i], keys), "out", true, view);
+            CHECK(err.empty() && view.tensor.dtype.code == codes[i] && view.tensor.dtype.bits == bits[i], "out %s",
+                  strata_trt::type_name(outs[i]));
+        }
+        err = strata_trt::to_dltensor(desc({}, DataType::kINT64, keys), "keys", false, view);
+        CHECK(err.empty() && view.tensor.ndim == 0, "0-d keys: %s", err.c_str());
+    }
+
+    // Refusals, each with a message naming the tensor and what was expected.
+    {
+        int64_t keys[4] = {1, 2, 3, 4};
+        strata_trt::DLTensorView view;
+        err = strata_trt::to_dltensor(desc({4}, DataType::kFLOAT, keys), "keys", false, view);
+        CHECK(err == "keys: data type kFLOAT; expected kINT32 or kINT64", "%s", err.c_str());
+        err = strata_trt::to_dltensor(desc({4, 4}, DataType::kINT8, keys), "out", true, view);
+        CHECK(err == "out: data type kINT8; expected kFLOAT, kHALF or kBF16", "%s", err.c_str());
+        err = strata_trt::to_dltensor(desc({4, 4}, DataType::kFP8, keys), "out", true, view);
+        CHECK(contains(err, "kFP8"), "%s", err.c_str());
+        err = strata_trt::to_dltensor(desc({2, -1}, DataType::kINT64, keys), "keys", false, view);
+        CHECK(contains(err, "keys: dims [2, -1]") && contains(err, "unresolved"), "%s", err.c_str());
+        TensorDesc many = desc({1}, DataType::kINT64, keys);
+        many.dims.nbDims = 9;
+        err = strata_trt::to_dltensor(many, "keys", false, view);
+        CHECK(contains(err, "nbDims 9; expected 0..8"), "%s", err.c_str());
+        err = strata_trt::to_dltensor(desc({4}, DataType::kINT64, nullptr), "keys", false, view);
+        CHECK(err == "keys: NULL data for 4 elements", "%s", err.c_str());
+        err = strata_trt::to_dltensor(desc({0}, DataType::kINT64, nullptr), "keys", false, view);
+        CHECK(err.empty(), "no elements, no data: fine (%s)", err.c_str());
+
+        float out[4 * 4];
+        for (float &x : out) x = NAN;
+        strata_status s = strata_trt::lookup(table, desc({4}, DataType::kINT64, keys), desc({4, 5}, DataType::kFLOAT, out),
+                                             nullptr, 0, &err);
+        CHECK(s == STRATA_INVALID_ARGUMENT && err == "out: dims [4, 5]; expected keys' dims [4] plus [4] (the table's "
+                                                      "emb_vec_size)",
+              "%d %s", s, err.c_str());
+        s = strata_trt::lookup(table, desc({4}, DataType::kINT64, keys), desc({2, 2, 4}, DataType::kFLOAT, out), nullptr,
+                               0, &err);
+        CHECK(s == STRATA_INVALID_ARGUMENT && contains(err, "out: dims [2, 2, 4]"), "%s", err.c_str());
+        s = strata_trt::lookup(table, desc({4}, DataType::kINT64, keys),
+                               desc({4, 4}, DataType::kFLOAT, out, Location::kDevice), nullptr, 0, &err);
+        CHECK(s == STRATA_INVALID_ARGUMENT && contains(err, "one on the host, one on the device"), "%s", err.c_str());
+        s = strata_trt::lookup(nullptr, desc({4}, DataType::kINT64, keys), desc({4, 4}, DataType::kFLOAT, out), nullptr,
+                               0, &err);
+        CHECK(s == STRATA_NULL_ARGUMENT && contains(err, "table"), "%s", err.c_str());
+        bool untouched = true;
+        for (float x : out) untouched = untouched && std::isnan(x);
+        CHECK(untouched, "refused calls leave out as it was");
+        CHECK(strata_trt::check_shapes(desc({3}, DataType::kINT64, keys), desc({3, 4}, DataType::kFLOAT, out), 4).empty(),
+              "check_shapes accepts [3] -> [3, 4]");
+        TensorDesc bad = desc({3}, DataType::kINT64, keys);
+        bad.dims.nbDims = -1;
+        CHECK(!strata_trt::check_shapes(bad, desc({}, DataType::kFLOAT, out), 4).empty(), "negative nbDims refused");
+
+        if (!strata_cuda_available()) {
+            // Device tensors on a machine without a device: strata refuses, with its own message.
+            s = strata_trt::lookup(table, desc({4}, DataType::kINT64, keys, Location::kDevice),
+                                   desc({4, 4}, DataType::kFLOAT, out, Location::kDevice), nullptr, 0, &err);
+            CHECK(s == STRATA_UNSUPPORTED_DEVICE && contains(err, "STRATA_UNSUPPORTED_DEVICE: "), "%d %s", s,
+                  err.c_str());
+        } else {
+            std::printf("trt_dlpack: a CUDA device is present; the no-device refusal is not checked\n");
+        }
+    }
+
+    // End to end on host memory: int32 and int64 keys, float32, float16 and bfloat16 rows.
+    {
+        int32_t k32[2][3] = {{0, 9, 3}, {10, -1, 4}};  // 10 and -1 are missing
+        float out[2][3][4];
+        for (auto &a : out)
+            for (auto &b : a)
+                for (float &x : b) x = NAN;
+        strata_status s = strata_trt::lookup(table, desc({2, 3}, DataType::kINT32, k32),
+                                             desc({2, 3, 4}, DataType::kFLOAT, out), nullptr, 1, &err);
+        CHECK(s == STRATA_OK, "%s", err.c_str());
+        bool same = true;
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 3; j++)
+                for (int c = 0; c < 4; c++) same = same && out[i][j][c] == want(k32[i][j], c);
+        CHECK(same, "float32 rows from int32 keys");
+
+        int64_t k64[5] = {7, 2, 99, 0, 5};
+        uint16_t h[5][4], bf[5][4];
+        std::memset(h, 0xFF, sizeof h);
+        std::memset(bf, 0xFF, sizeof bf);
+        s = strata_trt::lookup(table, desc({5}, DataType::kINT64, k64), desc({5, 4}, DataType::kHALF, h), nullptr, 0, &err);
+        CHECK(s == STRATA_OK, "%s", err.c_str());
+        s = strata_trt::lookup(table, desc({5}, DataType::kINT64, k64), desc({5, 4}, DataType::kBF16, bf), nullptr, 0, &err);
+        CHECK(s == STRATA_OK, "%s", err.c_str());
+        bool hs = true, bs = true;
+        for (int i = 0; i < 5; i++)
+            for (int c = 0; c < 4; c++) {
+                const float w = want(k64[i], c);
+                hs = hs && h[i][c] == half_bits(w);
+                bs = bs && bf[i][c] == static_cast<uint16_t>(f32_bits(w) >> 16);
+            }
+        CHECK(hs, "float16 rows from int64 keys");
+        CHECK(bs, "bfloat16 rows from int64 keys");
+
+        // A missing key is an error when the table says so, with strata's message.
+        strata_table_options strict = strata_table_options_default();
+        strict.missing_key = STRATA_MISSING_ERROR;
+        strata_table *t2 = nullptr;
+        CHECK(strata_table_from_dlpack(&v, nullptr, &strict, &t2) == STRATA_OK, "%s", strata_last_error());
+        float o2[5][4];
+        s = strata_trt::lookup(t2, desc({5}, DataType::kINT64, k64), desc({5, 4}, DataType::kFLOAT, o2), nullptr, 0, &err);
+        CHECK(s == STRATA_KEY_NOT_FOUND && contains(err, "STRATA_KEY_NOT_FOUND: ") && contains(err, "99"), "%d %s", s,
+              err.c_str());
+        strata_table_free(t2);
+    }
+
+    strata_table_free(table);
+    std::printf("trt_dlpack: %d passed, %d failed\n", passed, failed);
+    return failed == 0 ? 0 : 1;
+}

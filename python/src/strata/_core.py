@@ -1,0 +1,730 @@
+"""Tables, servers, lookups and the ``__partitioned__`` protocol over libstrata."""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import os
+import weakref
+from ctypes import POINTER, byref, c_char_p, c_int32, c_int64, c_uint64
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
+
+import numpy as np
+
+from . import _ffi
+from ._dlpack import Borrowed, View
+from .errors import InvalidArgument, NullArgument, ReadOnly, UnsupportedDevice, UnsupportedDtype, error_for
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+_MISSING = {"fill": _ffi.STRATA_MISSING_FILL, "error": _ffi.STRATA_MISSING_ERROR}
+_PLACEMENT = {"static": _ffi.STRATA_GPU_STATIC, "uvm": _ffi.STRATA_GPU_UVM, "cache": _ffi.STRATA_GPU_CACHE}
+_SHARDING = {"replicate": _ffi.STRATA_GPU_REPLICATE, "shard": _ffi.STRATA_GPU_SHARD}
+_OUT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _check(status: int) -> None:
+    if status != _ffi.STRATA_OK:
+        raise error_for(status, _ffi.last_error())
+
+
+def _choice(table: Mapping[str, int], value: str, what: str) -> int:
+    try:
+        return table[value]
+    except (KeyError, TypeError):
+        raise InvalidArgument(f"{what}: {value!r}; expected one of {', '.join(map(repr, table))}") from None
+
+
+def _options(
+    default_value: float,
+    missing: str,
+    gpu_placement: str,
+    gpu_cache_fraction: float,
+    hit_rate_threshold: float,
+    gpu_sharding: str,
+) -> _ffi.strata_table_options:
+    return _ffi.strata_table_options(
+        float(default_value),
+        _choice(_MISSING, missing, "missing"),
+        _choice(_PLACEMENT, gpu_placement, "gpu_placement"),
+        float(gpu_cache_fraction),
+        float(hit_rate_threshold),
+        _choice(_SHARDING, gpu_sharding, "gpu_sharding"),
+    )
+
+
+def _stream_value(stream: Any) -> Optional[int]:
+    """A CUDA stream as an integer handle: None, an int, or a stream object of PyTorch
+    (``.cuda_stream``), CuPy (``.ptr``) or anything with ``__cuda_stream__`` (the CUDA Python
+    stream protocol, returning (version, handle))."""
+    if stream is None:
+        return None
+    if isinstance(stream, int):
+        return stream
+    proto = getattr(stream, "__cuda_stream__", None)
+    if proto is not None:
+        return int(proto()[1])
+    for attr in ("cuda_stream", "ptr", "handle"):
+        v = getattr(stream, attr, None)
+        if isinstance(v, int):
+            return v
+    raise InvalidArgument(f"stream: {stream!r} is not a CUDA stream (an int, or an object with .cuda_stream or .ptr)")
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    """``strata_table_info``: rows, dim, the vectors' dtype ("float32", "float16", "bfloat16"),
+    whether rows are found by key (else by row number), memory-mapped, adopted, and bytes used."""
+
+    rows: int
+    dim: int
+    dtype: str
+    keyed: bool
+    mapped: bool
+    adopted: bool
+    index_bytes: int
+    vector_bytes: int
+
+
+@dataclass(frozen=True)
+class LookupStats:
+    """Hits and misses of one lookup (per tier for server tables)."""
+
+    hits: int
+    misses: int
+    volatile_hits: int
+    persistent_hits: int
+
+
+_C = TypeVar("_C", bound="_Closeable")
+
+
+class _Closeable:
+    """``with`` blocks and garbage collection both end in :meth:`close`."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _C) -> _C:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # a half-built object, or interpreter shutdown
+            pass
+
+
+def _dtype_name(code: int, bits: int) -> str:
+    return {(_ffi.kDLFloat, 32): "float32", (_ffi.kDLFloat, 16): "float16", (_ffi.kDLBfloat, 16): "bfloat16"}.get(
+        (code, bits), f"dtype({code},{bits})"
+    )
+
+
+class Table(_Closeable):
+    """An embedding table: rows of ``dim`` floats found by key (or by row number for dense
+    tables). Make one with :meth:`from_array`, :meth:`open`, :func:`from_partitioned` or
+    :meth:`Server.table`.
+
+    Close it with :meth:`close` or a ``with`` block; garbage collection closes it too. Any
+    number of threads may look up one table at once; closing it while a lookup runs is not
+    allowed. A closed table raises :class:`NullArgument`."""
+
+    def __init__(self, handle: Any, *, keepalive: Sequence[Any] = (), owner: Optional["Server"] = None) -> None:
+        if not handle:
+            raise NullArgument("table: strata returned a NULL table")
+        self._h: Any = handle
+        self._keepalive = list(keepalive)  # producers and capsules the table borrows
+        self._owner = owner  # the server owning a server table
+        self._views: "weakref.WeakSet[_TableViewOwner]" = weakref.WeakSet()
+
+    # ---- construction ------------------------------------------------------------------------
+
+    @classmethod
+    def from_array(
+        cls,
+        vectors: Any,
+        keys: Any = None,
+        default_value: float = 0.0,
+        missing: str = "fill",
+        *,
+        copy: bool = True,
+        gpu_placement: str = "static",
+        gpu_cache_fraction: float = 0.5,
+        hit_rate_threshold: float = 0.9,
+        gpu_sharding: str = "replicate",
+    ) -> "Table":
+        """A table from ``vectors`` ([rows, dim] float32, float16 or bfloat16, host memory, any
+        DLPack producer) and ``keys`` (None for a dense table, key = row number; else a 1-D
+        integer tensor of ``rows`` unique keys).
+
+        ``missing``: "fill" gives missing keys ``default_value`` in every element; "error"
+        makes a lookup with a missing key raise :class:`KeyNotFound`.
+
+        Ownership: ``copy=True`` (the default) copies; the arrays may change or go afterwards.
+        ``copy=False`` adopts ``vectors`` through its DLPack capsule without a copy: the table
+        keeps the producer's memory alive until it is closed, and the array must not change
+        meanwhile (rows need unit element stride). ``keys`` are always copied.
+
+        The ``gpu_*`` and ``hit_rate_threshold`` options are for CUDA builds (HPS's
+        ``gpucacheper`` and ``hit_rate_threshold``); libraries that predate them ignore them."""
+        opts = _options(default_value, missing, gpu_placement, gpu_cache_fraction, hit_rate_threshold, gpu_sharding)
+        v = Borrowed(vectors, "vectors")
+        k = None if keys is None else Borrowed(_as_dlpack(keys), "keys")
+        out = _ffi.TABLE_P()
+        kp = None if k is None else k.tensor
+        if copy:
+            _check(_ffi.strata_table_from_dlpack(v.tensor, kp, byref(opts), byref(out)))
+            return cls(out)
+        if v.versioned:
+            _check(_ffi.strata_table_adopt_dlpack_versioned(v.managed_v, kp, byref(opts), byref(out)))
+        else:
+            _check(_ffi.strata_table_adopt_dlpack(v.managed, kp, byref(opts), byref(out)))
+        v.consume()  # the table calls the deleter now
+        return cls(out, keepalive=[v.capsule])
+
+    @classmethod
+    def open(
+        cls,
+        path: PathLike,
+        dim: int,
+        default_value: float = 0.0,
+        missing: str = "fill",
+        *,
+        gpu_placement: str = "static",
+        gpu_cache_fraction: float = 0.5,
+        hit_rate_threshold: float = 0.9,
+        gpu_sharding: str = "replicate",
+    ) -> "Table":
+        """A table in HugeCTR's sparse format: the folder ``path`` holds ``key`` (int64 per row)
+        and ``emb_vector`` (float32, rows x ``dim``). The vectors are memory-mapped, not
+        copied: the files must not be truncated while the table is open."""
+        opts = _options(default_value, missing, gpu_placement, gpu_cache_fraction, hit_rate_threshold, gpu_sharding)
+        out = _ffi.TABLE_P()
+        _check(_ffi.strata_table_open(os.fsencode(path), int(dim), byref(opts), byref(out)))
+        return cls(out)
+
+    # ---- lifetime ----------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return not self._h or (self._owner is not None and self._owner.closed)
+
+    def _handle(self) -> Any:
+        if self.closed:
+            raise NullArgument("table: the table is closed")
+        return self._h
+
+    def close(self) -> None:
+        """Frees the table (server tables are the server's: this only forgets them). Raises
+        ``BufferError`` while a view of its vectors from ``__partitioned__`` is still held.
+        Closing twice is fine."""
+        if not self._h:
+            return
+        if len(self._views):
+            raise BufferError("table: views of its vectors (from __partitioned__) are still in use")
+        h, self._h = self._h, None
+        if self._owner is None:
+            _ffi.strata_table_free(h)
+        self._keepalive.clear()
+
+    # ---- queries -----------------------------------------------------------------------------
+
+    @property
+    def dim(self) -> int:
+        """Elements per row."""
+        return int(_ffi.strata_table_dim(self._handle()))
+
+    def __len__(self) -> int:
+        return int(_ffi.strata_table_len(self._handle()))
+
+    @property
+    def info(self) -> TableInfo:
+        i = _ffi.strata_table_info()
+        _check(_ffi.strata_table_get_info(self._handle(), byref(i)))
+        return TableInfo(
+            int(i.rows),
+            int(i.dim),
+            _dtype_name(i.dtype.code, i.dtype.bits),
+            bool(i.keyed),
+            bool(i.mapped),
+            bool(i.adopted),
+            int(i.index_bytes),
+            int(i.vector_bytes),
+        )
+
+    def stats(self) -> Dict[str, int]:
+        """Cumulative counters of a server table's tiers (all zero for static tables)."""
+        s = _ffi.strata_table_stats()
+        _check(_ffi.strata_table_get_stats(self._handle(), byref(s)))
+        return {f[0]: int(getattr(s, f[0])) for f in s._fields_}
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return "<strata.Table (closed)>"
+        return f"<strata.Table rows={len(self)} dim={self.dim}>"
+
+    # ---- lookups -----------------------------------------------------------------------------
+
+    def lookup(
+        self,
+        keys: Any,
+        out: Any = None,
+        stream: Any = None,
+        num_threads: Optional[int] = None,
+        *,
+        dtype: str = "float32",
+    ) -> Any:
+        """:func:`lookup` on this table."""
+        return lookup(self, keys, out, stream, num_threads, dtype=dtype)
+
+    def lookup_with_stats(
+        self,
+        keys: Any,
+        out: Any = None,
+        stream: Any = None,
+        num_threads: Optional[int] = None,
+        *,
+        dtype: str = "float32",
+    ) -> Tuple[Any, LookupStats]:
+        """:func:`lookup` that also returns hits and misses. On a CUDA stream, asking for them
+        makes the call wait for the stream."""
+        st = _ffi.strata_lookup_stats()
+        result = _lookup(self, keys, out, stream, num_threads, dtype, st)
+        return result, LookupStats(int(st.hits), int(st.misses), int(st.volatile_hits), int(st.persistent_hits))
+
+    # ---- updates (server tables with a writable tier) -----------------------------------------
+
+    def upsert(self, keys: Any, vectors: Any) -> None:
+        """Inserts or overwrites rows of a server table (``keys`` 1-D, ``vectors`` [n, dim]);
+        read during the call only. Static tables raise :class:`ReadOnly`."""
+        k, v = Borrowed(_as_dlpack(keys), "keys"), Borrowed(_as_dlpack(vectors), "vectors")
+        _check(_ffi.strata_table_upsert(self._handle(), k.tensor, v.tensor))
+
+    def erase(self, keys: Any) -> int:
+        """Removes ``keys`` from a server table; returns how many it held."""
+        k = Borrowed(_as_dlpack(keys), "keys")
+        n = c_uint64()
+        _check(_ffi.strata_table_erase(self._handle(), k.tensor, byref(n)))
+        return int(n.value)
+
+    # ---- __partitioned__ (producer) -----------------------------------------------------------
+
+    @property
+    def __partitioned__(self) -> Dict[str, Any]:
+        """The table as a ``__partitioned__`` description (Heat's shape): one partition
+        (tiling (1, 1)) at (0, 0) covering [rows, dim], owned by rank 0, whose ``data`` is a
+        read-only view of the table's vectors (a NumPy array for host tables, else a DLPack
+        producer), and ``get`` the identity. No copy: the view keeps the table alive, and
+        :meth:`close` refuses while a view is held. Dense tables only (keyed and server tables
+        raise :class:`InvalidArgument`)."""
+        p = _ffi.PARTITIONED_P()
+        _check(_ffi.strata_table_partitioned(self._handle(), byref(p)))
+        owner = _TableViewOwner(self, p)
+        self._views.add(owner)
+        d = p.contents
+        nd = int(d.ndim)
+        shape = tuple(int(d.shape[i]) for i in range(nd))
+        part = d.partitions[0]
+        view = View(part.data.contents, owner)
+        dev_type, dev_id = view.__dlpack_device__()
+        host = dev_type in (_ffi.kDLCPU, _ffi.kDLCUDAHost)
+        data: Any = _view_as_numpy(view) if host else view
+        locs = [int(part.locations[j].rank) for j in range(int(part.num_locations))]
+        pos = (0,) * nd
+        return {
+            "shape": shape,
+            "partition_tiling": tuple(int(d.partition_tiling[i]) for i in range(nd)),
+            "partitions": {
+                pos: {
+                    "start": tuple(int(part.start[i]) for i in range(nd)),
+                    "shape": tuple(int(part.shape[i]) for i in range(nd)),
+                    "data": data,
+                    "location": locs,
+                    "dtype": _dtype_name(part.data.contents.dtype.code, part.data.contents.dtype.bits),
+                    "device": "cpu" if host else f"dlpack:{dev_type}:{dev_id}",
+                }
+            },
+            "locals": [pos],
+            "get": lambda x: x,
+        }
+
+
+class _TableViewOwner:
+    """Holds a table and the description strata produced for it while views are alive."""
+
+    def __init__(self, table: Table, desc: Any) -> None:
+        self.table = table
+        self.desc = desc
+
+    def __del__(self) -> None:
+        try:
+            _ffi.strata_partitioned_free(self.desc)
+        except Exception:
+            pass
+
+
+def _view_as_numpy(view: View) -> Any:
+    """A read-only NumPy array over a host view (bfloat16 stays a DLPack view: NumPy has no such dtype)."""
+    try:
+        arr = np.from_dlpack(view)
+    except (BufferError, TypeError, RuntimeError):
+        return view
+    if arr.flags.writeable:
+        arr.flags.writeable = False
+    return arr
+
+
+def _as_dlpack(x: Any) -> Any:
+    """``x`` itself when it speaks DLPack, else ``np.asarray(x)`` (lists, tuples, scalars)."""
+    return x if hasattr(x, "__dlpack__") else np.asarray(x)
+
+
+# ---- lookups ---------------------------------------------------------------------------------
+
+
+def _framework(obj: Any) -> str:
+    return type(obj).__module__.split(".")[0]
+
+
+def _allocate(keys_obj: Any, device: Tuple[int, int], shape: Tuple[int, ...], dtype: str) -> Any:
+    """An output of ``shape`` for keys ``keys_obj``: NumPy for host keys, the keys' own framework
+    (PyTorch, CuPy, or the array API namespace) on its device for GPU keys."""
+    if dtype not in _OUT_DTYPES:
+        raise UnsupportedDtype(f"dtype: {dtype!r}; expected one of {', '.join(_OUT_DTYPES)}")
+    fw = _framework(keys_obj)
+    if device[0] in (_ffi.kDLCPU, _ffi.kDLCUDAHost):
+        if dtype == "bfloat16":
+            if fw == "torch":
+                import torch
+
+                return torch.empty(shape, dtype=torch.bfloat16)
+            try:
+                import ml_dtypes
+            except ImportError:
+                raise UnsupportedDtype(
+                    "dtype: 'bfloat16' needs ml_dtypes for NumPy outputs; pass out= (e.g. a torch.bfloat16 tensor)"
+                ) from None
+            return np.empty(shape, dtype=ml_dtypes.bfloat16)
+        return np.empty(shape, dtype=dtype)
+    if fw == "torch":
+        import torch
+
+        return torch.empty(shape, dtype=getattr(torch, dtype), device=keys_obj.device)
+    if fw == "cupy":
+        import cupy
+
+        with cupy.cuda.Device(device[1]):
+            return cupy.empty(shape, dtype=dtype)
+    ns = getattr(keys_obj, "__array_namespace__", None)
+    if ns is not None and fw not in ("jax", "jaxlib"):
+        xp = ns()
+        return xp.empty(shape, dtype=getattr(xp, dtype), device=keys_obj.device)
+    raise UnsupportedDevice(
+        f"out: cannot allocate a device output for {fw} keys on device {device} "
+        "(JAX arrays are immutable); pass out= from a framework with mutable arrays"
+    )
+
+
+def _as_framework_of(keys_obj: Any, arr: Any) -> Any:
+    """The host result ``arr`` (NumPy) in the keys' framework, without a copy where possible."""
+    fw = _framework(keys_obj)
+    if isinstance(keys_obj, np.ndarray) or fw == "numpy" or not isinstance(arr, np.ndarray):
+        return arr
+    try:
+        if fw == "torch":
+            import torch
+
+            return torch.from_dlpack(arr)
+        if fw in ("jax", "jaxlib"):
+            import jax.numpy as jnp
+
+            return jnp.from_dlpack(arr)
+        ns = getattr(keys_obj, "__array_namespace__", None)
+        if ns is not None and hasattr(ns(), "from_dlpack"):
+            return ns().from_dlpack(arr)
+    except Exception:
+        pass
+    return arr
+
+
+def lookup(
+    table: Table,
+    keys: Any,
+    out: Any = None,
+    stream: Any = None,
+    num_threads: Optional[int] = None,
+    *,
+    dtype: str = "float32",
+) -> Any:
+    """Looks ``keys`` up in ``table``: one row of ``table.dim`` values per key.
+
+    ``keys``: any DLPack producer (NumPy, PyTorch, CuPy, JAX; lists are turned into NumPy) of
+    int32, int64, uint32 or uint64, any shape and strides. ``out``: None, or a writable DLPack
+    tensor of float32, float16 or bfloat16 with shape ``[*keys.shape, dim]`` or
+    ``[keys.size, dim]`` on the keys' device, filled in place and returned. With ``out=None``
+    a ``[*keys.shape, dim]`` array of ``dtype`` is allocated: NumPy for NumPy keys, the keys'
+    framework otherwise (through ``from_dlpack``, or on the keys' GPU).
+
+    ``stream``: the CUDA stream (int handle, or a PyTorch/CuPy stream object) strata enqueues on
+    for GPU tensors; producers are asked for their tensors on that stream, as the array API
+    says. ``num_threads``: for host tensors, None/0 the library default, 1 inline on this
+    thread, n at most n threads.
+
+    The tensors are borrowed for the call only. Raises a :class:`StrataError` subclass with
+    strata's message: :class:`KeyNotFound` for a missing key in a ``missing="error"`` table,
+    :class:`ReadOnly` for a read-only ``out``, :class:`UnsupportedDtype`, ...
+    """
+    return _lookup(table, keys, out, stream, num_threads, dtype, None)
+
+
+def _lookup(
+    table: Table,
+    keys: Any,
+    out: Any,
+    stream: Any,
+    num_threads: Optional[int],
+    dtype: str,
+    stats: Optional[_ffi.strata_lookup_stats],
+) -> Any:
+    if not isinstance(table, Table):
+        raise InvalidArgument(f"table: a {type(table).__name__}; expected a strata.Table")
+    h = table._handle()
+    s = _stream_value(stream)
+    if s == 0:
+        s = None  # 0 is ambiguous in the array API; CUDA's legacy default stream is what NULL means here
+    keys = _as_dlpack(keys)
+    k = Borrowed(keys, "keys", s)
+    result = out
+    if out is None:
+        result = _allocate(keys, k.device, (*k.shape, table.dim), dtype)
+    o = Borrowed(result, "out", s)
+    if o.read_only and not k.versioned:
+        raise ReadOnly("out: the tensor is flagged read-only (DLPACK_FLAG_BITMASK_READ_ONLY); expected a writable one")
+    opts = _ffi.strata_lookup_options(s, 0 if num_threads is None else int(num_threads))
+    st = None if stats is None else byref(stats)
+    if k.versioned and o.versioned:
+        # The versioned entry point refuses a read-only out itself, with strata's message.
+        status = _ffi.strata_lookup_managed_versioned(h, k.managed_v, o.managed_v, byref(opts), st)
+    else:
+        status = _ffi.strata_lookup(h, k.tensor, o.tensor, byref(opts), st)
+    _check(status)
+    del k, o  # the capsules go now; `keys` and `result` stay alive
+    if out is not None:
+        return out
+    return _as_framework_of(keys, result)
+
+
+# ---- servers ---------------------------------------------------------------------------------
+
+
+class Server(_Closeable):
+    """An HPS-style parameter server opened from a ``ps.json``: every model's tables, tiered as
+    the configuration says. Tables from :meth:`table` belong to the server: they stay usable
+    while it is open, and :meth:`close` ends them all."""
+
+    def __init__(self, handle: Any) -> None:
+        if not handle:
+            raise NullArgument("server: strata returned a NULL server")
+        self._h: Any = handle
+        self._tables: Dict[Tuple[str, int], Table] = {}
+
+    @classmethod
+    def open(cls, ps_json: PathLike) -> "Server":
+        """Opens the configuration file ``ps_json`` (relative paths in it are relative to its
+        folder). Configuration errors raise :class:`ConfigError` naming the JSON path."""
+        out = _ffi.SERVER_P()
+        _check(_ffi.strata_server_open(os.fsencode(ps_json), byref(out)))
+        return cls(out)
+
+    @classmethod
+    def from_json(cls, text: str, base_dir: Optional[PathLike] = None) -> "Server":
+        """A server from JSON text; relative paths are relative to ``base_dir`` (None: the
+        current directory)."""
+        out = _ffi.SERVER_P()
+        base = None if base_dir is None else os.fsencode(base_dir)
+        _check(_ffi.strata_server_open_json(text.encode(), base, byref(out)))
+        return cls(out)
+
+    @property
+    def closed(self) -> bool:
+        return not self._h
+
+    def _handle(self) -> Any:
+        if not self._h:
+            raise NullArgument("server: the server is closed")
+        return self._h
+
+    def close(self) -> None:
+        """Frees the server and all its tables. No lookup may be running. Twice is fine."""
+        if self._h:
+            h, self._h = self._h, None
+            self._tables.clear()
+            _ffi.strata_server_free(h)
+
+    def table(self, model: str, table_id: int = 0) -> Table:
+        """Table ``table_id`` (its index in the model's ``sparse_files``) of ``model``."""
+        key = (model, int(table_id))
+        t = self._tables.get(key)
+        if t is None:
+            out = _ffi.TABLE_P()
+            _check(_ffi.strata_server_table(self._handle(), model.encode(), int(table_id), byref(out)))
+            t = Table(out, owner=self)
+            self._tables[key] = t
+        return t
+
+    def models(self) -> Dict[str, int]:
+        """Model name -> number of tables, in configuration order."""
+        h = self._handle()
+        n = c_int32()
+        _check(_ffi.strata_server_num_models(h, byref(n)))
+        out: Dict[str, int] = {}
+        for i in range(n.value):
+            name, count = c_char_p(), c_int32()
+            _check(_ffi.strata_server_model(h, i, byref(name), byref(count)))
+            out[(name.value or b"").decode()] = int(count.value)
+        return out
+
+    def table_name(self, model: str, table_id: int) -> str:
+        """The table's ``embedding_table_names`` entry (else HPS's ``sparse_embeddingN``)."""
+        name = c_char_p()
+        _check(_ffi.strata_server_table_name(self._handle(), model.encode(), int(table_id), byref(name)))
+        return (name.value or b"").decode()
+
+    def tables(self) -> Iterator[Tuple[str, int, str]]:
+        """(model, table id, table name) of every table."""
+        for model, count in self.models().items():
+            for i in range(count):
+                yield model, i, self.table_name(model, i)
+
+    @property
+    def warnings(self) -> List[str]:
+        """Configuration fields strata ignored or did not know."""
+        h = self._handle()
+        n = c_int32()
+        _check(_ffi.strata_server_num_warnings(h, byref(n)))
+        out = []
+        for i in range(n.value):
+            text = c_char_p()
+            _check(_ffi.strata_server_warning(h, i, byref(text)))
+            out.append((text.value or b"").decode())
+        return out
+
+
+# ---- __partitioned__ (consumer) --------------------------------------------------------------
+
+
+def _ints(values: Sequence[int]) -> Any:
+    values = [int(v) for v in values]
+    return (c_int64 * max(1, len(values)))(*values)
+
+
+def from_partitioned(
+    obj: Any,
+    default_value: float = 0.0,
+    missing: str = "fill",
+    *,
+    comm: Optional[int] = None,
+) -> Table:
+    """A dense table (key = global row number) from a ``__partitioned__`` description: an object
+    with a ``__partitioned__`` property (Heat's ``DNDarray``, a strata :class:`Table`) or the
+    dict itself, with ``shape`` [rows, dim], ``partition_tiling`` (P, 1), ``partitions`` keyed
+    by grid position (each with ``start``, ``shape``, ``data``, ``location``), ``locals`` and
+    ``get``. ``data`` is any DLPack producer, or a handle that ``get`` resolves to one.
+
+    ``comm``: an MPI communicator as ``MPI_Fint`` (mpi4py: ``comm.py2f()``) for a description
+    spread over ranks; None for one process holding every partition.
+
+    Ownership: a single partition with unit element stride is borrowed without a copy (the
+    table keeps its producer alive, and the data must not change while the table is open);
+    several partitions are copied."""
+    parts: Mapping[str, Any] = getattr(obj, "__partitioned__", obj)
+    if not isinstance(parts, Mapping):
+        raise InvalidArgument(f"obj: a {type(obj).__name__}; expected a __partitioned__ dict or an object with one")
+    try:
+        shape, tiling, entries = parts["shape"], parts["partition_tiling"], parts["partitions"]
+    except KeyError as e:
+        raise InvalidArgument(f"__partitioned__: no {e.args[0]!r} entry") from None
+    get = parts.get("get")
+    nd = len(shape)
+    if len(tiling) != nd:
+        raise InvalidArgument(f"__partitioned__: partition_tiling {tuple(tiling)} has not {nd} entries like shape")
+    grid = list(itertools.product(*(range(int(t)) for t in tiling)))
+    keep: List[Any] = []
+    c_parts = (_ffi.strata_partition * max(1, len(grid)))()
+    for i, pos in enumerate(grid):
+        entry = entries.get(pos)
+        if entry is None:
+            raise InvalidArgument(f"__partitioned__: partition {pos}: no entry for this grid position of the tiling")
+        c = c_parts[i]
+        start, pshape = _ints(entry["start"]), _ints(entry["shape"])
+        location = entry.get("location", [0])
+        locs = (_ffi.strata_partition_location * max(1, len(location)))()
+        for j, loc in enumerate(location):
+            if isinstance(loc, (tuple, list)):
+                host, pid, *dev = loc
+                locs[j] = _ffi.strata_partition_location(-1, int(dev[0]) if dev else -1, int(pid), str(host).encode())
+            else:
+                locs[j] = _ffi.strata_partition_location(int(loc), -1, 0, None)
+        keep += [start, pshape, locs]
+        c.start = ctypes.cast(start, POINTER(c_int64))
+        c.shape = ctypes.cast(pshape, POINTER(c_int64))
+        c.locations = ctypes.cast(locs, POINTER(_ffi.strata_partition_location))
+        c.num_locations = len(location)
+        data = entry.get("data")
+        if data is None:
+            continue
+        if not hasattr(data, "__dlpack__") and get is not None:
+            data = get(data)
+        b = Borrowed(_as_dlpack(data), f"partition {pos}: data")
+        keep.append(b)
+        c.data = b.tensor
+    desc = _ffi.strata_partitioned()
+    desc.ndim = nd
+    shape_c, tiling_c = _ints(shape), _ints(tiling)
+    keep += [shape_c, tiling_c]
+    desc.shape = ctypes.cast(shape_c, POINTER(c_int64))
+    desc.partition_tiling = ctypes.cast(tiling_c, POINTER(c_int64))
+    desc.partitions = ctypes.cast(c_parts, POINTER(_ffi.strata_partition))
+    local_list = parts.get("locals")
+    if local_list is not None:
+        flat = _ints([x for p in local_list for x in p])
+        keep.append(flat)
+        desc.locals = ctypes.cast(flat, POINTER(c_int64))
+        desc.num_locals = len(local_list)
+    opts = _ffi.strata_table_options(float(default_value), _choice(_MISSING, missing, "missing"), 0, 0.5, 0.9, 0)
+    comm_c = None if comm is None else byref(c_int32(int(comm)))
+    out = _ffi.TABLE_P()
+    _check(_ffi.strata_table_from_partitioned(ctypes.pointer(desc), comm_c, byref(opts), byref(out)))
+    # Keep every borrowed producer: a single partition is read in place for the table's life.
+    return Table(out, keepalive=[b for b in keep if isinstance(b, Borrowed)])
+
+
+# ---- the library -----------------------------------------------------------------------------
+
+
+def version() -> str:
+    """The library's version, ``"MAJOR.MINOR.PATCH"``."""
+    return (_ffi.strata_version() or b"").decode()
+
+
+def cuda_available() -> bool:
+    """Whether this build has CUDA support and a CUDA device is present."""
+    return bool(_ffi.strata_cuda_available())
+
+
+def build_features() -> Dict[str, bool]:
+    """What the loaded library was built with: {"cuda": ..., "mpi": ...}."""
+    f = _ffi.strata_build_features
+    bits = int(f()) if f is not None else 0
+    return {"cuda": bool(bits & _ffi.STRATA_FEATURE_CUDA), "mpi": bool(bits & _ffi.STRATA_FEATURE_MPI)}
+
+
+def default_num_threads() -> int:
+    """Threads a host lookup with ``num_threads=None`` may use."""
+    return int(_ffi.strata_default_num_threads())
+
