@@ -61,11 +61,11 @@ int header_c_uses_fields(void);
 int header_c_uses_fields(void) {
     strata_lookup_options lo = {NULL, 0};
     strata_lookup_stats st = {0, 0, 0, 0};
-    strata_table_options to = {0.0f, STRATA_MISSING_FILL};
+    strata_table_options to = {0.0f, STRATA_MISSING_FILL, STRATA_GPU_CACHE, 0.5f, 0.9f, STRATA_GPU_REPLICATE};
     struct strata_table_info info = {0, 0, {kDLFloat, 32, 1}, false, false, false, 0, 0};
     strata_missing_key mk = STRATA_MISSING_ERROR;
     DLManagedTensorVersioned v = {{DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION}, NULL, NULL,
                                   DLPACK_FLAG_BITMASK_READ_ONLY, {NULL, {kDLCPU, 0}, 0, {kDLInt, 64, 1}, NULL, NULL, 0}};
-    return (int)(lo.num_threads + (int32_t)st.hits + (int)to.missing_key + (int)info.rows + (int)mk +
+    return (int)(lo.num_threads + (int32_t)st.hits + (int)to.missing_key + (int)to.gpu_placement + (int)info.rows + (int)mk +
                  (int)v.flags);
 }
