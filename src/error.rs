@@ -154,6 +154,11 @@ pub enum Error {
     /// The persistent store failed, or refused a write (read-only).
     #[error("{what}: {msg}")]
     Store { what: String, msg: String },
+
+    /// Another rank failed a collective call, so this rank fails it too, with that rank's
+    /// status and message.
+    #[error("rank {rank} failed the collective call: {msg}")]
+    Remote { rank: i32, status: Status, msg: String },
 }
 
 impl Error {
@@ -174,6 +179,7 @@ impl Error {
             Error::Internal(_) => Status::STRATA_INTERNAL,
             Error::Config { .. } => Status::STRATA_CONFIG_ERROR,
             Error::Store { .. } => Status::STRATA_STORE_ERROR,
+            Error::Remote { status, .. } => *status,
         }
     }
 

@@ -140,6 +140,7 @@ impl Table {
                 Some(p) => t.lookup(&p),
                 None => Ok(LookupStats::default()),
             },
+            TableKind::Dist(t) => unsafe { t.lookup(keys, out, opts) },
         }
     }
 }

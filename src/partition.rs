@@ -86,7 +86,8 @@ pub(crate) struct Part {
     pub data: Option<TensorView>,
 }
 
-fn grid_name(g: &[usize]) -> String {
+/// How messages name a grid position: `partition (2,0)`.
+pub(crate) fn grid_name(g: &[usize]) -> String {
     let inner: Vec<String> = g.iter().map(|x| x.to_string()).collect();
     format!("partition ({})", inner.join(","))
 }
@@ -309,15 +310,9 @@ pub(crate) unsafe fn validate(d: &Partitioned) -> Result<Layout> {
     Ok(Layout { shape, tiling, parts: out })
 }
 
-/// Builds a single-process table from a validated [`rows, dim`] description split along rows
-/// (tiling (P, 1)), every partition local. One partition (tiling (1, 1), or a replicated one)
-/// with unit element stride is borrowed without a copy; several partitions are copied into one
-/// table. Dense: the key of a row is its global row number.
-///
-/// # Safety
-/// For a borrowed table, the partition's memory must stay valid and unchanged until the table
-/// is freed.
-pub(crate) unsafe fn table_from(layout: Layout, options: TableOptions) -> Result<StaticTable> {
+/// Checks that a validated description is a [rows, dim] array split along rows (tiling
+/// (P, 1)); returns (rows, dim).
+pub(crate) fn check_row_split(layout: &Layout) -> Result<(usize, usize)> {
     if layout.shape.len() != 2 {
         return Err(Error::invalid("desc", format!("ndim = {}; expected 2 ([rows, dim])", layout.shape.len())));
     }
@@ -327,7 +322,19 @@ pub(crate) unsafe fn table_from(layout: Layout, options: TableOptions) -> Result
             format!("partition_tiling {:?} splits the columns; expected ({}, 1): tables are split along rows", layout.tiling, layout.tiling[0]),
         ));
     }
-    let (rows, dim) = (layout.shape[0], layout.shape[1]);
+    Ok((layout.shape[0], layout.shape[1]))
+}
+
+/// Builds a single-process table from a validated [`rows, dim`] description split along rows
+/// (tiling (P, 1)), every partition local. One partition (tiling (1, 1), or a replicated one)
+/// with unit element stride is borrowed without a copy; several partitions are copied into one
+/// table. Dense: the key of a row is its global row number.
+///
+/// # Safety
+/// For a borrowed table, the partition's memory must stay valid and unchanged until the table
+/// is freed.
+pub(crate) unsafe fn table_from(layout: Layout, options: TableOptions) -> Result<StaticTable> {
+    let (rows, dim) = check_row_split(&layout)?;
     let mut dtype = None;
     for p in &layout.parts {
         let Some(v) = &p.data else {

@@ -95,6 +95,15 @@ pub(crate) unsafe fn out_arg<'a, T>(p: *mut *mut T, arg: &'static str) -> Result
     Ok(slot)
 }
 
+/// Borrows a required NUL-terminated path argument, or fails with `STRATA_NULL_ARGUMENT`.
+pub(crate) unsafe fn c_path<'a>(p: *const c_char, arg: &'static str) -> Result<&'a std::path::Path> {
+    let s = unsafe { std::ffi::CStr::from_ptr(arg_ref(p, arg)?) };
+    #[cfg(unix)]
+    return Ok(std::path::Path::new(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(s.to_bytes())));
+    #[cfg(not(unix))]
+    return s.to_str().map(std::path::Path::new).map_err(|_| Error::invalid(arg, "is not valid UTF-8"));
+}
+
 /// The library version, `"MAJOR.MINOR.PATCH"`, as a static string.
 #[unsafe(no_mangle)]
 pub extern "C" fn strata_version() -> *const c_char {
@@ -131,6 +140,14 @@ pub extern "C" fn strata_cuda_available() -> i32 {
     {
         0
     }
+}
+
+/// 1 when this build can spread tables over MPI ranks (cargo feature `mpi`:
+/// `strata_table_from_partitioned` with a communicator, `strata_table_open_distributed`), else
+/// 0. Never fails, and never calls MPI.
+#[unsafe(no_mangle)]
+pub extern "C" fn strata_mpi_available() -> i32 {
+    crate::dist::available() as i32
 }
 
 /// The number of threads a lookup with `num_threads = 0` may use: `STRATA_NUM_THREADS` if
