@@ -41,7 +41,8 @@ impl Comm {
         }
         // SAFETY: MPI is initialised; f2c maps an unknown handle to MPI_COMM_NULL.
         let raw = unsafe { ffi::MPI_Comm_f2c(fint) };
-        if raw == unsafe { ffi::RSMPI_COMM_NULL } {
+        // Open MPI answers a NULL handle for an index it never issued; others MPI_COMM_NULL.
+        if raw == unsafe { ffi::RSMPI_COMM_NULL } || raw == unsafe { std::mem::zeroed() } {
             return Err(Error::invalid(
                 "comm",
                 format!("*comm = {fint} is not a communicator (MPI_Comm_f2c gives MPI_COMM_NULL); expected MPI_Comm_c2f of one"),

@@ -373,7 +373,13 @@ fn load_share(dir: &Path, dim: i64, rank: usize, size: usize, options: TableOpti
     let dim = usize::try_from(dim).map_err(|_| Error::invalid("dim", format!("{dim}; expected 1 <= dim")))?;
     let folder = SparseFolder::open(dir, dim)?;
     let mine: Vec<usize> = (0..folder.rows).filter(|&r| key_owner(folder.key(r), size) == rank).collect();
-    let index = KeyIndex::build(mine.iter().map(|&r| folder.key(r)), |k| k as i64 as i128, "dir/key")?;
+    let index = KeyIndex::build(mine.iter().map(|&r| folder.key(r)), |k| k as i64 as i128, "dir/key").map_err(|e| match e {
+        // name the rows of the file, not of this rank's share
+        Error::DuplicateKey { arg, key, first, second } => {
+            Error::DuplicateKey { arg, key, first: mine[first as usize] as u64, second: mine[second as usize] as u64 }
+        }
+        other => other,
+    })?;
     let row_bytes = dim * 4;
     let vecs = folder.vecs();
     let store = Store::alloc(FloatDtype::F32, mine.len(), dim, |buf| {
