@@ -230,6 +230,7 @@ impl StaticTable {
     }
 
     /// A keyed table over `store`, row `r` holding the key `index` maps to `r`.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub(crate) fn keyed_over(store: Store, index: KeyIndex, options: TableOptions) -> Result<Self> {
         StaticTable::assemble(store, Rows::Keyed(index), options)
     }

@@ -7,7 +7,9 @@ use crate::dlpack::{FloatDtype, dtype_name};
 use crate::error::{Error, Result};
 use crate::hugectr::SparseFolder;
 use crate::index::{KeyIndex, mix};
-use crate::partition::{Layout, Part, Partitioned, check_row_split, grid_name, table_from, validate};
+use crate::partition::{
+    Described, Layout, OwnedPartitioned, Part, Partitioned, check_row_split, describe_parts, grid_name, table_from, validate,
+};
 use crate::store::Store;
 use crate::table::{MissingKey, StaticTable, TableInfo, TableOptions};
 use std::path::Path;
@@ -253,6 +255,31 @@ impl DistTable {
     /// Cumulative lookup timing on this rank.
     pub fn timing(&self) -> DistTiming {
         *self.timing.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Describes a dense distributed table with the protocol: every partition with its owners
+    /// (ranks of the communicator), `data` (and `handle`) only for this rank's partitions, which
+    /// view the table's memory (the caller's, for borrowed partitions). Keyed tables have no
+    /// array view.
+    pub(crate) fn describe(&self) -> Result<Box<OwnedPartitioned>> {
+        let Route::Dense { ends, owners } = &self.route else {
+            return Err(Error::invalid(
+                "table",
+                "is keyed: its rows are not positions of an array; expected a dense table (keys are row numbers)",
+            ));
+        };
+        let parts = ends
+            .iter()
+            .zip(owners)
+            .enumerate()
+            .map(|(p, (&end, ranks))| {
+                let start = if p == 0 { 0 } else { ends[p - 1] };
+                let mine = ranks.contains(&(self.rank as i32));
+                let store = self.local.iter().find(|l| mine && l.start == start).map(|l| l.table.store());
+                Described { start, rows: end - start, ranks: ranks.clone(), store }
+            })
+            .collect();
+        Ok(describe_parts(self.rows, self.dim, parts))
     }
 
     /// The rank that serves `key` (canonical form) for a lookup made on this rank, or `None`

@@ -100,7 +100,10 @@ pub unsafe extern "C" fn strata_table_open_distributed(
 
 /// Describes a dense table with the protocol: shape [rows, dim], tiling (1, 1), one partition
 /// owned by rank 0 whose `data` is a DLPack view of the table's vectors and whose `handle`
-/// resolves to the same through `get` (which returns NULL for nothing else). Ownership: `*out`
+/// resolves to the same through `get` (which returns NULL for nothing else). A dense
+/// distributed table is described as it is spread: tiling (P, 1), each partition's locations
+/// the ranks that hold it, `data` and `handle` only for this rank's partitions (NULL for the
+/// others, for which `get` returns NULL); it is not collective. Ownership: `*out`
 /// is owned by strata, valid while the table lives, and freed with `strata_partitioned_free`.
 /// Keyed and server tables have no such view (`STRATA_INVALID_ARGUMENT`).
 #[unsafe(no_mangle)]
@@ -108,10 +111,14 @@ pub unsafe extern "C" fn strata_table_partitioned(table: *const Table, out: *mut
     boundary(|| {
         let out = unsafe { out_arg(out, "out") }?;
         let t = unsafe { arg_ref(table, "table") }?;
-        let TableKind::Static(st) = &t.kind else {
-            return Err(Error::invalid("table", "is a parameter-server table; expected a dense static table"));
+        let desc = match &t.kind {
+            TableKind::Static(st) => describe(st)?,
+            TableKind::Dist(dt) => dt.describe()?,
+            TableKind::Tiered(_) => {
+                return Err(Error::invalid("table", "is a parameter-server table; expected a dense static or distributed table"));
+            }
         };
-        *out = Box::into_raw(describe(st)?) as *mut Partitioned;
+        *out = Box::into_raw(desc) as *mut Partitioned;
         Ok(())
     })
 }

@@ -48,7 +48,7 @@ pub fn run() {
     let cases: &[Case] = &[
         ("dense split 7/7/7/6, every key and out dtype, misses and stats", dense_uneven_rows),
         ("replicated partitions: tiling (1, 1) on every rank, (2, 1) on two ranks each", replicated),
-        ("zero copy: writes through the source are seen; strided columns are copied", zero_copy),
+        ("zero copy both ways, produce -> consume; strided columns are copied", zero_copy),
         ("STRATA_MISSING_ERROR on one rank fails every rank", missing_error),
         ("a bad lookup input on one rank fails every rank", bad_lookup_input),
         ("an invalid description on one rank fails every rank", invalid_description),
@@ -198,7 +198,31 @@ fn zero_copy(cx: &Ctx) {
     same_as_reference(&t, &r, &keys, I64, &[27], F32, dim);
     let (_, v, _) = look(&t, &[26], I64, &[1], F32, dim);
     assert_eq!(v[1], 1026.0);
-    drop(t);
+    // table -> producer view: this rank's partitions are the source memory, the others NULL
+    let mut p = null_mut();
+    ok(unsafe { strata_table_partitioned(t.0, &mut p) });
+    let desc = unsafe { &*p };
+    assert_eq!(unsafe { std::slice::from_raw_parts(desc.shape, 2) }, &[27, dim as i64]);
+    assert_eq!(unsafe { std::slice::from_raw_parts(desc.partition_tiling, 2) }, &[4, 1]);
+    let get = desc.get.unwrap();
+    for (i, part) in unsafe { std::slice::from_raw_parts(desc.partitions, 4) }.iter().enumerate() {
+        let owner = i as i32 % cx.size;
+        assert_eq!(part.num_locations, 1);
+        assert_eq!(unsafe { (*part.locations).rank }, owner);
+        assert_eq!(unsafe { *part.start }, d.starts[i][0]);
+        assert_eq!(unsafe { get(desc.get_user, part.handle) }, part.data);
+        if owner == cx.rank {
+            assert_eq!(unsafe { (*part.data).data } as *const u8, global[d.starts[i][0] as usize * dim * 4..].as_ptr());
+        } else {
+            assert!(part.data.is_null() && part.handle.is_null());
+        }
+    }
+    // ... and back: a second distributed table over the same memory
+    ok(unsafe { strata_partitioned_validate(p) });
+    let t2 = dist(p, cx, &opts);
+    same_as_reference(&t2, &r, &keys, U64, &[27], F16, dim);
+    unsafe { strata_partitioned_free(p) };
+    drop((t, t2));
     // Partitions whose columns are 2 elements apart are copied: later writes are not seen.
     let before = random_values(F32, 27 * dim, 12);
     let mut wide = vec![0u8; 27 * dim * 2 * 4];
@@ -422,6 +446,9 @@ fn hugectr_shares(cx: &Ctx) {
     let mut info = unsafe { std::mem::zeroed::<TableInfo>() };
     ok(unsafe { strata_table_get_info(t.0, &mut info) });
     assert!(info.keyed && info.rows == rows as i64);
+    let mut p = null_mut();
+    fails(unsafe { strata_table_partitioned(t.0, &mut p) }, Status::STRATA_INVALID_ARGUMENT, &["table: is keyed"]);
+    assert!(p.is_null());
     let mut rng = Rng(30 + cx.rank as u64);
     for kdt in [I64, U64, I32, U32] {
         let small = kdt == I32 || kdt == U32;
