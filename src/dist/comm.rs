@@ -93,17 +93,18 @@ impl Comm {
     }
 
     /// Sends items `displs(send_counts)[r] ..` (`send_counts[r]` of them) to rank `r`, where an
-    /// item is `width` consecutive values, and receives `recv_counts[r]` items from each rank `r`,
-    /// placed in rank order.
+    /// item is `width` consecutive values, and receives `recv_counts[r]` items from each rank `r`
+    /// into `recv` (resized; its memory is reused from call to call), placed in rank order.
     pub fn exchange<T: Equivalence + Copy + Default>(
         &mut self,
         send: &[T],
         send_counts: &[i32],
         recv_counts: &[i32],
         width: usize,
-    ) -> Vec<T> {
+        recv: &mut Vec<T>,
+    ) {
         let total: usize = recv_counts.iter().map(|&c| c as usize).sum();
-        let mut recv = vec![T::default(); total * width];
+        refill(recv, total * width);
         let (sd, rd) = (displs(send_counts), displs(recv_counts));
         let item = UserDatatype::contiguous(width as i32, &T::equivalent_datatype());
         let sent_items: i32 = send_counts.iter().sum();
@@ -114,7 +115,6 @@ impl Comm {
             let mut rv = unsafe { MutView::with_count_and_datatype(&mut recv[..], total as i32, &item) };
             c.all_to_all_varcount_into(&Partition::new(&sv, send_counts, &sd[..]), &mut PartitionMut::new(&mut rv, recv_counts, &rd[..]));
         });
-        recv
     }
 
     /// The collective verdict on a step every rank ran: every rank gets `Ok` when every rank
@@ -156,6 +156,12 @@ impl Comm {
         self.timed(|c| c.all_gather_varcount_into(mine, &mut PartitionMut::new(&mut all[..], &lens[..], &d[..])));
         d.iter().zip(&lens).map(|(&s, &l)| all[s as usize..(s + l) as usize].to_vec()).collect()
     }
+}
+
+/// Makes `v` hold `n` default values, reusing its memory.
+pub(crate) fn refill<T: Copy + Default>(v: &mut Vec<T>, n: usize) {
+    v.clear();
+    v.resize(n, T::default());
 }
 
 /// Exclusive prefix sums of `counts`.

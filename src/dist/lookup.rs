@@ -9,7 +9,7 @@
 //!    row for misses. With `STRATA_MISSING_ERROR` the ranks then agree, so a missing key on any
 //!    rank fails the call on every rank.
 
-use super::comm::{Comm, displs};
+use super::comm::{Comm, displs, refill};
 use super::table::{DistTable, Route};
 use crate::dlpack::{FloatDtype, KeyDtype, Walk};
 use crate::error::{Error, Result};
@@ -26,14 +26,31 @@ const CHUNK: usize = 256;
 /// `dest` of a key no rank holds.
 const NOWHERE: u32 = u32::MAX;
 
+/// Buffers a distributed table's lookups reuse from call to call (kept beside its communicator,
+/// about `2 * keys * dim * 4` bytes after a call): first-touching fresh pages can cost more than
+/// the exchange itself.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    /// This rank's keys (canonical), in the caller's order; their owners; their place in `send`.
+    keys: Vec<u64>,
+    dest: Vec<u32>,
+    pos: Vec<u32>,
+    /// Keys in owner order, and the keys other ranks asked this rank for.
+    send: Vec<u64>,
+    asked: Vec<u64>,
+    /// `asked` as rows of a local partition.
+    local: Vec<u64>,
+    /// Rows this rank serves, and rows it gets back (float32), with found flags (keyed tables).
+    rows: Vec<f32>,
+    back: Vec<f32>,
+    found: Vec<u8>,
+    back_found: Vec<u8>,
+}
+
 /// A rank's validated request, before any exchange.
 struct Request {
     /// `None` when this rank has no keys (it still takes part in the exchanges).
     plan: Option<Plan>,
-    /// Canonical keys, in the caller's order.
-    keys: Vec<u64>,
-    /// Owner of each key, or [`NOWHERE`].
-    dest: Vec<u32>,
     /// Keys for each rank.
     counts: Vec<i32>,
 }
@@ -45,9 +62,10 @@ impl DistTable {
     /// # Safety
     /// As for [`crate::table::Table::lookup`].
     pub unsafe fn lookup(&self, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions) -> Result<LookupStats> {
-        let mut comm = self.comm.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let (comm, scratch) = &mut *state;
         let start = Instant::now();
-        let result = unsafe { self.lookup_with(&mut comm, keys, out, opts) };
+        let result = unsafe { self.lookup_with(comm, scratch, keys, out, opts) };
         let exchange = comm.take_time();
         let mut t = self.timing.lock().unwrap_or_else(|e| e.into_inner());
         t.lookups += 1;
@@ -56,8 +74,15 @@ impl DistTable {
         result
     }
 
-    unsafe fn lookup_with(&self, comm: &mut Comm, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions) -> Result<LookupStats> {
-        let local = unsafe { self.request(keys, out, opts) };
+    unsafe fn lookup_with(
+        &self,
+        comm: &mut Comm,
+        s: &mut Scratch,
+        keys: &DLTensor,
+        out: &DLTensor,
+        opts: &LookupOptions,
+    ) -> Result<LookupStats> {
+        let local = unsafe { self.request(s, keys, out, opts) };
         let send: Vec<i64> = match &local {
             Ok(r) => r.counts.iter().map(|&c| c as i64).collect(),
             Err(e) => vec![-(e.status() as i64); self.size],
@@ -67,114 +92,107 @@ impl DistTable {
         let req = comm.settle(local, &codes)?;
         let recv_counts: Vec<i32> = recv.iter().map(|&c| c as i32).collect();
 
-        let (send_keys, pos) = self.by_owner(&req);
-        let asked = comm.exchange(&send_keys, &req.counts, &recv_counts, 1);
-        let threads = req.plan.as_ref().map_or(1, |p| p.threads);
-        let (rows, found) = self.serve(&asked, threads);
+        self.by_owner(s, &req.counts);
+        comm.exchange(&s.send, &req.counts, &recv_counts, 1, &mut s.asked);
+        self.serve(s, req.plan.as_ref().map_or(1, |p| p.threads));
+        comm.exchange(&s.rows, &recv_counts, &req.counts, self.dim, &mut s.back);
         let keyed = matches!(self.route, Route::Keyed);
-        let back = comm.exchange(&rows, &recv_counts, &req.counts, self.dim);
-        let back_found = if keyed { comm.exchange(&found, &recv_counts, &req.counts, 1) } else { Vec::new() };
-        let result = self.write(&req, &pos, &back, keyed.then_some(&back_found[..]));
+        if keyed {
+            comm.exchange(&s.found, &recv_counts, &req.counts, 1, &mut s.back_found);
+        }
+        let result = self.write(s, &req, keyed);
         if self.missing == MissingKey::STRATA_MISSING_ERROR { comm.agree(result) } else { result }
     }
 
-    /// Step 1 on this rank: validates the tensors and routes the keys.
-    unsafe fn request(&self, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions) -> Result<Request> {
+    /// Step 1 on this rank: validates the tensors, reads the keys and finds their owners.
+    unsafe fn request(&self, s: &mut Scratch, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions) -> Result<Request> {
         let ranges: Vec<(usize, usize)> = self.local.iter().map(|p| p.table.store().byte_range()).collect();
         let plan = unsafe { plan(self.dim, ranges.first().copied().unwrap_or((0, 0)), keys, out, opts) }?;
         for r in ranges.iter().skip(1) {
             unsafe { crate::lookup::plan(self.dim, *r, keys, out, opts) }?;
         }
-        let mut req = Request { plan: None, keys: Vec::new(), dest: Vec::new(), counts: vec![0; self.size] };
-        let Some(plan) = plan else { return Ok(req) };
-        if plan.n > i32::MAX as usize {
+        let mut counts = vec![0i32; self.size];
+        let n = plan.as_ref().map_or(0, |p| p.n);
+        if n > i32::MAX as usize {
             return Err(Error::invalid(
                 "keys",
-                format!("{} keys; a lookup on a distributed table takes at most {} keys per rank", plan.n, i32::MAX),
+                format!("{n} keys; a lookup on a distributed table takes at most {} keys per rank", i32::MAX),
             ));
         }
-        req.keys = vec![0u64; plan.n];
-        let mut offs = vec![0isize; CHUNK];
-        for (c, chunk) in req.keys.chunks_mut(CHUNK).enumerate() {
-            plan.keys.read(c * CHUNK, chunk, &mut offs[..chunk.len()]);
+        refill(&mut s.keys, n);
+        if let Some(plan) = &plan {
+            let mut offs = [0isize; CHUNK];
+            for (c, chunk) in s.keys.chunks_mut(CHUNK).enumerate() {
+                plan.keys.read(c * CHUNK, chunk, &mut offs[..chunk.len()]);
+            }
         }
-        req.dest = req
-            .keys
-            .iter()
-            .map(|&k| match self.owner(k) {
-                Some(o) => {
-                    req.counts[o] += 1;
-                    o as u32
-                }
-                None => NOWHERE,
-            })
-            .collect();
-        req.plan = Some(plan);
-        Ok(req)
+        s.dest.clear();
+        s.dest.extend(s.keys.iter().map(|&k| match self.owner(k) {
+            Some(o) => {
+                counts[o] += 1;
+                o as u32
+            }
+            None => NOWHERE,
+        }));
+        Ok(Request { plan, counts })
     }
 
-    /// The keys in owner order, and where each of the caller's keys went.
-    fn by_owner(&self, req: &Request) -> (Vec<u64>, Vec<u32>) {
-        let mut next: Vec<u32> = displs(&req.counts).iter().map(|&d| d as u32).collect();
-        let total: usize = req.counts.iter().map(|&c| c as usize).sum();
-        let mut send = vec![0u64; total];
-        let pos = req
-            .keys
-            .iter()
-            .zip(&req.dest)
-            .map(|(&k, &d)| {
-                if d == NOWHERE {
-                    return NOWHERE;
-                }
-                let p = next[d as usize];
-                next[d as usize] += 1;
-                send[p as usize] = k;
-                p
-            })
-            .collect();
-        (send, pos)
+    /// Puts the keys in owner order (`send`) and notes where each of the caller's keys went.
+    fn by_owner(&self, s: &mut Scratch, counts: &[i32]) {
+        let mut next: Vec<u32> = displs(counts).iter().map(|&d| d as u32).collect();
+        refill(&mut s.send, counts.iter().map(|&c| c as usize).sum());
+        s.pos.clear();
+        for (&k, &d) in s.keys.iter().zip(&s.dest) {
+            if d == NOWHERE {
+                s.pos.push(NOWHERE);
+                continue;
+            }
+            let p = next[d as usize];
+            next[d as usize] += 1;
+            s.send[p as usize] = k;
+            s.pos.push(p);
+        }
     }
 
-    /// Step 3: this rank's rows for the keys other ranks asked it for, as float32, and (keyed
-    /// tables) whether each key was found.
-    fn serve(&self, asked: &[u64], threads: usize) -> (Vec<f32>, Vec<u8>) {
-        let m = asked.len();
-        let mut rows = vec![0f32; m * self.dim];
+    /// Step 3: this rank's rows for the keys other ranks asked it for (`asked`), as float32 in
+    /// `rows`, and (keyed tables) whether each key was found, in `found`.
+    fn serve(&self, s: &mut Scratch, threads: usize) {
+        let (m, dim) = (s.asked.len(), self.dim);
+        refill(&mut s.rows, m * dim);
         match (&self.route, self.local.as_slice()) {
             (Route::Keyed, [share]) => {
-                gather(&share.table, asked, &mut rows, threads);
-                let found = match &share.table.rows {
-                    Rows::Keyed(ix) => asked.iter().map(|&k| ix.get(k).is_some() as u8).collect(),
-                    Rows::Dense => vec![1; m],
-                };
-                (rows, found)
+                gather(&share.table, &s.asked, &mut s.rows, threads);
+                s.found.clear();
+                if let Rows::Keyed(ix) = &share.table.rows {
+                    s.found.extend(s.asked.iter().map(|&k| ix.get(k).is_some() as u8));
+                }
             }
             (_, [part]) => {
-                let local: Vec<u64> = asked.iter().map(|&k| k - part.start as u64).collect();
-                gather(&part.table, &local, &mut rows, threads);
-                (rows, Vec::new())
+                s.local.clear();
+                s.local.extend(s.asked.iter().map(|&k| k - part.start as u64));
+                gather(&part.table, &s.local, &mut s.rows, threads);
             }
             (_, parts) => {
                 // Several local partitions (replicas of several): gather each one's keys apart.
                 for part in parts {
                     let (lo, hi) = (part.start as u64, (part.start + part.table.len()) as u64);
-                    let idx: Vec<usize> = (0..m).filter(|&i| (lo..hi).contains(&asked[i])).collect();
-                    let local: Vec<u64> = idx.iter().map(|&i| asked[i] - lo).collect();
-                    let mut got = vec![0f32; idx.len() * self.dim];
+                    let idx: Vec<usize> = (0..m).filter(|&i| (lo..hi).contains(&s.asked[i])).collect();
+                    let local: Vec<u64> = idx.iter().map(|&i| s.asked[i] - lo).collect();
+                    let mut got = vec![0f32; idx.len() * dim];
                     gather(&part.table, &local, &mut got, threads);
                     for (j, &i) in idx.iter().enumerate() {
-                        rows[i * self.dim..(i + 1) * self.dim].copy_from_slice(&got[j * self.dim..(j + 1) * self.dim]);
+                        s.rows[i * dim..(i + 1) * dim].copy_from_slice(&got[j * dim..(j + 1) * dim]);
                     }
                 }
-                (rows, Vec::new())
             }
         }
     }
 
     /// Step 5: writes every key's row into `out` (in parallel chunks) and counts hits and misses.
-    fn write(&self, req: &Request, pos: &[u32], back: &[f32], found: Option<&[u8]>) -> Result<LookupStats> {
+    fn write(&self, s: &Scratch, req: &Request, keyed: bool) -> Result<LookupStats> {
         let Some(plan) = &req.plan else { return Ok(LookupStats::default()) };
         let (n, dim) = (plan.n, self.dim);
+        let found = keyed.then_some(&s.back_found[..]);
         let next = AtomicUsize::new(0);
         let by_tasks = n.div_ceil(CHUNK * 8).max(1);
         let parts = pool::run(plan.threads.min(by_tasks).max(1), || {
@@ -189,17 +207,17 @@ impl DistTable {
                 }
                 let hi = (lo + CHUNK).min(n);
                 for i in lo..hi {
-                    let p = pos[i];
+                    let p = s.pos[i];
                     let hit = p != NOWHERE && found.is_none_or(|fl| fl[p as usize] != 0);
                     present[i - lo] = hit;
                     if hit {
                         let p = p as usize;
-                        staging[(i - lo) * dim..(i - lo + 1) * dim].copy_from_slice(&back[p * dim..(p + 1) * dim]);
+                        staging[(i - lo) * dim..(i - lo + 1) * dim].copy_from_slice(&s.back[p * dim..(p + 1) * dim]);
                         f.hits += 1;
                     } else {
                         f.misses += 1;
                         if f.first_miss.is_none() {
-                            f.first_miss = Some((i, req.keys[i]));
+                            f.first_miss = Some((i, s.keys[i]));
                         }
                     }
                 }

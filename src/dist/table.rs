@@ -3,6 +3,7 @@
 
 use super::DistTiming;
 use super::comm::Comm;
+use super::lookup::Scratch;
 use crate::dlpack::{FloatDtype, dtype_name};
 use crate::error::{Error, Result};
 use crate::hugectr::SparseFolder;
@@ -35,7 +36,8 @@ pub(crate) struct LocalPart {
 /// one runs per table at a time. Owns a duplicate of the host's communicator, freed with the
 /// table; the host's MPI is never finalised.
 pub struct DistTable {
-    pub(crate) comm: Mutex<Comm>,
+    /// The communicator and the buffers lookups reuse; held for the whole of a collective call.
+    pub(crate) state: Mutex<(Comm, Scratch)>,
     pub(crate) rank: usize,
     pub(crate) size: usize,
     pub(crate) dim: usize,
@@ -49,7 +51,7 @@ pub struct DistTable {
     pub(crate) timing: Mutex<DistTiming>,
 }
 
-// SAFETY: the communicator handle is only used under the `comm` mutex, by the thread making a
+// SAFETY: the communicator handle is only used under the `state` mutex, by the thread making a
 // collective call; everything else is immutable after construction (StaticTable is Sync).
 unsafe impl Send for DistTable {}
 unsafe impl Sync for DistTable {}
@@ -210,7 +212,7 @@ impl DistTable {
         DistTable {
             rank: comm.rank,
             size: comm.size,
-            comm: Mutex::new(comm),
+            state: Mutex::new((comm, Scratch::default())),
             dim,
             rows,
             dtype,

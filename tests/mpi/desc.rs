@@ -26,7 +26,20 @@ impl Split {
     /// `rows[p]` rows in partition p, owned by `owners[p]`, over `global` (compact
     /// [sum(rows), dim] elements of `dtype`); `rank` gets views of its own partitions.
     pub fn new(global: &[u8], dtype: DLDataType, dim: usize, rows: &[i64], owners: &[Vec<i32>], rank: i32) -> Split {
-        let elem = elem_size(dtype);
+        let row_bytes = dim * elem_size(dtype);
+        Split::with_data(dtype, dim, rows, owners, rank, |start| global[(start as usize * row_bytes).min(global.len())..].as_ptr())
+    }
+
+    /// As [`Split::new`], with `data(start)` the compact memory of the local partition starting
+    /// at global row `start`.
+    pub fn with_data(
+        dtype: DLDataType,
+        dim: usize,
+        rows: &[i64],
+        owners: &[Vec<i32>],
+        rank: i32,
+        data: impl Fn(i64) -> *const u8,
+    ) -> Split {
         let mut s = Split {
             shape: [rows.iter().sum(), dim as i64],
             tiling: [rows.len() as i64, 1],
@@ -42,10 +55,7 @@ impl Split {
             s.starts.push([start, 0]);
             s.sizes.push([n, dim as i64]);
             s.owners.push(owners[p].iter().map(|&r| at(r)).collect());
-            s.data.push(owners[p].contains(&rank).then(|| {
-                let off = (start as usize * dim * elem).min(global.len());
-                Desc::compact(global[off..].as_ptr(), dtype, &[n, dim as i64])
-            }));
+            s.data.push(owners[p].contains(&rank).then(|| Desc::compact(data(start), dtype, &[n, dim as i64])));
             start += n;
         }
         s
