@@ -378,8 +378,8 @@ strata_status strata_lookup_managed_versioned(struct strata_table *table,
                                               const struct strata_lookup_options *opts,
                                               struct strata_lookup_stats *stats);
 
-// Checks a `__partitioned__` description against every rule of the protocol: tiling counts
-// >= 1 per dimension, one partition per grid position, starts and shapes inside the global
+// Checks a `__partitioned__` description against every rule of the protocol: at least one
+// partition per dimension, one partition per grid position, starts and shapes inside the global
 // shape, partitions that tile it exactly (no gap, no overlap; replication is one partition with
 // several locations), at least one location each, the same kind of `data` in every entry (a
 // `get` callback when they are handles), `locals` inside the grid and holding data, and local

@@ -11,20 +11,15 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-missing=()
-command -v mpirun >/dev/null 2>&1 || missing+=(openmpi-bin)
-command -v mpicc >/dev/null 2>&1 || missing+=(libopenmpi-dev)
-compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null || missing+=(libclang-dev)
-if [ "${#missing[@]}" -gt 0 ]; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        echo "== installing ${missing[*]}"
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get update -qq
-        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-    else
-        echo "missing: ${missing[*]} (install with: apt-get install -y ${missing[*]})" >&2
-        exit 1
-    fi
+pkgs=()
+command -v mpirun >/dev/null 2>&1 || pkgs+=(openmpi-bin)
+command -v mpicc >/dev/null 2>&1 || pkgs+=(libopenmpi-dev)
+compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null || pkgs+=(libclang-dev)
+if [ "${#pkgs[@]}" -gt 0 ]; then
+    [ "$(id -u)" = 0 ] || { echo "missing: ${pkgs[*]} (apt-get install -y ${pkgs[*]})" >&2; exit 1; }
+    echo "== installing ${pkgs[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
 fi
 
 # Open MPI refuses root without these, and more ranks than cores without oversubscription.

@@ -141,7 +141,8 @@ pub(crate) unsafe fn validate(d: &Partitioned) -> Result<Layout> {
     }
     let mut parts = Vec::with_capacity(count);
     // entries with data, with a handle: (count, first grid position)
-    let mut kinds: ((usize, Option<Vec<usize>>), (usize, Option<Vec<usize>>)) = ((0, None), (0, None));
+    type Kind = (usize, Option<Vec<usize>>);
+    let mut kinds: (Kind, Kind) = ((0, None), (0, None));
     for idx in 0..count {
         let mut grid = vec![0usize; nd];
         let mut rem = idx;
@@ -190,13 +191,13 @@ pub(crate) unsafe fn validate(d: &Partitioned) -> Result<Layout> {
             ),
         ));
     }
-    if let (_, Some(first_handle)) = &kinds.1 {
-        if d.get.is_none() {
-            return Err(Error::invalid(
-                "desc",
-                format!("{} carries an opaque handle but get is NULL; expected a get callback", grid_name(first_handle)),
-            ));
-        }
+    if let (_, Some(first_handle)) = &kinds.1
+        && d.get.is_none()
+    {
+        return Err(Error::invalid(
+            "desc",
+            format!("{} carries an opaque handle but get is NULL; expected a get callback", grid_name(first_handle)),
+        ));
     }
     // Exact tiling: along each dimension, the partitions of one grid index share start and size,
     // the first starts at 0, each starts where the previous one ends, and the last ends at shape.

@@ -70,7 +70,7 @@ pub(crate) enum TableKind {
     Static(StaticTable),
     Tiered(crate::tiered::TieredTable),
     /// Spread over MPI ranks (feature `mpi`; without it this variant has no values).
-    Dist(crate::dist::DistTable),
+    Dist(Box<crate::dist::DistTable>),
 }
 
 impl From<StaticTable> for Table {

@@ -4,21 +4,11 @@
 //! process never initialises MPI).
 
 mod common;
+#[path = "mpi/api.rs"]
+mod api;
+use api::*;
 use common::*;
-use std::ffi::c_char;
 use std::ptr::{null, null_mut};
-
-#[allow(improper_ctypes)]
-unsafe extern "C" {
-    fn strata_table_open_distributed(
-        dir: *const c_char,
-        dim: i64,
-        comm: *const i32,
-        opts: *const TableOptions,
-        out: *mut *mut Table,
-    ) -> Status;
-    fn strata_mpi_available() -> i32;
-}
 
 /// A valid one-partition description of `data` ([2, 2] float32) owned by rank 0.
 fn one_partition(data: &[f32], f: impl FnOnce(*const Partitioned)) {

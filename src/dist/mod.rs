@@ -45,7 +45,7 @@ pub struct DistTiming {
 
 impl From<DistTable> for Table {
     fn from(t: DistTable) -> Self {
-        Table { kind: TableKind::Dist(t), borrowed: false }
+        Table { kind: TableKind::Dist(Box::new(t)), borrowed: false }
     }
 }
 

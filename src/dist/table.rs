@@ -141,17 +141,17 @@ fn check_agreement(all: &[u64], size: usize) -> Result<()> {
             ));
         }
     }
-    if let Some(first) = s.iter().position(|x| x.dtype != NO_DTYPE) {
-        if let Some(r) = s.iter().position(|x| x.dtype != NO_DTYPE && x.dtype != s[first].dtype) {
-            return Err(Error::invalid(
-                "desc",
-                format!(
-                    "local data has dtype {} on rank {first} but {} on rank {r}; expected one dtype on every rank",
-                    dtype_name(dtype_of_code(s[first].dtype).dl()),
-                    dtype_name(dtype_of_code(s[r].dtype).dl())
-                ),
-            ));
-        }
+    if let Some(first) = s.iter().position(|x| x.dtype != NO_DTYPE)
+        && let Some(r) = s.iter().position(|x| x.dtype != NO_DTYPE && x.dtype != s[first].dtype)
+    {
+        return Err(Error::invalid(
+            "desc",
+            format!(
+                "local data has dtype {} on rank {first} but {} on rank {r}; expected one dtype on every rank",
+                dtype_name(dtype_of_code(s[first].dtype).dl()),
+                dtype_name(dtype_of_code(s[r].dtype).dl())
+            ),
+        ));
     }
     Ok(())
 }

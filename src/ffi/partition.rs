@@ -8,8 +8,8 @@ use crate::partition::{OwnedPartitioned, Partitioned, describe, table_from, vali
 use crate::table::{Table, TableKind, TableOptions};
 use std::ffi::c_char;
 
-/// Checks a `__partitioned__` description against every rule of the protocol: tiling counts
-/// >= 1 per dimension, one partition per grid position, starts and shapes inside the global
+/// Checks a `__partitioned__` description against every rule of the protocol: at least one
+/// partition per dimension, one partition per grid position, starts and shapes inside the global
 /// shape, partitions that tile it exactly (no gap, no overlap; replication is one partition with
 /// several locations), at least one location each, the same kind of `data` in every entry (a
 /// `get` callback when they are handles), `locals` inside the grid and holding data, and local

@@ -7,20 +7,9 @@ use crate::desc::Split;
 use dlpark::ffi::DLDataType;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::{Communicator, CommunicatorCollectives, Root};
-use std::ffi::{CString, c_char};
+use crate::api::*;
+use std::ffi::CString;
 use std::ptr::{null, null_mut};
-
-#[allow(improper_ctypes)]
-unsafe extern "C" {
-    fn strata_table_open_distributed(
-        dir: *const c_char,
-        dim: i64,
-        comm: *const i32,
-        opts: *const TableOptions,
-        out: *mut *mut Table,
-    ) -> Status;
-    fn strata_mpi_available() -> i32;
-}
 
 pub struct Ctx {
     pub rank: i32,

@@ -1,6 +1,7 @@
 //! A `__partitioned__` description of a [rows, dim] array split along rows over MPI ranks, as
 //! one rank passes it: every partition's start, shape and owners, data only where this rank is
 //! an owner (Heat's SPMD form).
+#![allow(dead_code)]
 
 use crate::common::*;
 use dlpark::ffi::{DLDataType, DLTensor};
