@@ -402,8 +402,8 @@ strata_status strata_partitioned_validate(const struct strata_partitioned *desc)
 // mpi4py's `comm.py2f()`); the table is spread over its ranks. Collective: every rank of
 // `comm` must call it, each passing the same description with data for the partitions whose
 // locations list that rank (and only those). strata duplicates `comm` (the caller keeps its
-// own) and frees the duplicate in `strata_table_free`, which is then collective too; it never
-// initialises or finalises MPI, which must be initialised. Each local partition is borrowed
+// own) and frees the duplicate in `strata_table_free`, which is then collective too (call it
+// before `MPI_Finalize`); it never initialises or finalises MPI, which must be initialised. Each local partition is borrowed
 // under the same rule as above, else copied. A description that is invalid on one rank, or
 // that differs between ranks (shape, tiling, starts, shapes, locations, dtype, options), fails
 // the call on every rank: the rank at fault reports its own error, the others

@@ -12,9 +12,10 @@ use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::traits::*;
 use std::time::{Duration, Instant};
 
-/// A duplicate of a host communicator, freed (`MPI_Comm_free`) on drop. Never finalises MPI.
+/// A duplicate of a host communicator, freed (`MPI_Comm_free`) on drop, unless the host has
+/// already finalised MPI (then it is left alone: MPI has released it). Never finalises MPI.
 pub(crate) struct Comm {
-    comm: SimpleCommunicator,
+    comm: std::mem::ManuallyDrop<SimpleCommunicator>,
     pub rank: usize,
     pub size: usize,
     /// Time spent in MPI calls since the last [`Comm::take_time`].
@@ -63,7 +64,7 @@ impl Comm {
         // SAFETY: dup is a fresh user intra-communicator, used only through this wrapper.
         let comm = unsafe { SimpleCommunicator::from_raw(dup) };
         let (rank, size) = (comm.rank() as usize, comm.size() as usize);
-        Ok(Comm { comm, rank, size, spent: Duration::ZERO })
+        Ok(Comm { comm: std::mem::ManuallyDrop::new(comm), rank, size, spent: Duration::ZERO })
     }
 
     fn timed<T>(&mut self, f: impl FnOnce(&SimpleCommunicator) -> T) -> T {
@@ -155,6 +156,18 @@ impl Comm {
         let mut all = vec![0u8; lens.iter().map(|&l| l as usize).sum()];
         self.timed(|c| c.all_gather_varcount_into(mine, &mut PartitionMut::new(&mut all[..], &lens[..], &d[..])));
         d.iter().zip(&lens).map(|(&s, &l)| all[s as usize..(s + l) as usize].to_vec()).collect()
+    }
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        let mut fin = 0;
+        // SAFETY: callable at any time.
+        unsafe { ffi::MPI_Finalized(&mut fin) };
+        if fin == 0 {
+            // SAFETY: dropped once, here; frees our duplicate (MPI_Comm_free).
+            unsafe { std::mem::ManuallyDrop::drop(&mut self.comm) };
+        }
     }
 }
 

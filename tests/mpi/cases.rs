@@ -53,6 +53,15 @@ pub fn run() {
             println!("  [{} ranks] {name}: ok", cx.size);
         }
     }
+    // A table freed after the host finalised MPI leaves the released communicator alone.
+    let global = random_values(F32, 8, 18);
+    let mut d = Split::new(&global, F32, 2, &[4], &[(0..cx.size).collect()], cx.rank);
+    let late = dist(d.c(), &cx, &TableOptions::default());
+    drop(universe); // MPI_Finalize
+    drop(late);
+    if cx.rank == 0 {
+        println!("  [{} ranks] a table freed after MPI_Finalize: ok", cx.size);
+    }
 }
 
 /// Random values of `dtype` (`n` of them, the same on every rank for one seed).
@@ -150,7 +159,18 @@ fn dense_uneven_rows(cx: &Ctx) {
                 same_as_reference(&t, &r, &keys, kdt, &shape, odt, dim);
             }
         }
+        // enough keys for the writers to run on several threads
+        let keys: Vec<i64> = (0..20_000).map(|_| rng.below(30) as i64).collect();
+        same_as_reference(&t, &r, &keys, I64, &[100, 200], F32, dim);
     }
+    // Heat's SPMD form: `locals` lists this rank's grid positions
+    let global = random_values(F32, 27 * dim, 4);
+    let mut d = Split::new(&global, F32, dim, &[7, 7, 7, 6], &split_owners(4, cx.size), cx.rank);
+    d.locals = Some((0..4).filter(|p| p % cx.size == cx.rank).flat_map(|p| [p as i64, 0]).collect());
+    let t = dist(d.c(), cx, &opts);
+    let r = reference(&global, F32, 27, dim, &opts);
+    let keys: Vec<i64> = (0..27).collect();
+    same_as_reference(&t, &r, &keys, U32, &[27], F32, dim);
 }
 
 fn replicated(cx: &Ctx) {
@@ -452,6 +472,25 @@ fn hugectr_shares(cx: &Ctx) {
         same_as_reference(&t, &r, &q, kdt, &[20, 20], F32, dim);
     }
     drop((t, r));
+    // STRATA_MISSING_ERROR on a keyed table: an absent key on one rank fails every rank
+    let strict = TableOptions { missing_key: 1, ..opts };
+    let (s, t) = open_dist(cx, &dir, dim as i64, &strict);
+    ok(s);
+    let t = Owned(t);
+    let absent = (0..).map(|i| 1_000_003 + i * 7).find(|k| !keys.contains(k)).unwrap();
+    let mut q: Vec<i64> = keys[..6].to_vec();
+    if cx.rank == 0 {
+        q[2] = absent;
+    }
+    let (s, _, _) = look(&t, &q, I64, &[6], F32, dim);
+    let want = format!("keys: key {absent} (element 2) is not in the table");
+    all_fail(cx, s, Status::STRATA_KEY_NOT_FOUND, Some(0), &[&want]);
+    q[2] = keys[2];
+    let (s, v, st) = look(&t, &q, I64, &[6], F32, dim);
+    ok(s);
+    assert_eq!((st.hits, st.misses), (6, 0));
+    assert_eq!(&v[..dim], &vectors[..dim]);
+    drop(t);
     cx.world.barrier();
     if cx.rank == 0 {
         std::fs::remove_dir_all(&dir).unwrap();

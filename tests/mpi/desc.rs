@@ -15,6 +15,8 @@ pub struct Split {
     pub owners: Vec<Vec<PartitionLocation>>,
     /// This rank's data per partition (None where it is not an owner).
     pub data: Vec<Option<Desc>>,
+    /// SPMD `locals`: this rank's grid positions as (row, 0) pairs, or None (NULL).
+    pub locals: Option<Vec<i64>>,
     parts: Vec<Partition>,
     c: Option<Partitioned>,
 }
@@ -48,6 +50,7 @@ impl Split {
             sizes: vec![],
             owners: vec![],
             data: vec![],
+            locals: None,
             parts: vec![],
             c: None,
         };
@@ -79,8 +82,8 @@ impl Split {
             shape: self.shape.as_ptr(),
             partition_tiling: self.tiling.as_ptr(),
             partitions: self.parts.as_ptr(),
-            locals: null(),
-            num_locals: 0,
+            locals: self.locals.as_ref().map_or(null(), |l| l.as_ptr()),
+            num_locals: self.locals.as_ref().map_or(0, |l| l.len() as i32 / 2),
             get: None,
             get_user: null_mut(),
         });
