@@ -59,6 +59,9 @@ pub fn run() {
     let late = dist(d.c(), &cx, &TableOptions::default());
     drop(universe); // MPI_Finalize
     drop(late);
+    let mut t = null_mut();
+    let s = unsafe { strata_table_from_partitioned(d.c(), &cx.fint, null(), &mut t) };
+    fails(s, Status::STRATA_INVALID_ARGUMENT, &["comm: MPI is already finalised"]);
     if cx.rank == 0 {
         println!("  [{} ranks] a table freed after MPI_Finalize: ok", cx.size);
     }
@@ -319,6 +322,21 @@ fn invalid_description(cx: &Ctx) {
     d.owners[2][0].rank = cx.size;
     let want = format!("partition (2,0): location[0].rank = {}; expected a rank of comm (0..{})", cx.size, cx.size);
     build_fails(cx, &mut d, &opts, Status::STRATA_INVALID_ARGUMENT, None, &[&want]);
+    // a rank listed twice
+    let mut d = base();
+    let twice = d.owners[1][0];
+    d.owners[1].push(twice);
+    let want = format!("partition (1,0): rank {} appears twice in its locations", 1 % cx.size);
+    build_fails(cx, &mut d, &opts, Status::STRATA_INVALID_ARGUMENT, None, &[&want]);
+    // integer data on one rank
+    let ints = vec![0i32; 28 * dim];
+    let mut d = base();
+    for p in 0..4 {
+        if cx.rank == l && d.data[p].is_some() {
+            d.data[p] = Some(Desc::compact(ints.as_ptr().cast(), I32, &d.sizes[p]));
+        }
+    }
+    build_fails(cx, &mut d, &opts, Status::STRATA_UNSUPPORTED_DTYPE, Some(l), &["desc: dtype int32", "expected float32"]);
     // an owner without its data
     let mut d = base();
     if cx.rank == l {
@@ -513,6 +531,21 @@ fn hugectr_errors(cx: &Ctx) {
     let (s, t) = open_dist(cx, &mine, dim as i64, &opts);
     all_fail(cx, s, Status::STRATA_IO_ERROR, Some(l), &["dir: ", "nowhere/key"]);
     assert!(t.is_null());
+    // a dim that is not one
+    let (s, t) = open_dist(cx, &dir, -1, &opts);
+    fails(s, Status::STRATA_INVALID_ARGUMENT, &["dim: -1; expected 1 <= dim"]);
+    assert!(t.is_null());
+    // options that differ between ranks
+    let other = TableOptions { default_value: cx.rank as f32, ..opts };
+    let (s, t) = open_dist(cx, &dir, dim as i64, &other);
+    if cx.size > 1 {
+        let want = "dir: default_value or missing_key differ between rank 0 and rank 1";
+        all_fail(cx, s, Status::STRATA_INVALID_ARGUMENT, None, &[want]);
+        assert!(t.is_null());
+    } else {
+        ok(s);
+        drop(Owned(t));
+    }
     // another dim on one rank: its files do not fit it
     let (s, t) = open_dist(cx, &dir, if cx.rank == l { 4 } else { 8 }, &opts);
     all_fail(cx, s, Status::STRATA_INVALID_FILE, Some(l), &["key holds 200 keys but", "emb_vector holds 400 rows of dim 4"]);
