@@ -413,6 +413,11 @@ int32_t strata_cuda_available(void);
 // `strata_features.h` (written next to `strata.h` by CMake). Never fails.
 uint32_t strata_build_features(void);
 
+// 1 when this build can spread tables over MPI ranks (cargo feature `mpi`:
+// `strata_table_from_partitioned` with a communicator, `strata_table_open_distributed`), else
+// 0. Never fails, and never calls MPI.
+int32_t strata_mpi_available(void);
+
 // The number of threads a lookup with `num_threads = 0` may use: `STRATA_NUM_THREADS` if
 // set, else the CPUs in the process's affinity mask (read once, at first use).
 int32_t strata_default_num_threads(void);
@@ -446,6 +451,11 @@ struct strata_lookup_options strata_lookup_options_default(void);
 //
 // Ownership: borrows `keys` and `out` for the call only. Threading: many threads may look up
 // one table at once; each call uses at most `opts->num_threads` threads (the caller's included).
+//
+// On a distributed table (built with a communicator) the call is collective: every rank of its
+// communicator must call it, for the same tables in the same order, each with its own keys;
+// make one such call per table at a time on each rank. A failure on any rank (a bad tensor, or
+// a missing key under `STRATA_MISSING_ERROR`) fails it on every rank.
 strata_status strata_lookup(struct strata_table *table,
                             const DLTensor *keys,
                             DLTensor *out,
@@ -468,8 +478,8 @@ strata_status strata_lookup_managed_versioned(struct strata_table *table,
                                               const struct strata_lookup_options *opts,
                                               struct strata_lookup_stats *stats);
 
-// Checks a `__partitioned__` description against every rule of the protocol: tiling counts
-// >= 1 per dimension, one partition per grid position, starts and shapes inside the global
+// Checks a `__partitioned__` description against every rule of the protocol: at least one
+// partition per dimension, one partition per grid position, starts and shapes inside the global
 // shape, partitions that tile it exactly (no gap, no overlap; replication is one partition with
 // several locations), at least one location each, the same kind of `data` in every entry (a
 // `get` callback when they are handles), `locals` inside the grid and holding data, and local
@@ -482,22 +492,50 @@ strata_status strata_partitioned_validate(const struct strata_partitioned *desc)
 // Builds a dense table (key = global row number) from a [rows, dim] description split along
 // rows (tiling (P, 1); (1, 1) and replicated partitions too).
 //
-// `comm` is a pointer to an MPI communicator handle (`MPI_Fint`, mpi4py's `comm.py2f()`), or
-// NULL for a single process holding every partition. This build has no MPI support: a non-NULL
-// `comm` is `STRATA_UNSUPPORTED_DEVICE`.
+// `comm` NULL: a single process holding every partition. Ownership: a single partition
+// (tiling (1, 1), or one replicated partition) whose rows have unit element stride and are at
+// least `dim` elements apart is borrowed without a copy: its memory must stay valid and unchanged
+// until `strata_table_free`. Otherwise the partitions are copied into one table (and may be
+// freed after the call).
 //
-// Ownership: a single partition (tiling (1, 1), or one replicated partition) with unit element
-// stride is borrowed without a copy: its memory must stay valid and unchanged until
-// `strata_table_free`. Several partitions are copied into one table (and may be freed after
-// the call).
+// `comm` non-NULL: points to an MPI communicator as an `MPI_Fint` (`MPI_Comm_c2f(comm)`,
+// mpi4py's `comm.py2f()`); the table is spread over its ranks. Collective: every rank of
+// `comm` must call it, each passing the same description with data for the partitions whose
+// locations list that rank (and only those). strata duplicates `comm` (the caller keeps its
+// own) and frees the duplicate in `strata_table_free`, which is then collective too (call it
+// before `MPI_Finalize`); it never initialises or finalises MPI, which must be initialised. Each local partition is borrowed
+// under the same rule as above, else copied. A description that is invalid on one rank, or
+// that differs between ranks (shape, tiling, starts, shapes, locations, dtype, options), fails
+// the call on every rank: the rank at fault reports its own error, the others
+// `rank R failed the collective call: ...` with that rank's status. `strata_lookup` on the
+// table is collective. A build without the `mpi` feature answers `STRATA_UNSUPPORTED_DEVICE`
+// (see `strata_mpi_available`).
 strata_status strata_table_from_partitioned(const struct strata_partitioned *desc,
+                                            const int32_t *comm,
+                                            const struct strata_table_options *opts,
+                                            struct strata_table **out);
+
+// Opens a HugeCTR sparse folder (as `strata_table_open`) as one table spread over the ranks of
+// `comm` (a pointer to an `MPI_Fint`, as in `strata_table_from_partitioned`): each rank keeps
+// the rows whose keys hash to it, copied out of the mapped files (only those rows' pages of
+// `emb_vector` are read; every rank reads `key`). Collective: every rank must call it, with the
+// same folder contents, `dim` and options; an error on one rank (a missing file, a duplicate
+// key) fails the call on every rank. The table is keyed; `strata_lookup` on it is collective.
+// Ownership: nothing is borrowed after the call; the communicator is duplicated as in
+// `strata_table_from_partitioned`. A build without the `mpi` feature answers
+// `STRATA_UNSUPPORTED_DEVICE`.
+strata_status strata_table_open_distributed(const char *dir,
+                                            int64_t dim,
                                             const int32_t *comm,
                                             const struct strata_table_options *opts,
                                             struct strata_table **out);
 
 // Describes a dense table with the protocol: shape [rows, dim], tiling (1, 1), one partition
 // owned by rank 0 whose `data` is a DLPack view of the table's vectors and whose `handle`
-// resolves to the same through `get` (which returns NULL for nothing else). Ownership: `*out`
+// resolves to the same through `get` (which returns NULL for nothing else). A dense
+// distributed table is described as it is spread: tiling (P, 1), each partition's locations
+// the ranks that hold it, `data` and `handle` only for this rank's partitions (NULL for the
+// others, for which `get` returns NULL); it is not collective. Ownership: `*out`
 // is owned by strata, valid while the table lives, and freed with `strata_partitioned_free`.
 // Keyed and server tables have no such view (`STRATA_INVALID_ARGUMENT`).
 strata_status strata_table_partitioned(const struct strata_table *table,

@@ -19,6 +19,7 @@ command -v valgrind >/dev/null 2>&1 || missing+=(valgrind)
 command -v g++ >/dev/null 2>&1 || missing+=(g++)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 [ -e /usr/include/absl/container/flat_hash_map.h ] || missing+=(libabsl-dev)
+command -v mpicc >/dev/null 2>&1 || missing+=(libopenmpi-dev openmpi-bin libclang-dev)
 if [ "${#missing[@]}" -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "== installing ${missing[*]}"
@@ -62,6 +63,7 @@ else
     echo "== TensorFlow op tests"
     bash scripts/tf-tests.sh
 fi
+echo "== MPI tests (feature mpi)"; bash scripts/mpi-tests.sh
 echo "== benchmark smoke run (small sizes; the numbers mean nothing here)"
 cargo bench --bench lookup -- 20000 64 5000 2
 cargo bench --bench tiered -- 20000 16 2000 3

@@ -163,6 +163,10 @@ pub enum Error {
     /// A CUDA driver call failed; `call` names it (`cuMemAlloc for the table copy on device 0`).
     #[error("CUDA: {call}: {msg}")]
     Cuda { call: String, msg: String },
+    /// Another rank failed a collective call, so this rank fails it too, with that rank's
+    /// status and message.
+    #[error("rank {rank} failed the collective call: {msg}")]
+    Remote { rank: i32, status: Status, msg: String },
 }
 
 impl Error {
@@ -184,6 +188,7 @@ impl Error {
             Error::Config { .. } => Status::STRATA_CONFIG_ERROR,
             Error::Store { .. } => Status::STRATA_STORE_ERROR,
             Error::Cuda { .. } => Status::STRATA_CUDA_ERROR,
+            Error::Remote { status, .. } => *status,
         }
     }
 

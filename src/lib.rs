@@ -8,11 +8,13 @@
 //! - [`lookup`]: validation and dispatch of lookups; [`exec`]: the CPU pool and gather kernels,
 //!   and the CUDA kernels (feature `cuda`);
 //! - [`config`], [`tier`], [`tiered`], [`server`]: the HPS-compatible parameter server;
-//! - [`partition`]: the `__partitioned__` protocol;
+//! - [`partition`]: the `__partitioned__` protocol; [`dist`]: tables spread over MPI ranks
+//!   (feature `mpi`);
 //! - [`error`]: the one error type and its status mapping;
 //! - [`ffi`]: the `extern "C"` functions of `include/strata.h`, and nothing else.
 
 pub mod config;
+pub mod dist;
 pub mod dlpack;
 pub mod error;
 pub mod exec;

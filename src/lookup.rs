@@ -201,8 +201,11 @@ impl Table {
     /// # Safety
     /// As for [`Table::lookup`].
     pub unsafe fn lookup_with(&self, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions, want_stats: bool) -> Result<LookupStats> {
+        // Distributed tables validate devices collectively (so every rank fails together).
         #[cfg(feature = "cuda")]
-        if crate::exec::cuda::run::is_cuda(keys) || crate::exec::cuda::run::is_cuda(out) {
+        if !matches!(self.kind, TableKind::Dist(_))
+            && (crate::exec::cuda::run::is_cuda(keys) || crate::exec::cuda::run::is_cuda(out))
+        {
             return unsafe { crate::exec::cuda::run::lookup(self, keys, out, opts, want_stats) };
         }
         let _ = want_stats;
@@ -212,6 +215,7 @@ impl Table {
                 Some(p) => t.lookup(&p),
                 None => Ok(LookupStats::default()),
             },
+            TableKind::Dist(t) => unsafe { t.lookup(keys, out, opts) },
         }
     }
 }

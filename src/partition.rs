@@ -86,7 +86,8 @@ pub(crate) struct Part {
     pub data: Option<TensorView>,
 }
 
-fn grid_name(g: &[usize]) -> String {
+/// How messages name a grid position: `partition (2,0)`.
+pub(crate) fn grid_name(g: &[usize]) -> String {
     let inner: Vec<String> = g.iter().map(|x| x.to_string()).collect();
     format!("partition ({})", inner.join(","))
 }
@@ -140,7 +141,8 @@ pub(crate) unsafe fn validate(d: &Partitioned) -> Result<Layout> {
     }
     let mut parts = Vec::with_capacity(count);
     // entries with data, with a handle: (count, first grid position)
-    let mut kinds: ((usize, Option<Vec<usize>>), (usize, Option<Vec<usize>>)) = ((0, None), (0, None));
+    type Kind = (usize, Option<Vec<usize>>);
+    let mut kinds: (Kind, Kind) = ((0, None), (0, None));
     for idx in 0..count {
         let mut grid = vec![0usize; nd];
         let mut rem = idx;
@@ -189,13 +191,13 @@ pub(crate) unsafe fn validate(d: &Partitioned) -> Result<Layout> {
             ),
         ));
     }
-    if let (_, Some(first_handle)) = &kinds.1 {
-        if d.get.is_none() {
-            return Err(Error::invalid(
-                "desc",
-                format!("{} carries an opaque handle but get is NULL; expected a get callback", grid_name(first_handle)),
-            ));
-        }
+    if let (_, Some(first_handle)) = &kinds.1
+        && d.get.is_none()
+    {
+        return Err(Error::invalid(
+            "desc",
+            format!("{} carries an opaque handle but get is NULL; expected a get callback", grid_name(first_handle)),
+        ));
     }
     // Exact tiling: along each dimension, the partitions of one grid index share start and size,
     // the first starts at 0, each starts where the previous one ends, and the last ends at shape.
@@ -309,15 +311,9 @@ pub(crate) unsafe fn validate(d: &Partitioned) -> Result<Layout> {
     Ok(Layout { shape, tiling, parts: out })
 }
 
-/// Builds a single-process table from a validated [`rows, dim`] description split along rows
-/// (tiling (P, 1)), every partition local. One partition (tiling (1, 1), or a replicated one)
-/// with unit element stride is borrowed without a copy; several partitions are copied into one
-/// table. Dense: the key of a row is its global row number.
-///
-/// # Safety
-/// For a borrowed table, the partition's memory must stay valid and unchanged until the table
-/// is freed.
-pub(crate) unsafe fn table_from(layout: Layout, options: TableOptions) -> Result<StaticTable> {
+/// Checks that a validated description is a [rows, dim] array split along rows (tiling
+/// (P, 1)); returns (rows, dim).
+pub(crate) fn check_row_split(layout: &Layout) -> Result<(usize, usize)> {
     if layout.shape.len() != 2 {
         return Err(Error::invalid("desc", format!("ndim = {}; expected 2 ([rows, dim])", layout.shape.len())));
     }
@@ -327,7 +323,19 @@ pub(crate) unsafe fn table_from(layout: Layout, options: TableOptions) -> Result
             format!("partition_tiling {:?} splits the columns; expected ({}, 1): tables are split along rows", layout.tiling, layout.tiling[0]),
         ));
     }
-    let (rows, dim) = (layout.shape[0], layout.shape[1]);
+    Ok((layout.shape[0], layout.shape[1]))
+}
+
+/// Builds a single-process table from a validated [`rows, dim`] description split along rows
+/// (tiling (P, 1)), every partition local. One partition (tiling (1, 1), or a replicated one)
+/// with unit element stride is borrowed without a copy; several partitions are copied into one
+/// table. Dense: the key of a row is its global row number.
+///
+/// # Safety
+/// For a borrowed table, the partition's memory must stay valid and unchanged until the table
+/// is freed.
+pub(crate) unsafe fn table_from(layout: Layout, options: TableOptions) -> Result<StaticTable> {
+    let (rows, dim) = check_row_split(&layout)?;
     let mut dtype = None;
     for p in &layout.parts {
         let Some(v) = &p.data else {
@@ -374,18 +382,90 @@ pub(crate) unsafe fn table_from(layout: Layout, options: TableOptions) -> Result
 pub struct OwnedPartitioned {
     /// What the C caller sees; must stay the first field (the pointer handed out is to it).
     pub(crate) desc: Partitioned,
-    _shape: Box<[i64; 2]>,
-    _tiling: Box<[i64; 2]>,
-    _start: Box<[i64; 2]>,
-    _pshape: Box<[i64; 2]>,
-    _strides: Box<[i64; 2]>,
-    _data: Box<DLTensor>,
-    _location: Box<PartitionLocation>,
-    _partition: Box<Partition>,
+    // Never resized after the pointers into them are taken.
+    _shape: [i64; 2],
+    _tiling: [i64; 2],
+    _starts: Vec<[i64; 2]>,
+    _shapes: Vec<[i64; 2]>,
+    _strides: Vec<[i64; 2]>,
+    _data: Vec<DLTensor>,
+    _locations: Vec<Vec<PartitionLocation>>,
+    _partitions: Vec<Partition>,
 }
 
 unsafe extern "C" fn get_local(_user: *mut c_void, handle: *mut c_void) -> *const DLTensor {
     handle as *const DLTensor
+}
+
+/// One partition of a description strata makes: rows `start..start + store.rows()` (or `rows`
+/// when not local), owned by `ranks`, with its vectors when this process holds them.
+pub(crate) struct Described<'a> {
+    pub start: usize,
+    pub rows: usize,
+    pub ranks: Vec<i32>,
+    pub store: Option<&'a Store>,
+}
+
+/// Describes a [rows, dim] table split along rows into `parts` (in row order): local partitions
+/// carry a DLPack view of their store (valid while the table lives) as `data`, and the same
+/// through `handle` and `get`; other partitions carry neither.
+pub(crate) fn describe_parts(rows: usize, dim: usize, parts: Vec<Described>) -> Box<OwnedPartitioned> {
+    let n = parts.len();
+    let mut o = Box::new(OwnedPartitioned {
+        desc: Partitioned {
+            ndim: 2,
+            shape: std::ptr::null(),
+            partition_tiling: std::ptr::null(),
+            partitions: std::ptr::null(),
+            locals: std::ptr::null(),
+            num_locals: 0,
+            get: Some(get_local),
+            get_user: std::ptr::null_mut(),
+        },
+        _shape: [rows as i64, dim as i64],
+        _tiling: [n as i64, 1],
+        _starts: parts.iter().map(|p| [p.start as i64, 0]).collect(),
+        _shapes: parts.iter().map(|p| [p.rows as i64, dim as i64]).collect(),
+        _strides: parts.iter().map(|p| [p.store.map_or(dim, |s| s.row_stride()) as i64, 1]).collect(),
+        _data: Vec::with_capacity(n),
+        _locations: Vec::with_capacity(n),
+        _partitions: Vec::with_capacity(n),
+    });
+    let pid = std::process::id() as i64;
+    for (i, p) in parts.iter().enumerate() {
+        let data = p.store.map(|store| {
+            o._data.push(DLTensor {
+                data: store.row_ptr_or_base() as *mut c_void,
+                device: DLDevice { device_type: DLDeviceType::CPU, device_id: 0 },
+                ndim: 2,
+                dtype: store.dtype().dl(),
+                shape: o._shapes[i].as_mut_ptr(),
+                strides: o._strides[i].as_mut_ptr(),
+                byte_offset: 0,
+            });
+            o._data.last().expect("just pushed") as *const DLTensor
+        });
+        let here = p.store.is_some();
+        o._locations.push(
+            p.ranks
+                .iter()
+                .map(|&rank| PartitionLocation { rank, device_id: -1, pid: if here { pid } else { 0 }, host: std::ptr::null() })
+                .collect(),
+        );
+        let data = data.unwrap_or(std::ptr::null());
+        o._partitions.push(Partition {
+            start: o._starts[i].as_ptr(),
+            shape: o._shapes[i].as_ptr(),
+            data,
+            handle: data as *mut c_void,
+            locations: o._locations[i].as_ptr(),
+            num_locations: p.ranks.len() as i32,
+        });
+    }
+    o.desc.shape = o._shape.as_ptr();
+    o.desc.partition_tiling = o._tiling.as_ptr();
+    o.desc.partitions = o._partitions.as_ptr();
+    o
 }
 
 /// Describes a dense table as one local partition (tiling (1, 1)) owned by rank 0, whose data
@@ -398,49 +478,6 @@ pub(crate) fn describe(t: &StaticTable) -> Result<Box<OwnedPartitioned>> {
         ));
     }
     let store = t.store();
-    let (rows, dim) = (store.rows() as i64, store.dim() as i64);
-    let mut shape = Box::new([rows, dim]);
-    let tiling = Box::new([1i64, 1]);
-    let start = Box::new([0i64, 0]);
-    let pshape = Box::new([rows, dim]);
-    let mut strides = Box::new([store.row_stride() as i64, 1]);
-    let data = Box::new(DLTensor {
-        data: store.row_ptr_or_base() as *mut c_void,
-        device: DLDevice { device_type: DLDeviceType::CPU, device_id: 0 },
-        ndim: 2,
-        dtype: store.dtype().dl(),
-        shape: shape.as_mut_ptr(),
-        strides: strides.as_mut_ptr(),
-        byte_offset: 0,
-    });
-    let location = Box::new(PartitionLocation { rank: 0, device_id: -1, pid: std::process::id() as i64, host: std::ptr::null() });
-    let partition = Box::new(Partition {
-        start: start.as_ptr(),
-        shape: pshape.as_ptr(),
-        data: &*data,
-        handle: &*data as *const DLTensor as *mut c_void,
-        locations: &*location,
-        num_locations: 1,
-    });
-    let desc = Partitioned {
-        ndim: 2,
-        shape: shape.as_ptr(),
-        partition_tiling: tiling.as_ptr(),
-        partitions: &*partition,
-        locals: std::ptr::null(),
-        num_locals: 0,
-        get: Some(get_local),
-        get_user: std::ptr::null_mut(),
-    };
-    Ok(Box::new(OwnedPartitioned {
-        desc,
-        _shape: shape,
-        _tiling: tiling,
-        _start: start,
-        _pshape: pshape,
-        _strides: strides,
-        _data: data,
-        _location: location,
-        _partition: partition,
-    }))
+    let part = Described { start: 0, rows: store.rows(), ranks: vec![0], store: Some(store) };
+    Ok(describe_parts(store.rows(), store.dim(), vec![part]))
 }

@@ -178,6 +178,8 @@ pub struct Table {
 pub(crate) enum TableKind {
     Static(StaticTable),
     Tiered(crate::tiered::TieredTable),
+    /// Spread over MPI ranks (feature `mpi`; without it this variant has no values).
+    Dist(Box<crate::dist::DistTable>),
 }
 
 impl From<StaticTable> for Table {
@@ -225,6 +227,7 @@ impl Table {
         match &self.kind {
             TableKind::Static(t) => t.dim(),
             TableKind::Tiered(t) => t.dim(),
+            TableKind::Dist(t) => t.dim(),
         }
     }
 
@@ -233,6 +236,7 @@ impl Table {
         match &self.kind {
             TableKind::Static(t) => t.len(),
             TableKind::Tiered(t) => t.len(),
+            TableKind::Dist(t) => t.len(),
         }
     }
 
@@ -255,6 +259,7 @@ impl Table {
                 index_bytes: 0,
                 vector_bytes: (t.len() * t.dim() * 4) as u64,
             },
+            TableKind::Dist(t) => t.info(),
         }
     }
 
@@ -262,7 +267,7 @@ impl Table {
     /// no counters).
     pub fn stats(&self) -> crate::tiered::TableStats {
         match &self.kind {
-            TableKind::Static(_) => crate::tiered::TableStats::default(),
+            TableKind::Static(_) | TableKind::Dist(_) => crate::tiered::TableStats::default(),
             TableKind::Tiered(t) => t.stats(),
         }
     }
@@ -294,7 +299,7 @@ impl Table {
     fn tiered(&self, op: &str) -> Result<&crate::tiered::TieredTable> {
         match &self.kind {
             TableKind::Tiered(t) => Ok(t),
-            TableKind::Static(_) => Err(Error::Immutable {
+            TableKind::Static(_) | TableKind::Dist(_) => Err(Error::Immutable {
                 what: "table".into(),
                 why: format!(
                     "{op} needs a parameter-server table (strata_server_table); tables from \
@@ -346,6 +351,12 @@ impl StaticTable {
     /// A dense table (key = row number) over `store`.
     pub(crate) fn dense_over(store: Store, options: TableOptions) -> Result<Self> {
         StaticTable::assemble(store, Rows::Dense, options)
+    }
+
+    /// A keyed table over `store`, row `r` holding the key `index` maps to `r`.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn keyed_over(store: Store, index: KeyIndex, options: TableOptions) -> Result<Self> {
+        StaticTable::assemble(store, Rows::Keyed(index), options)
     }
 
     /// Copies `vectors` ([rows, dim], float32/float16/bfloat16, any strides, host memory) into

@@ -57,6 +57,11 @@ unsafe fn run(
 ///
 /// Ownership: borrows `keys` and `out` for the call only. Threading: many threads may look up
 /// one table at once; each call uses at most `opts->num_threads` threads (the caller's included).
+///
+/// On a distributed table (built with a communicator) the call is collective: every rank of its
+/// communicator must call it, for the same tables in the same order, each with its own keys;
+/// make one such call per table at a time on each rank. A failure on any rank (a bad tensor, or
+/// a missing key under `STRATA_MISSING_ERROR`) fails it on every rank.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_lookup(
     table: *mut Table,

@@ -95,6 +95,15 @@ pub(crate) unsafe fn out_arg<'a, T>(p: *mut *mut T, arg: &'static str) -> Result
     Ok(slot)
 }
 
+/// Borrows a required NUL-terminated path argument, or fails with `STRATA_NULL_ARGUMENT`.
+pub(crate) unsafe fn c_path<'a>(p: *const c_char, arg: &'static str) -> Result<&'a std::path::Path> {
+    let s = unsafe { std::ffi::CStr::from_ptr(arg_ref(p, arg)?) };
+    #[cfg(unix)]
+    return Ok(std::path::Path::new(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(s.to_bytes())));
+    #[cfg(not(unix))]
+    return s.to_str().map(std::path::Path::new).map_err(|_| Error::invalid(arg, "is not valid UTF-8"));
+}
+
 /// The library version, `"MAJOR.MINOR.PATCH"`, as a static string.
 #[unsafe(no_mangle)]
 pub extern "C" fn strata_version() -> *const c_char {
@@ -144,7 +153,6 @@ pub const STRATA_FEATURE_MPI: u32 = 1 << 1;
 /// strata can compare it with the `STRATA_HAS_CUDA` / `STRATA_HAS_MPI` macros of
 /// `strata_features.h` (written next to `strata.h` by CMake). Never fails.
 #[unsafe(no_mangle)]
-#[allow(unexpected_cfgs)] // `mpi` is declared by the MPI work (issue 5); until then it is off.
 pub extern "C" fn strata_build_features() -> u32 {
     let mut bits = 0;
     if cfg!(feature = "cuda") {
@@ -154,6 +162,14 @@ pub extern "C" fn strata_build_features() -> u32 {
         bits |= STRATA_FEATURE_MPI;
     }
     bits
+}
+
+/// 1 when this build can spread tables over MPI ranks (cargo feature `mpi`:
+/// `strata_table_from_partitioned` with a communicator, `strata_table_open_distributed`), else
+/// 0. Never fails, and never calls MPI.
+#[unsafe(no_mangle)]
+pub extern "C" fn strata_mpi_available() -> i32 {
+    crate::dist::available() as i32
 }
 
 /// The number of threads a lookup with `num_threads = 0` may use: `STRATA_NUM_THREADS` if

@@ -1,12 +1,15 @@
-//! The `__partitioned__` protocol: validation, tables from descriptions, descriptions of tables.
+//! The `__partitioned__` protocol: validation, tables from descriptions, descriptions of tables;
+//! tables spread over MPI ranks.
 
-use super::{arg_ref, boundary, opt_ref, out_arg};
+use super::{arg_ref, boundary, c_path, opt_ref, out_arg};
+use crate::dist::DistTable;
 use crate::error::{Error, Status};
 use crate::partition::{OwnedPartitioned, Partitioned, describe, table_from, validate};
 use crate::table::{Table, TableKind, TableOptions};
+use std::ffi::c_char;
 
-/// Checks a `__partitioned__` description against every rule of the protocol: tiling counts
-/// >= 1 per dimension, one partition per grid position, starts and shapes inside the global
+/// Checks a `__partitioned__` description against every rule of the protocol: at least one
+/// partition per dimension, one partition per grid position, starts and shapes inside the global
 /// shape, partitions that tile it exactly (no gap, no overlap; replication is one partition with
 /// several locations), at least one location each, the same kind of `data` in every entry (a
 /// `get` callback when they are handles), `locals` inside the grid and holding data, and local
@@ -26,14 +29,24 @@ pub unsafe extern "C" fn strata_partitioned_validate(desc: *const Partitioned) -
 /// Builds a dense table (key = global row number) from a [rows, dim] description split along
 /// rows (tiling (P, 1); (1, 1) and replicated partitions too).
 ///
-/// `comm` is a pointer to an MPI communicator handle (`MPI_Fint`, mpi4py's `comm.py2f()`), or
-/// NULL for a single process holding every partition. This build has no MPI support: a non-NULL
-/// `comm` is `STRATA_UNSUPPORTED_DEVICE`.
+/// `comm` NULL: a single process holding every partition. Ownership: a single partition
+/// (tiling (1, 1), or one replicated partition) whose rows have unit element stride and are at
+/// least `dim` elements apart is borrowed without a copy: its memory must stay valid and unchanged
+/// until `strata_table_free`. Otherwise the partitions are copied into one table (and may be
+/// freed after the call).
 ///
-/// Ownership: a single partition (tiling (1, 1), or one replicated partition) with unit element
-/// stride is borrowed without a copy: its memory must stay valid and unchanged until
-/// `strata_table_free`. Several partitions are copied into one table (and may be freed after
-/// the call).
+/// `comm` non-NULL: points to an MPI communicator as an `MPI_Fint` (`MPI_Comm_c2f(comm)`,
+/// mpi4py's `comm.py2f()`); the table is spread over its ranks. Collective: every rank of
+/// `comm` must call it, each passing the same description with data for the partitions whose
+/// locations list that rank (and only those). strata duplicates `comm` (the caller keeps its
+/// own) and frees the duplicate in `strata_table_free`, which is then collective too (call it
+/// before `MPI_Finalize`); it never initialises or finalises MPI, which must be initialised. Each local partition is borrowed
+/// under the same rule as above, else copied. A description that is invalid on one rank, or
+/// that differs between ranks (shape, tiling, starts, shapes, locations, dtype, options), fails
+/// the call on every rank: the rank at fault reports its own error, the others
+/// `rank R failed the collective call: ...` with that rank's status. `strata_lookup` on the
+/// table is collective. A build without the `mpi` feature answers `STRATA_UNSUPPORTED_DEVICE`
+/// (see `strata_mpi_available`).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_table_from_partitioned(
     desc: *const Partitioned,
@@ -44,26 +57,53 @@ pub unsafe extern "C" fn strata_table_from_partitioned(
     boundary(|| {
         let out = unsafe { out_arg(out, "out") }?;
         let d = unsafe { arg_ref(desc, "desc") }?;
-        if !comm.is_null() {
-            return Err(Error::Device {
-                arg: "comm",
-                msg: "distributed tables need a build with MPI support (cargo feature `mpi`), which this one lacks; \
-                      pass NULL for a single process holding every partition"
-                    .into(),
-            });
-        }
         let options = unsafe { opt_ref(opts) }.copied().unwrap_or_default();
-        options.missing()?;
-        let layout = unsafe { validate(d) }?;
-        let table = unsafe { table_from(layout, options) }?;
-        *out = Box::into_raw(Box::new(table.into()));
+        let table = match unsafe { opt_ref(comm) } {
+            Some(&fint) => Table::from(unsafe { DistTable::from_partitioned(d, fint, options) }?),
+            None => {
+                options.missing()?;
+                Table::from(unsafe { table_from(validate(d)?, options) }?)
+            }
+        };
+        *out = Box::into_raw(Box::new(table));
+        Ok(())
+    })
+}
+
+/// Opens a HugeCTR sparse folder (as `strata_table_open`) as one table spread over the ranks of
+/// `comm` (a pointer to an `MPI_Fint`, as in `strata_table_from_partitioned`): each rank keeps
+/// the rows whose keys hash to it, copied out of the mapped files (only those rows' pages of
+/// `emb_vector` are read; every rank reads `key`). Collective: every rank must call it, with the
+/// same folder contents, `dim` and options; an error on one rank (a missing file, a duplicate
+/// key) fails the call on every rank. The table is keyed; `strata_lookup` on it is collective.
+/// Ownership: nothing is borrowed after the call; the communicator is duplicated as in
+/// `strata_table_from_partitioned`. A build without the `mpi` feature answers
+/// `STRATA_UNSUPPORTED_DEVICE`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn strata_table_open_distributed(
+    dir: *const c_char,
+    dim: i64,
+    comm: *const i32,
+    opts: *const TableOptions,
+    out: *mut *mut Table,
+) -> Status {
+    boundary(|| {
+        let out = unsafe { out_arg(out, "out") }?;
+        let dir = unsafe { c_path(dir, "dir") }?;
+        let fint = *unsafe { arg_ref(comm, "comm") }?;
+        let options = unsafe { opt_ref(opts) }.copied().unwrap_or_default();
+        let table = DistTable::open(dir, dim, fint, options)?;
+        *out = Box::into_raw(Box::new(Table::from(table)));
         Ok(())
     })
 }
 
 /// Describes a dense table with the protocol: shape [rows, dim], tiling (1, 1), one partition
 /// owned by rank 0 whose `data` is a DLPack view of the table's vectors and whose `handle`
-/// resolves to the same through `get` (which returns NULL for nothing else). Ownership: `*out`
+/// resolves to the same through `get` (which returns NULL for nothing else). A dense
+/// distributed table is described as it is spread: tiling (P, 1), each partition's locations
+/// the ranks that hold it, `data` and `handle` only for this rank's partitions (NULL for the
+/// others, for which `get` returns NULL); it is not collective. Ownership: `*out`
 /// is owned by strata, valid while the table lives, and freed with `strata_partitioned_free`.
 /// Keyed and server tables have no such view (`STRATA_INVALID_ARGUMENT`).
 #[unsafe(no_mangle)]
@@ -71,10 +111,14 @@ pub unsafe extern "C" fn strata_table_partitioned(table: *const Table, out: *mut
     boundary(|| {
         let out = unsafe { out_arg(out, "out") }?;
         let t = unsafe { arg_ref(table, "table") }?;
-        let TableKind::Static(st) = &t.kind else {
-            return Err(Error::invalid("table", "is a parameter-server table; expected a dense static table"));
+        let desc = match &t.kind {
+            TableKind::Static(st) => describe(st)?,
+            TableKind::Dist(dt) => dt.describe()?,
+            TableKind::Tiered(_) => {
+                return Err(Error::invalid("table", "is a parameter-server table; expected a dense static or distributed table"));
+            }
         };
-        *out = Box::into_raw(describe(st)?) as *mut Partitioned;
+        *out = Box::into_raw(desc) as *mut Partitioned;
         Ok(())
     })
 }

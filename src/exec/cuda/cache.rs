@@ -360,5 +360,6 @@ fn resolve_on_host(table: &Table, keys: &[u64], rows: &mut [f32], present: &mut 
             Ok(())
         }
         TableKind::Tiered(t) => t.fetch(keys, rows, present, &mut Default::default()).map(|_| ()),
+        TableKind::Dist(_) => Err(crate::error::Error::Internal("distributed tables have no GPU cache".into())),
     }
 }

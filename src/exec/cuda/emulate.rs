@@ -168,6 +168,7 @@ impl Emulated {
                 let (rows, dim, dtype, default) = match kind {
                     TableKind::Static(st) => (st.len(), st.dim(), st.dtype(), st.default_row()),
                     TableKind::Tiered(t) => (t.len(), t.dim(), crate::dlpack::FloatDtype::F32, t.default_row()),
+                    TableKind::Dist(_) => return Err(Error::invalid("placement", "distributed tables have no GPU placement")),
                 };
                 Placed::Cache(Arc::new(CacheState::new(emu, rows, dim, dtype, fraction, threshold, default)?))
             }

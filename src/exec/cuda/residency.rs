@@ -239,6 +239,12 @@ impl Residency {
         let gpu = table.gpu;
         let st = match &table.kind {
             TableKind::Static(st) => st,
+            TableKind::Dist(_) => {
+                return Err(crate::error::Error::Device {
+                    arg: "keys",
+                    msg: "a distributed (MPI) table serves host tensors only".into(),
+                });
+            }
             TableKind::Tiered(t) => {
                 let fraction = if gpu.placement == GpuPlacement::STRATA_GPU_CACHE { gpu.cache_fraction } else { 1.0 };
                 let c = CacheState::new(backend, t.len(), t.dim(), FloatDtype::F32, fraction, gpu.hit_rate_threshold, t.default_row())?;

@@ -103,6 +103,7 @@ pub(crate) unsafe fn execute(
     let missing_error = match &table.kind {
         TableKind::Static(st) => st.missing == MissingKey::STRATA_MISSING_ERROR,
         TableKind::Tiered(t) => t.missing_is_error(),
+        TableKind::Dist(_) => false,
     };
     match placed {
         Placed::Gather(src) => {
@@ -370,6 +371,7 @@ pub(crate) unsafe fn lookup(table: &Table, keys: &DLTensor, out: &DLTensor, opts
     let missing_error = match &table.kind {
         TableKind::Static(st) => st.missing == MissingKey::STRATA_MISSING_ERROR,
         TableKind::Tiered(t) => t.missing_is_error(),
+        TableKind::Dist(_) => false,
     };
     let want_counts = want_stats || missing_error;
     let placed = table.resident.placed(table, &device, &s)?;
@@ -442,6 +444,7 @@ fn first_missing(
                 true
             }
             TableKind::Tiered(t) => t.fetch(&[k], &mut rows, &mut found, &mut Default::default()).is_ok(),
+            TableKind::Dist(_) => false,
         };
         if ok && !found[0] {
             return Error::KeyNotFound { key: c.kd.value(k), index: i };

@@ -1,0 +1,421 @@
+//! [`DistTable`]: who owns which rows, this rank's share, and how the table is built
+//! collectively from a description or a HugeCTR folder.
+
+use super::DistTiming;
+use super::comm::Comm;
+use super::lookup::Scratch;
+use crate::dlpack::{FloatDtype, dtype_name};
+use crate::error::{Error, Result};
+use crate::hugectr::SparseFolder;
+use crate::index::{KeyIndex, mix};
+use crate::partition::{
+    Described, Layout, OwnedPartitioned, Part, Partitioned, check_row_split, describe_parts, grid_name, table_from, validate,
+};
+use crate::store::Store;
+use crate::table::{MissingKey, StaticTable, TableInfo, TableOptions};
+use std::path::Path;
+use std::sync::Mutex;
+
+/// Who owns a key.
+pub(crate) enum Route {
+    /// Row ranges: partition `p` holds rows `ends[p-1]..ends[p]` (from 0), owned by `owners[p]`.
+    Dense { ends: Vec<usize>, owners: Vec<Vec<i32>> },
+    /// Keys hashed over the ranks ([`key_owner`]).
+    Keyed,
+}
+
+/// A share of the table on this rank: global rows `start..start + table.len()` of a dense
+/// table, or (keyed) the keys that hash to this rank.
+pub(crate) struct LocalPart {
+    pub start: usize,
+    pub table: StaticTable,
+}
+
+/// A table spread over the ranks of a communicator. Built collectively; its lookups are
+/// collective (every rank calls, in the same order) and are serialised on each rank, so at most
+/// one runs per table at a time. Owns a duplicate of the host's communicator, freed with the
+/// table; the host's MPI is never finalised.
+pub struct DistTable {
+    /// The communicator and the buffers lookups reuse; held for the whole of a collective call.
+    pub(crate) state: Mutex<(Comm, Scratch)>,
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    pub(crate) dim: usize,
+    /// Rows of the whole table (dense: the global shape; keyed: keys over all ranks).
+    pub(crate) rows: usize,
+    pub(crate) dtype: FloatDtype,
+    pub(crate) route: Route,
+    pub(crate) local: Vec<LocalPart>,
+    pub(crate) default_row: Vec<f32>,
+    pub(crate) missing: MissingKey,
+    pub(crate) timing: Mutex<DistTiming>,
+}
+
+// SAFETY: the communicator handle is only used under the `state` mutex, by the thread making a
+// collective call; everything else is immutable after construction (StaticTable is Sync).
+unsafe impl Send for DistTable {}
+unsafe impl Sync for DistTable {}
+
+/// The rank that owns `key` in a keyed table over `size` ranks. Seeded apart from the index's
+/// own hash, so a rank's keys still spread over its index's buckets.
+pub(crate) fn key_owner(key: u64, size: usize) -> usize {
+    (mix(key ^ 0x5bd1_e995_9e37_79b9) % size as u64) as usize
+}
+
+/// Options for the shares: owners always fill (the table's own policy is applied by the rank
+/// that asked).
+fn share_options(options: TableOptions) -> TableOptions {
+    TableOptions { missing_key: MissingKey::STRATA_MISSING_FILL as i32, ..options }
+}
+
+/// What every rank must agree on, as plain numbers for an all-gather.
+#[derive(Clone, Copy, PartialEq)]
+struct Summary {
+    shape: [u64; 2],
+    tiling: u64,
+    /// A hash of every partition's start, shape and owners.
+    parts: u64,
+    /// The local data's dtype, or `u64::MAX` when this rank holds none.
+    dtype: u64,
+    default_bits: u64,
+    missing: u64,
+}
+
+const SUMMARY_LEN: usize = 7;
+const NO_DTYPE: u64 = u64::MAX;
+
+impl Summary {
+    fn to_array(self) -> [u64; SUMMARY_LEN] {
+        [self.shape[0], self.shape[1], self.tiling, self.parts, self.dtype, self.default_bits, self.missing]
+    }
+
+    fn from_slice(s: &[u64]) -> Summary {
+        Summary {
+            shape: [s[0], s[1]],
+            tiling: s[2],
+            parts: s[3],
+            dtype: s[4],
+            default_bits: s[5],
+            missing: s[6],
+        }
+    }
+}
+
+fn fnv(h: u64, v: u64) -> u64 {
+    v.to_le_bytes().iter().fold(h, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+}
+
+const DTYPES: [FloatDtype; 3] = [FloatDtype::F32, FloatDtype::F16, FloatDtype::BF16];
+
+fn dtype_code(d: FloatDtype) -> u64 {
+    DTYPES.iter().position(|x| *x == d).unwrap_or(0) as u64
+}
+
+fn dtype_of_code(c: u64) -> FloatDtype {
+    DTYPES.get(c as usize).copied().unwrap_or(FloatDtype::F32)
+}
+
+/// Compares every rank's summary with rank 0's (dtypes: with the first rank holding data) and
+/// names the first difference. The same on every rank, since every rank sees every summary.
+fn check_agreement(all: &[u64], size: usize) -> Result<()> {
+    let s: Vec<Summary> = (0..size).map(|r| Summary::from_slice(&all[r * SUMMARY_LEN..(r + 1) * SUMMARY_LEN])).collect();
+    let same = "; expected the same description on every rank (each with its own local data)";
+    for (r, x) in s.iter().enumerate().skip(1) {
+        let a = &s[0];
+        if x.shape != a.shape {
+            return Err(Error::invalid("desc", format!("shape {:?} on rank 0 but {:?} on rank {r}{same}", a.shape, x.shape)));
+        }
+        if x.tiling != a.tiling {
+            return Err(Error::invalid(
+                "desc",
+                format!("partition_tiling ({}, 1) on rank 0 but ({}, 1) on rank {r}{same}", a.tiling, x.tiling),
+            ));
+        }
+        if x.parts != a.parts {
+            return Err(Error::invalid("desc", format!("the partitions' starts, shapes or locations differ between rank 0 and rank {r}{same}")));
+        }
+        if (x.default_bits, x.missing) != (a.default_bits, a.missing) {
+            return Err(Error::invalid(
+                "opts",
+                format!("default_value or missing_key differ between rank 0 and rank {r}; expected the same options on every rank"),
+            ));
+        }
+    }
+    if let Some(first) = s.iter().position(|x| x.dtype != NO_DTYPE)
+        && let Some(r) = s.iter().position(|x| x.dtype != NO_DTYPE && x.dtype != s[first].dtype)
+    {
+        return Err(Error::invalid(
+            "desc",
+            format!(
+                "local data has dtype {} on rank {first} but {} on rank {r}; expected one dtype on every rank",
+                dtype_name(dtype_of_code(s[first].dtype).dl()),
+                dtype_name(dtype_of_code(s[r].dtype).dl())
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl DistTable {
+    /// Collective: see `strata_table_from_partitioned` with a communicator.
+    ///
+    /// # Safety
+    /// As for [`validate`]; borrowed partitions must stay valid and unchanged until the table is
+    /// dropped.
+    pub(crate) unsafe fn from_partitioned(d: &Partitioned, fint: i32, options: TableOptions) -> Result<Self> {
+        let mut comm = Comm::duplicate(fint)?;
+        let local = unsafe { local_partitions(d, comm.rank, comm.size, options) };
+        let (summary, route, local) = comm.agree(local)?;
+        let all = comm.all_gather(&summary.to_array());
+        check_agreement(&all, comm.size)?;
+        let dtype = (0..comm.size)
+            .map(|r| all[r * SUMMARY_LEN + 4])
+            .find(|&c| c != NO_DTYPE)
+            .map_or(FloatDtype::F32, dtype_of_code);
+        let [rows, dim] = summary.shape;
+        Ok(DistTable::assemble(comm, rows as usize, dim as usize, dtype, route, local, options))
+    }
+
+    /// Collective: see `strata_table_open_distributed`.
+    pub(crate) fn open(dir: &Path, dim: i64, fint: i32, options: TableOptions) -> Result<Self> {
+        let mut comm = Comm::duplicate(fint)?;
+        let local = load_share(dir, dim, comm.rank, comm.size, options);
+        let (share, file_rows) = comm.agree(local)?;
+        let mine = [dim as u64, file_rows as u64, options.default_value.to_bits() as u64, options.missing_key as u64];
+        let all = comm.all_gather(&mine);
+        if let Some(r) = (1..comm.size).find(|&r| all[r * 4..r * 4 + 4] != all[..4]) {
+            let (a, b) = (&all[..4], &all[r * 4..r * 4 + 4]);
+            let what = if a[0] != b[0] {
+                format!("dim {} on rank 0 but {} on rank {r}", a[0], b[0])
+            } else if a[1] != b[1] {
+                format!("the folder holds {} rows on rank 0 but {} on rank {r}", a[1], b[1])
+            } else {
+                format!("default_value or missing_key differ between rank 0 and rank {r}")
+            };
+            return Err(Error::invalid("dir", format!("{what}; expected the same folder, dim and options on every rank")));
+        }
+        let dim = dim as usize;
+        let local = vec![LocalPart { start: 0, table: share }];
+        Ok(DistTable::assemble(comm, file_rows, dim, FloatDtype::F32, Route::Keyed, local, options))
+    }
+
+    fn assemble(
+        comm: Comm,
+        rows: usize,
+        dim: usize,
+        dtype: FloatDtype,
+        route: Route,
+        local: Vec<LocalPart>,
+        options: TableOptions,
+    ) -> Self {
+        let missing = options.missing().unwrap_or(MissingKey::STRATA_MISSING_FILL);
+        DistTable {
+            rank: comm.rank,
+            size: comm.size,
+            state: Mutex::new((comm, Scratch::default())),
+            dim,
+            rows,
+            dtype,
+            route,
+            local,
+            default_row: vec![options.default_value; dim],
+            missing,
+            timing: Mutex::new(DistTiming::default()),
+        }
+    }
+
+    /// Elements per row.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// Rows of the whole table, over all ranks.
+    pub fn len(&self) -> usize {
+        self.rows
+    }
+
+    /// Whether the whole table holds no rows.
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+
+    /// A summary of the whole table; byte counts are this rank's share.
+    pub fn info(&self) -> TableInfo {
+        let keyed = matches!(self.route, Route::Keyed);
+        TableInfo {
+            rows: self.rows as i64,
+            dim: self.dim as i64,
+            dtype: self.dtype.dl(),
+            keyed,
+            mapped: false,
+            adopted: false,
+            index_bytes: self.local.iter().map(|p| p.table.index_bytes() as u64).sum(),
+            vector_bytes: self.local.iter().map(|p| p.table.store().vector_bytes() as u64).sum(),
+        }
+    }
+
+    /// Cumulative lookup timing on this rank.
+    pub fn timing(&self) -> DistTiming {
+        *self.timing.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Describes a dense distributed table with the protocol: every partition with its owners
+    /// (ranks of the communicator), `data` (and `handle`) only for this rank's partitions, which
+    /// view the table's memory (the caller's, for borrowed partitions). Keyed tables have no
+    /// array view.
+    pub(crate) fn describe(&self) -> Result<Box<OwnedPartitioned>> {
+        let Route::Dense { ends, owners } = &self.route else {
+            return Err(Error::invalid(
+                "table",
+                "is keyed: its rows are not positions of an array; expected a dense table (keys are row numbers)",
+            ));
+        };
+        let parts = ends
+            .iter()
+            .zip(owners)
+            .enumerate()
+            .map(|(p, (&end, ranks))| {
+                let start = if p == 0 { 0 } else { ends[p - 1] };
+                let mine = ranks.contains(&(self.rank as i32));
+                let store = self.local.iter().find(|l| mine && l.start == start).map(|l| l.table.store());
+                Described { start, rows: end - start, ranks: ranks.clone(), store }
+            })
+            .collect();
+        Ok(describe_parts(self.rows, self.dim, parts))
+    }
+
+    /// The rank that serves `key` (canonical form) for a lookup made on this rank, or `None`
+    /// when no rank holds it (a dense row out of range). A row of a replicated partition is
+    /// served locally when this rank holds a replica, else by one replica chosen by row.
+    #[inline]
+    pub(crate) fn owner(&self, key: u64) -> Option<usize> {
+        match &self.route {
+            Route::Keyed => Some(key_owner(key, self.size)),
+            Route::Dense { ends, owners } => {
+                if key >= self.rows as u64 {
+                    return None;
+                }
+                let p = ends.partition_point(|&e| e as u64 <= key);
+                let o = &owners[p];
+                if o.len() == 1 {
+                    Some(o[0] as usize)
+                } else if o.contains(&(self.rank as i32)) {
+                    Some(self.rank)
+                } else {
+                    Some(o[key as usize % o.len()] as usize)
+                }
+            }
+        }
+    }
+}
+
+/// This rank's side of building from a description: validates it, checks the rules a
+/// distributed table adds (owners are ranks of the communicator; a rank holds data exactly for
+/// the partitions that list it), and builds a table over each local partition (borrowed when
+/// its strides allow, as for a single partition in one process; else copied).
+unsafe fn local_partitions(
+    d: &Partitioned,
+    rank: usize,
+    size: usize,
+    options: TableOptions,
+) -> Result<(Summary, Route, Vec<LocalPart>)> {
+    options.missing()?;
+    let layout = unsafe { validate(d) }?;
+    let (rows, dim) = check_row_split(&layout)?;
+    let Layout { parts, .. } = layout;
+    let mut hash = 0xcbf2_9ce4_8422_2325u64;
+    let mut ends = Vec::with_capacity(parts.len());
+    let mut owners = Vec::with_capacity(parts.len());
+    let mut local = Vec::new();
+    let mut dtype = NO_DTYPE;
+    for (idx, p) in parts.into_iter().enumerate() {
+        let name = grid_name(&p.grid);
+        // SAFETY: validate() checked that partitions and locations are readable.
+        let entry = unsafe { &*d.partitions.add(idx) };
+        let locs = unsafe { std::slice::from_raw_parts(entry.locations, entry.num_locations as usize) };
+        let mut ranks = Vec::with_capacity(locs.len());
+        for (i, l) in locs.iter().enumerate() {
+            if l.rank < 0 || l.rank as usize >= size {
+                return Err(Error::invalid(
+                    "desc",
+                    format!("{name}: location[{i}].rank = {}; expected a rank of comm (0..{size})", l.rank),
+                ));
+            }
+            if ranks.contains(&l.rank) {
+                return Err(Error::invalid("desc", format!("{name}: rank {} appears twice in its locations", l.rank)));
+            }
+            ranks.push(l.rank);
+        }
+        for v in [p.start[0], p.shape[0]].into_iter().chain(ranks.iter().map(|&r| r as usize)) {
+            hash = fnv(hash, v as u64);
+        }
+        hash = fnv(hash, u64::MAX);
+        let mine = ranks.contains(&(rank as i32));
+        match (&p.data, mine) {
+            (None, true) => {
+                return Err(Error::invalid(
+                    "desc",
+                    format!("{name} lists this rank ({rank}) among its locations but has no data here; expected its local data"),
+                ));
+            }
+            (Some(_), false) => {
+                return Err(Error::invalid(
+                    "desc",
+                    format!("{name} has data on rank {rank} but its locations {ranks:?} do not list this rank"),
+                ));
+            }
+            _ => {}
+        }
+        ends.push(p.start[0] + p.shape[0]);
+        owners.push(ranks);
+        if mine {
+            let start = p.start[0];
+            let one = Layout {
+                shape: p.shape.clone(),
+                tiling: vec![1, 1],
+                parts: vec![Part { grid: p.grid, start: vec![0, 0], shape: p.shape, data: p.data }],
+            };
+            let table = unsafe { table_from(one, share_options(options)) }.map_err(|e| match e {
+                Error::Invalid { arg, msg } => Error::Invalid { arg, msg: format!("{name}: {msg}") },
+                other => other,
+            })?;
+            dtype = dtype_code(table.dtype());
+            local.push(LocalPart { start, table });
+        }
+    }
+    let summary = Summary {
+        shape: [rows as u64, dim as u64],
+        tiling: ends.len() as u64,
+        parts: hash,
+        dtype,
+        default_bits: options.default_value.to_bits() as u64,
+        missing: options.missing_key as u64,
+    };
+    Ok((summary, Route::Dense { ends, owners }, local))
+}
+
+/// This rank's share of a HugeCTR folder: the rows whose keys hash to `rank`. Every rank reads
+/// the key file; of the vector file only the pages of its own rows are touched (mapped, then
+/// copied into the share). Returns the share and the folder's row count.
+fn load_share(dir: &Path, dim: i64, rank: usize, size: usize, options: TableOptions) -> Result<(StaticTable, usize)> {
+    options.missing()?;
+    let dim = usize::try_from(dim).map_err(|_| Error::invalid("dim", format!("{dim}; expected 1 <= dim")))?;
+    let folder = SparseFolder::open(dir, dim)?;
+    let mine: Vec<usize> = (0..folder.rows).filter(|&r| key_owner(folder.key(r), size) == rank).collect();
+    let index = KeyIndex::build(mine.iter().map(|&r| folder.key(r)), |k| k as i64 as i128, "dir/key").map_err(|e| match e {
+        // name the rows of the file, not of this rank's share
+        Error::DuplicateKey { arg, key, first, second } => {
+            Error::DuplicateKey { arg, key, first: mine[first as usize] as u64, second: mine[second as usize] as u64 }
+        }
+        other => other,
+    })?;
+    let row_bytes = dim * 4;
+    let vecs = folder.vecs();
+    let store = Store::alloc(FloatDtype::F32, mine.len(), dim, |buf| {
+        for (i, &r) in mine.iter().enumerate() {
+            buf[i * row_bytes..(i + 1) * row_bytes].copy_from_slice(&vecs[r * row_bytes..(r + 1) * row_bytes]);
+        }
+    })?;
+    let table = StaticTable::keyed_over(store, index, share_options(options))?;
+    Ok((table, folder.rows))
+}
