@@ -21,6 +21,8 @@ pub struct ServerModel {
     pub(crate) name: CString,
     pub(crate) table_names: Vec<CString>,
     /// Boxed so the `strata_table*` handed out stays put.
+    /// Boxed: `strata_server_table` hands out pointers that must not move.
+    #[allow(clippy::vec_box)]
     pub(crate) tables: Vec<Box<Table>>,
 }
 

@@ -145,7 +145,7 @@ impl TableOptions {
             return Err(Error::invalid("opts->gpu_cache_fraction", format!("{f}; expected a fraction in [0, 1]")));
         }
         let t = self.hit_rate_threshold;
-        if !(t >= 0.0) {
+        if t.is_nan() || t < 0.0 {
             return Err(Error::invalid("opts->hit_rate_threshold", format!("{t}; expected a number >= 0")));
         }
         if sharding == GpuSharding::STRATA_GPU_SHARD && placement != GpuPlacement::STRATA_GPU_STATIC {

@@ -177,6 +177,7 @@ enum Mix {
 
 /// Looks `kb` up on the CPU and through the GPU (tensors placed as `mix`, on stream `s`) into
 /// poisoned outputs; returns both outputs as bytes and both stats.
+#[allow(clippy::too_many_arguments)]
 fn cpu_and_gpu(
     ctx: &std::sync::Arc<cudarc::driver::CudaContext>,
     s: cudarc::driver::sys::CUstream,
