@@ -273,3 +273,33 @@ fn cache_in_front_of_server_tiers() {
         assert_eq!((st.hits, st.misses), (90 - missing, missing));
     }
 }
+
+#[test]
+fn missing_keys_as_errors_name_the_first_one_like_the_cpu_path() {
+    let emu = emulator();
+    let mut rng = Rng(17);
+    let size = 4;
+    let mut data = vec![0u8; 100 * 4 * size];
+    for i in 0..400 {
+        write_float(F32, data[i * size..].as_mut_ptr(), rng.f32());
+    }
+    let v = Desc::compact(data.as_ptr(), F32, &[100, 4]);
+    let strict = TableOptions { missing_key: 1, ..TableOptions::default() };
+    let table = unsafe { Table::from_dlpack(&v.t, None, strict) }.unwrap();
+    for placement in [Placement::Gather, Placement::Cache { fraction: 0.5, threshold: 0.0 }, Placement::Shards { count: 3 }] {
+        let placed = Emulated::place(emu, &table, placement).unwrap();
+        // keys [3, 4] with 123 and -1 missing; in place, and transposed (staged from the host)
+        let keys: [i32; 12] = [5, 9, 0, 99, 17, 123, 2, 3, -1, 8, 1, 4];
+        for (shape, strides) in [([3i64, 4], [4i64, 1]), ([4, 3], [1, 4])] {
+            let k = Desc::new(keys.as_ptr().cast(), I32, &shape, &strides, 0);
+            let mut a = vec![0f32; 48];
+            let mut b = vec![0f32; 48];
+            let oa = Desc::compact(a.as_mut_ptr().cast(), F32, &[shape[0], shape[1], 4]);
+            let ob = Desc::compact(b.as_mut_ptr().cast(), F32, &[shape[0], shape[1], 4]);
+            let cpu = unsafe { table.lookup(&k.t, &oa.t, &LookupOptions::default()) }.unwrap_err().to_string();
+            let gpu = unsafe { placed.lookup(emu, &table, &k.t, &ob.t) }.unwrap_err().to_string();
+            assert_eq!(gpu, cpu, "{placement:?} keys {shape:?}");
+            assert!(cpu.contains("is not in the table"), "{cpu}");
+        }
+    }
+}

@@ -23,6 +23,8 @@ pub(crate) struct Mem {
 
 enum MemOwner {
     Device(Arc<Device>),
+    /// From the stream-ordered allocator; freed in stream order on this stream.
+    StreamOrdered(Arc<Device>, sys::CUstream),
     Pinned(Arc<Device>),
     Host(#[allow(dead_code)] Vec<u64>),
 }
@@ -94,6 +96,13 @@ impl Drop for Mem {
                     unsafe { sys::cuMemFree_v2(self.dev) };
                 }
             }
+            MemOwner::StreamOrdered(d, stream) => {
+                if d.bind().is_ok() {
+                    // SAFETY: allocated by cuMemAllocAsync; freed after the work queued on the
+                    // stream before this point.
+                    unsafe { sys::cuMemFreeAsync(self.dev, *stream) };
+                }
+            }
             MemOwner::Pinned(d) => {
                 if d.bind().is_ok() {
                     unsafe { sys::cuMemFreeHost(self.host as *mut c_void) };
@@ -121,6 +130,14 @@ pub(crate) trait Backend {
     fn alloc_device(&self, bytes: usize, what: &str) -> Result<Mem>;
     /// Zeroed page-locked host memory the device can address.
     fn alloc_mapped(&self, bytes: usize, what: &str) -> Result<Mem>;
+    /// Device memory for this stream's work only (not zeroed), freed in stream order on drop.
+    fn alloc_stream(&self, bytes: usize, what: &str) -> Result<Mem>;
+    /// Queues a copy of `bytes` from host `src` to device-visible `dst`. The source may be
+    /// reused once this returns (pageable sources are staged by the driver before it returns).
+    ///
+    /// # Safety
+    /// `dst` must be device memory this work may write.
+    unsafe fn copy_to_device(&self, dst: u64, src: *const u8, bytes: usize) -> Result<()>;
     /// Queues a gather kernel.
     ///
     /// # Safety
@@ -212,6 +229,23 @@ impl Backend for Stream {
 
     fn alloc_mapped(&self, bytes: usize, what: &str) -> Result<Mem> {
         Mem::pinned(&self.device, bytes, what)
+    }
+
+    fn alloc_stream(&self, bytes: usize, what: &str) -> Result<Mem> {
+        self.device.bind()?;
+        let mut dev = 0;
+        // SAFETY: stream-ordered allocation on the caller's stream.
+        cuda_call(unsafe { sys::cuMemAllocAsync(&mut dev, bytes.max(1), self.stream) }, || {
+            format!("cuMemAllocAsync of {bytes} bytes for {what} on device {}", self.device.ordinal)
+        })?;
+        Ok(Mem { dev, host: std::ptr::null_mut(), bytes, owner: MemOwner::StreamOrdered(self.device.clone(), self.stream) })
+    }
+
+    unsafe fn copy_to_device(&self, dst: u64, src: *const u8, bytes: usize) -> Result<()> {
+        self.device.bind()?;
+        cuda_call(unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, bytes, self.stream) }, || {
+            format!("cuMemcpyHtoDAsync of {bytes} bytes")
+        })
     }
 
     unsafe fn launch_gather(&self, name: &str, grid: u32, p: &GatherParams) -> Result<()> {

@@ -11,7 +11,7 @@ use super::backend::{Backend, HostFn, Job, Mem, Spawner};
 use super::cache::CacheState;
 use super::params::{CacheParams, GatherParams};
 use super::residency::{GatherSource, InFlight, Placed, shard_params, split};
-use super::run::{Io, execute};
+use super::run::lookup_on;
 use crate::error::{Error, Result};
 use crate::lookup::{LookupStats, check};
 use crate::table::{Rows, Table, TableKind};
@@ -82,6 +82,13 @@ impl Backend for Emulator {
     }
     fn alloc_mapped(&self, bytes: usize, _what: &str) -> Result<Mem> {
         Ok(Mem::host(bytes))
+    }
+    fn alloc_stream(&self, bytes: usize, _what: &str) -> Result<Mem> {
+        Ok(Mem::host(bytes))
+    }
+    unsafe fn copy_to_device(&self, dst: u64, src: *const u8, bytes: usize) -> Result<()> {
+        unsafe { std::ptr::copy_nonoverlapping(src, dst as *mut u8, bytes) };
+        Ok(())
     }
     unsafe fn launch_gather(&self, name: &str, grid: u32, p: &GatherParams) -> Result<()> {
         self.run(name, true, grid, p as *const GatherParams as *const c_void)
@@ -194,29 +201,10 @@ impl Emulated {
         let Some(c) = (unsafe { check(table.dim(), keys, out) })? else {
             return Ok(LookupStats::default());
         };
-        let canonical;
-        let (k, kd, ks) = match crate::dlpack::Walk::new(&c.k.shape, &c.k.strides).linear_stride() {
-            Some(s) => (c.k.ptr as u64, c.kd, s as i64),
-            None => {
-                canonical = c.host_keys();
-                (canonical.as_ptr() as u64, crate::dlpack::KeyDtype::U64, 1)
-            }
-        };
-        let dim = table.dim();
-        let mut staged = Vec::new();
-        let (o, ors, ocs) = match c.lead.linear_stride() {
-            Some(s) => (c.o.ptr as u64, s as i64, c.col_stride as i64),
-            None => {
-                staged = vec![0u8; c.n * dim * c.od.size()];
-                (staged.as_mut_ptr() as u64, dim as i64, 1)
-            }
-        };
-        let io = Io { keys: k, key_dtype: kd, key_stride: ks, n: c.n as u64, out: o, out_dtype: c.od, out_row_stride: ors, out_col_stride: ocs };
-        let counts = unsafe { execute(emu, table, &self.inflight, &self.placed, &io, true) }?;
-        if !staged.is_empty() {
-            unsafe { c.write_host_rows(&staged) };
-        }
-        let (hits, misses) = counts.read(emu)?.unwrap_or((0, 0));
-        Ok(LookupStats { hits, misses, ..LookupStats::default() })
+        // Host memory is the emulator's device memory: keys and out the kernels can address with
+        // one stride are used in place; the others take the staging path of host tensors.
+        let keys_in_place = crate::dlpack::Walk::new(&c.k.shape, &c.k.strides).linear_stride().is_some();
+        let out_in_place = c.lead.linear_stride().is_some();
+        unsafe { lookup_on(emu, table, &self.inflight, &self.placed, &c, keys_in_place, out_in_place, true) }
     }
 }

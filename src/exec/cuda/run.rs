@@ -18,11 +18,10 @@ use super::params::{CacheParams, GatherParams};
 use super::residency::{InFlight, Placed};
 use crate::dlpack::{FloatDtype, KeyDtype, TensorView, Walk, device_name};
 use crate::error::{Error, Result};
-use crate::lookup::{LookupOptions, LookupStats, check};
+use crate::lookup::{Checked, LookupOptions, LookupStats, check};
 use crate::table::{MissingKey, Table, TableKind};
 use cudarc::driver::sys;
 use dlpark::ffi::{DLDeviceType, DLTensor};
-use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
 /// The kernels' name for a key dtype.
@@ -256,31 +255,6 @@ fn lookup_device(k: &TensorView, o: &TensorView) -> Result<usize> {
     }
 }
 
-/// Memory from the stream-ordered allocator, freed in stream order when dropped.
-struct StreamBuf<'a> {
-    dev: u64,
-    s: &'a Stream,
-}
-
-impl<'a> StreamBuf<'a> {
-    fn new(s: &'a Stream, bytes: usize, what: &str) -> Result<Self> {
-        s.device.bind()?;
-        let mut dev = 0;
-        cuda_call(unsafe { sys::cuMemAllocAsync(&mut dev, bytes.max(1), s.stream) }, || {
-            format!("cuMemAllocAsync of {bytes} bytes for {what} on device {}", s.device.ordinal)
-        })?;
-        Ok(StreamBuf { dev, s })
-    }
-}
-
-impl Drop for StreamBuf<'_> {
-    fn drop(&mut self) {
-        if self.s.device.bind().is_ok() {
-            unsafe { sys::cuMemFreeAsync(self.dev, self.s.stream) };
-        }
-    }
-}
-
 /// Whether the tensor is a CUDA tensor (so the lookup runs on the GPU path).
 pub(crate) fn is_cuda(t: &DLTensor) -> bool {
     matches!(t.device.device_type, DLDeviceType::CUDA | DLDeviceType::CUDAMANAGED)
@@ -306,99 +280,98 @@ pub(crate) unsafe fn lookup(table: &Table, keys: &DLTensor, out: &DLTensor, opts
     let device = Device::get(ordinal)?;
     let s = Stream { device: device.clone(), stream: opts.stream as sys::CUstream };
     check_stream(&device, s.stream)?;
-    let n = c.n;
-    let od = c.od;
+    let keys_visible = device_visible(c.k.device.device_type);
+    if keys_visible && Walk::new(&c.k.shape, &c.k.strides).linear_stride().is_none() {
+        return Err(Error::layout(
+            "keys",
+            format!("strides {:?} of a device tensor of shape {:?}; expected strides that reduce to one", c.k.strides, c.k.shape),
+        ));
+    }
+    let out_visible = device_visible(c.o.device.device_type);
+    if out_visible && c.lead.linear_stride().is_none() {
+        return Err(Error::layout(
+            "out",
+            format!(
+                "strides {:?} of a device tensor of shape {:?}; expected the leading dimensions' strides to reduce to one",
+                c.o.strides, c.o.shape
+            ),
+        ));
+    }
+    if keys_visible && out_visible && ranges_overlap(c.o.byte_range(), c.k.byte_range()) {
+        return Err(Error::layout("out", "overlaps the memory of keys; expected separate buffers"));
+    }
+    let placed = table.resident.placed(table, &device, &s)?;
+    unsafe { lookup_on(&s, table, &table.resident.inflight, &placed, &c, keys_visible, out_visible, want_stats) }
+}
 
-    // Keys: in place, or read on the host and copied in.
-    let key_linear = Walk::new(&c.k.shape, &c.k.strides).linear_stride();
-    let mut _key_buf = None;
-    let (keys_addr, key_dtype, key_stride) = match (device_visible(c.k.device.device_type), key_linear) {
-        (true, Some(stride)) => (c.k.ptr as u64, c.kd, stride as i64),
-        (true, None) => {
-            return Err(Error::layout(
-                "keys",
-                format!("strides {:?} of a device tensor of shape {:?}; expected strides that reduce to one", c.k.strides, c.k.shape),
-            ));
-        }
-        (false, _) => {
+/// Runs a checked lookup through `placed` on `b`: keys and out the kernels address in place
+/// when `keys_in_place` / `out_in_place` (their strides reduce to one), else keys read on the
+/// host and copied in, rows gathered into device memory and copied back into `out`.
+///
+/// # Safety
+/// As for [`lookup`]; in-place tensors must be device-visible for `b`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn lookup_on(
+    b: &dyn Backend,
+    table: &Table,
+    inflight: &Arc<InFlight>,
+    placed: &Placed,
+    c: &Checked,
+    keys_in_place: bool,
+    out_in_place: bool,
+    want_stats: bool,
+) -> Result<LookupStats> {
+    let (n, dim, od) = (c.n, table.dim(), c.od);
+    // Keys: in place, or read on the host (any strides) and copied in.
+    let mut key_buf = None;
+    let (keys_addr, key_dtype, key_stride) = match Walk::new(&c.k.shape, &c.k.strides).linear_stride() {
+        Some(stride) if keys_in_place => (c.k.ptr as u64, c.kd, stride as i64),
+        _ => {
             let canonical = c.host_keys();
-            let buf = StreamBuf::new(&s, n * 8, "the keys")?;
-            cuda_call(unsafe { sys::cuMemcpyHtoDAsync_v2(buf.dev, canonical.as_ptr() as *const c_void, n * 8, s.stream) }, || {
-                format!("cuMemcpyHtoDAsync of {n} keys")
-            })?;
+            let buf = b.alloc_stream(n * 8, "the keys")?;
+            unsafe { b.copy_to_device(buf.dev, canonical.as_ptr() as *const u8, n * 8) }?;
             let addr = buf.dev;
-            _key_buf = Some(buf);
+            key_buf = Some(buf);
             (addr, KeyDtype::U64, 1)
         }
     };
-
     // Out: in place, or a device buffer copied back.
-    let out_linear = c.lead.linear_stride();
-    let host_out = !device_visible(c.o.device.device_type);
-    let mut out_buf = None;
-    let (out_addr, out_row_stride, out_col_stride) = match (host_out, out_linear) {
-        (false, Some(stride)) => (c.o.ptr as u64, stride as i64, c.col_stride as i64),
-        (false, None) => {
-            return Err(Error::layout(
-                "out",
-                format!(
-                    "strides {:?} of a device tensor of shape {:?}; expected the leading dimensions' strides to reduce to one",
-                    c.o.strides, c.o.shape
-                ),
-            ));
-        }
-        (true, _) => {
-            let buf = StreamBuf::new(&s, n * dim * od.size(), "the rows")?;
-            let addr = buf.dev;
-            out_buf = Some(buf);
-            (addr, dim as i64, 1)
-        }
+    let out_buf = match c.lead.linear_stride() {
+        Some(_) if out_in_place => None,
+        _ => Some(b.alloc_stream(n * dim * od.size(), "the rows")?),
     };
-    if device_visible(c.k.device.device_type) && !host_out && ranges_overlap(c.o.byte_range(), c.k.byte_range()) {
-        return Err(Error::layout("out", "overlaps the memory of keys; expected separate buffers"));
-    }
-
-    let io = Io {
-        keys: keys_addr,
-        key_dtype,
-        key_stride,
-        n: n as u64,
-        out: out_addr,
-        out_dtype: od,
-        out_row_stride,
-        out_col_stride,
+    let (out_addr, out_row_stride, out_col_stride) = match &out_buf {
+        None => (c.o.ptr as u64, c.lead.linear_stride().unwrap_or(0) as i64, c.col_stride as i64),
+        Some(buf) => (buf.dev, dim as i64, 1),
     };
+    let io = Io { keys: keys_addr, key_dtype, key_stride, n: n as u64, out: out_addr, out_dtype: od, out_row_stride, out_col_stride };
     let missing_error = match &table.kind {
         TableKind::Static(st) => st.missing == MissingKey::STRATA_MISSING_ERROR,
         TableKind::Tiered(t) => t.missing_is_error(),
         TableKind::Dist(_) => false,
     };
     let want_counts = want_stats || missing_error;
-    let placed = table.resident.placed(table, &device, &s)?;
-    let counts = unsafe { execute(&s, table, &table.resident.inflight, &placed, &io, want_counts) }?;
+    let counts = unsafe { execute(b, table, inflight, placed, &io, want_counts) }?;
 
     if let Some(buf) = &out_buf {
         let mut rows = vec![0u8; n * dim * od.size()];
-        cuda_call(unsafe { sys::cuMemcpyDtoHAsync_v2(rows.as_mut_ptr() as *mut c_void, buf.dev, rows.len(), s.stream) }, || {
-            format!("cuMemcpyDtoHAsync of {} bytes of rows", rows.len())
-        })?;
-        s.synchronize()?;
+        b.download(rows.as_mut_ptr(), buf.dev, rows.len())?;
         // SAFETY: check() validated out for n rows of dim elements.
         unsafe { c.write_host_rows(&rows) };
     }
     let mut stats = LookupStats::default();
     if want_counts {
-        s.synchronize()?;
-        if let Some((hits, misses)) = counts.read(&s)? {
+        b.synchronize()?;
+        if let Some((hits, misses)) = counts.read(b)? {
             stats.hits = hits;
             stats.misses = misses;
         }
         if missing_error && stats.misses > 0 {
-            return Err(first_missing(table, &c, &s, keys_addr, key_dtype, key_stride, n));
+            return Err(first_missing(table, c, b, keys_in_place, keys_addr, key_dtype, key_stride, n));
         }
     }
     drop(out_buf);
-    drop(_key_buf);
+    drop(key_buf);
     Ok(stats)
 }
 
@@ -410,14 +383,15 @@ fn ranges_overlap(a: (usize, usize), b: (usize, usize)) -> bool {
 #[allow(clippy::too_many_arguments)]
 fn first_missing(
     table: &Table,
-    c: &crate::lookup::Checked,
-    s: &Stream,
+    c: &Checked,
+    s: &dyn Backend,
+    keys_in_place: bool,
     keys: u64,
     dtype: KeyDtype,
     stride: i64,
     n: usize,
 ) -> Error {
-    let canonical: Vec<u64> = if !device_visible(c.k.device.device_type) {
+    let canonical: Vec<u64> = if !keys_in_place {
         c.host_keys()
     } else {
         let elem = match dtype {
