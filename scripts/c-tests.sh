@@ -202,6 +202,27 @@ consumer_pkg_config() {
 }
 check "C consumer with pkg-config --cflags --libs strata" consumer_pkg_config
 
+# ---- the CUDA example -----------------------------------------------------------------------
+
+# c_examples/cuda_lookup.c against the CUDA runtime's headers and libcudart from PyPI
+# (nvidia-cuda-runtime-cu12, nvidia-cuda-nvcc-cu12 for crt/; scripts/test.sh installs them):
+# compiled with every warning, then run; without a device it says "skipped: no CUDA device".
+cuda_example() {
+    local dirs
+    dirs="$(python3 -c 'import nvidia.cuda_runtime as r, nvidia.cuda_nvcc as c, os
+print(os.path.join(list(r.__path__)[0], "include"), os.path.join(list(c.__path__)[0], "include"), os.path.join(list(r.__path__)[0], "lib"))' 2>/dev/null)" || {
+        echo "the CUDA runtime headers are not installed (pip install nvidia-cuda-runtime-cu12 nvidia-cuda-nvcc-cu12)"
+        [ -z "${STRATA_REQUIRE_CUDA_HEADERS:-}" ]
+        return
+    }
+    set -- $dirs
+    gcc -std=c11 "${WARN[@]}" -I"$ROOT/include" -I"$1" -I"$2" c_examples/cuda_lookup.c "${LINK[@]}" \
+        -L"$3" -l:libcudart.so.12 -Wl,-rpath,"$3" -o "$WORK/cuda_lookup" &&
+        "$WORK/cuda_lookup" static 20000 64 5000 | tee "$WORK/cuda_lookup.log" &&
+        grep -Eq "skipped: no CUDA device|GB/s of rows" "$WORK/cuda_lookup.log"
+}
+check "c_examples/cuda_lookup.c (CUDA runtime API; skips without a device)" cuda_example
+
 # ---- valgrind ------------------------------------------------------------------------------
 
 # valgrind_example NAME [ARGS...]: builds c_examples/NAME.c without sanitizers and runs it under

@@ -7,7 +7,7 @@
 #   bash scripts/gpu-check.sh run      only run binaries from target/gpu-check/ (for a GPU machine
 #                                      without Rust: build elsewhere, then carry target/gpu-check)
 #
-# What runs: tests/cuda.rs (every placement, dtype and host/device mix against the CPU path,
+# What runs: c_examples/cuda_lookup.c (static, uvm, cache), tests/cuda.rs (every placement, dtype and host/device mix against the CPU path,
 # 1M keys, a lookup queued behind a spinning kernel, two streams, errors, several devices when
 # present), tests/cuda_emulated.rs (the kernels on the CPU emulator, as in CI), and
 # benches/gpu.rs (GB/s of static/uvm/cache gathers beside a device memcpy and the CPU path).
@@ -41,6 +41,8 @@ for line in sys.stdin:
     if m.get('reason') == 'compiler-artifact' and m['target']['name'] == 'gpu' and m.get('executable'):
         print(m['executable'])")"
     cp "$bench" "$dest/gpu-bench" && strip "$dest/gpu-bench"
+    cargo build --release --lib 2>/dev/null
+    cp target/release/libstrata.so "$dest/libstrata.so" && strip "$dest/libstrata.so"
     ls -la "$dest"
 }
 
@@ -76,6 +78,15 @@ run() {
     grep -q "test result: ok" "${OUT:-/tmp}/gpu-tests.log" || { echo "GPU tests FAILED (log: ${OUT:-/tmp}/gpu-tests.log)"; tail -40 "${OUT:-/tmp}/gpu-tests.log"; }
     echo "== tests/cuda_emulated.rs"
     "$dest/cuda_emulated" 2>&1 | grep -E "^test |panicked|test result" || true
+    echo "== c_examples/cuda_lookup.c (built here against the CUDA toolkit and the carried libstrata.so)"
+    local cuda_home="${CUDA_HOME:-/usr/local/cuda}"
+    if [ -e "$cuda_home/include/cuda_runtime_api.h" ]; then
+        gcc -std=c11 -O2 -Wall -Wextra -Werror -Iinclude -I"$cuda_home/include" c_examples/cuda_lookup.c \
+            -L"$dest" -lstrata -Wl,-rpath,"$PWD/$dest" -L"$cuda_home/lib64" -lcudart -o "$dest/cuda_lookup" &&
+            for p in static uvm cache; do "$dest/cuda_lookup" "$p" || echo "cuda_lookup $p FAILED"; done
+    else
+        echo "no CUDA toolkit headers at $cuda_home/include: example not built"
+    fi
     echo "== benches/gpu.rs"
     "$dest/gpu-bench" 2>&1 | tee "${OUT:-/tmp}/gpu-bench.log"
 }

@@ -41,6 +41,13 @@ if ! python3 -c 'import nvidia.cuda_nvrtc' 2>/dev/null; then
     echo "== installing nvidia-cuda-nvrtc-cu12 (NVRTC for the CUDA kernel compile test)"
     python3 -m pip install -q --disable-pip-version-check 'nvidia-cuda-nvrtc-cu12>=12.8,<13'
 fi
+# The CUDA runtime's headers and libcudart (crt/ comes with the nvcc wheel), to build the CUDA C
+# example without a toolkit.
+if ! python3 -c 'import nvidia.cuda_runtime, nvidia.cuda_nvcc' 2>/dev/null; then
+    echo "== installing nvidia-cuda-runtime-cu12 and nvidia-cuda-nvcc-cu12 (headers for c_examples/cuda_lookup.c)"
+    python3 -m pip install -q --disable-pip-version-check 'nvidia-cuda-runtime-cu12>=12.8,<13' 'nvidia-cuda-nvcc-cu12>=12.8,<13'
+fi
+export STRATA_REQUIRE_CUDA_HEADERS=1
 NVRTC_LIB="$(python3 -c 'import nvidia.cuda_nvrtc, os; print(os.path.join(list(nvidia.cuda_nvrtc.__path__)[0], "lib"))')"
 export LD_LIBRARY_PATH="$NVRTC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export STRATA_REQUIRE_NVRTC=1
