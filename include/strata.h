@@ -94,7 +94,7 @@ typedef struct DLManagedTensorVersioned {
 #define STRATA_VERSION_MAJOR 0
 
 // Minor version of this library (agrees with Cargo.toml).
-#define STRATA_VERSION_MINOR 1
+#define STRATA_VERSION_MINOR 2
 
 // Patch version of this library (agrees with Cargo.toml).
 #define STRATA_VERSION_PATCH 0

@@ -16,7 +16,7 @@ use std::sync::Once;
 /// Major version of this library (agrees with Cargo.toml).
 pub const STRATA_VERSION_MAJOR: u32 = 0;
 /// Minor version of this library (agrees with Cargo.toml).
-pub const STRATA_VERSION_MINOR: u32 = 1;
+pub const STRATA_VERSION_MINOR: u32 = 2;
 /// Patch version of this library (agrees with Cargo.toml).
 pub const STRATA_VERSION_PATCH: u32 = 0;
 /// `MAJOR * 10000 + MINOR * 100 + PATCH`, for `#if STRATA_VERSION_NUMBER >= ...` checks.
