@@ -255,6 +255,26 @@ fn lookup_device(k: &TensorView, o: &TensorView) -> Result<usize> {
     }
 }
 
+/// Restores the calling thread's current CUDA context when dropped: strata binds the device's
+/// primary context for its own calls and leaves the host's thread as it found it.
+struct CurrentContext(sys::CUcontext);
+
+impl CurrentContext {
+    fn save() -> Self {
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: reads the calling thread's current context (NULL when none).
+        unsafe { sys::cuCtxGetCurrent(&mut ctx) };
+        CurrentContext(ctx)
+    }
+}
+
+impl Drop for CurrentContext {
+    fn drop(&mut self) {
+        // SAFETY: the context was current on this thread when the call began.
+        unsafe { sys::cuCtxSetCurrent(self.0) };
+    }
+}
+
 /// Whether the tensor is a CUDA tensor (so the lookup runs on the GPU path).
 pub(crate) fn is_cuda(t: &DLTensor) -> bool {
     matches!(t.device.device_type, DLDeviceType::CUDA | DLDeviceType::CUDAMANAGED)
@@ -277,6 +297,7 @@ pub(crate) unsafe fn lookup(table: &Table, keys: &DLTensor, out: &DLTensor, opts
         return Err(Error::Device { arg, msg: format!("device {}; {}", device_name(v.device), super::unsupported_reason()) });
     }
     let ordinal = lookup_device(&c.k, &c.o)?;
+    let _restore = CurrentContext::save();
     let device = Device::get(ordinal)?;
     let s = Stream { device: device.clone(), stream: opts.stream as sys::CUstream };
     check_stream(&device, s.stream)?;
