@@ -6,7 +6,7 @@
 //!   by copy, by adoption or from a HugeCTR sparse folder, or tiered server tables;
 //! - [`store`]: where vectors live; [`index`]: the keyed hash index;
 //! - [`lookup`]: validation and dispatch of lookups; [`exec`]: the CPU pool and gather kernels,
-//!   and the CUDA kernels (feature `cuda`);
+//!   and lookups on CUDA tensors (feature `cuda`: kernels, placements, the GPU cache);
 //! - [`config`], [`tier`], [`tiered`], [`server`]: the HPS-compatible parameter server;
 //! - [`partition`]: the `__partitioned__` protocol; [`dist`]: tables spread over MPI ranks
 //!   (feature `mpi`);
