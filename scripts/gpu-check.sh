@@ -18,31 +18,29 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 mode="${1:-all}"
 dest=target/gpu-check
 
+# executable NAME: the path of target NAME's executable in cargo's JSON messages on stdin.
+executable() {
+    python3 -c "
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get('reason') == 'compiler-artifact' and m['target']['name'] == '$1' and m.get('executable'):
+        print(m['executable'])"
+}
+
 build() {
     echo "== building the GPU test and bench binaries"
     rm -rf "$dest" && mkdir -p "$dest"
-    local msgs
-    msgs="$(cargo test --no-run --message-format=json --test cuda --test cuda_emulated 2>/dev/null)"
+    local tests bench
+    tests="$(cargo test --no-run --message-format=json --test cuda --test cuda_emulated 2>/dev/null)"
+    bench="$(cargo bench --no-run --message-format=json --bench gpu 2>/dev/null)"
     for t in cuda cuda_emulated; do
-        local exe
-        exe="$(printf '%s\n' "$msgs" | python3 -c "
-import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get('reason') == 'compiler-artifact' and m['target']['name'] == '$t' and m.get('executable'):
-        print(m['executable'])")"
-        cp "$exe" "$dest/$t" && strip "$dest/$t"
+        cp "$(printf '%s\n' "$tests" | executable "$t")" "$dest/$t"
     done
-    local bench
-    bench="$(cargo bench --no-run --message-format=json --bench gpu 2>/dev/null | python3 -c "
-import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get('reason') == 'compiler-artifact' and m['target']['name'] == 'gpu' and m.get('executable'):
-        print(m['executable'])")"
-    cp "$bench" "$dest/gpu-bench" && strip "$dest/gpu-bench"
+    cp "$(printf '%s\n' "$bench" | executable gpu)" "$dest/gpu-bench"
     cargo build --release --lib 2>/dev/null
-    cp target/release/libstrata.so "$dest/libstrata.so" && strip "$dest/libstrata.so"
+    cp target/release/libstrata.so "$dest/libstrata.so"
+    strip "$dest"/*
     ls -la "$dest"
 }
 

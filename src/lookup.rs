@@ -72,12 +72,16 @@ pub(crate) struct Checked {
 }
 
 impl Checked {
+    /// Where the keys are read from.
+    pub(crate) fn key_source(&self) -> KeySource {
+        KeySource { ptr: self.k.ptr, dtype: self.kd, walk: Walk::new(&self.k.shape, &self.k.strides), elem: self.k.elem }
+    }
+
     /// The keys in canonical form (host keys only).
     pub(crate) fn host_keys(&self) -> Vec<u64> {
-        let src = KeySource { ptr: self.k.ptr, dtype: self.kd, walk: Walk::new(&self.k.shape, &self.k.strides), elem: self.k.elem };
         let mut keys = vec![0u64; self.n];
         let mut offs = vec![0isize; self.n];
-        src.read(0, &mut keys, &mut offs);
+        self.key_source().read(0, &mut keys, &mut offs);
         keys
     }
 
@@ -92,24 +96,24 @@ impl Checked {
         let mut offs = vec![0isize; self.n];
         self.lead.fill(0, &mut offs);
         for (i, &off) in offs.iter().enumerate() {
-            for c in 0..dim {
-                let src = &rows[(i * dim + c) * size..(i * dim + c + 1) * size];
-                let dst = self.o.ptr.wrapping_offset((off + (c * self.col_stride) as isize) * size as isize);
-                // SAFETY: the caller's out holds element (i, c) at dst.
-                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, size) };
+            let row = &rows[i * dim * size..(i + 1) * dim * size];
+            let dst = self.o.ptr.wrapping_offset(off * size as isize);
+            if self.col_stride == 1 {
+                // SAFETY: the caller's out holds row i's dim contiguous elements at dst.
+                unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), dst, row.len()) };
+                continue;
+            }
+            for (c, src) in row.chunks_exact(size).enumerate() {
+                // SAFETY: the caller's out holds element (i, c) at dst + c * col_stride.
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.wrapping_add(c * self.col_stride * size), size) };
             }
         }
     }
 }
 
-/// Checks dtypes, shapes and strides of `keys` and `out` for a table of `dim`, on any device;
-/// `None` when there are no keys (a valid no-op).
-///
-/// # Safety
-/// The tensors' shape and strides arrays must be readable.
-pub(crate) unsafe fn check(dim: usize, keys: &DLTensor, out: &DLTensor) -> Result<Option<Checked>> {
-    let k = unsafe { TensorView::new(keys, "keys") }?;
-    let o = unsafe { TensorView::new(out, "out") }?;
+/// Checks dtypes, shapes and strides of the views of `keys` and `out` for a table of `dim`,
+/// on any device; `None` when there are no keys (a valid no-op).
+pub(crate) fn check(dim: usize, k: TensorView, o: TensorView) -> Result<Option<Checked>> {
     let kd = KeyDtype::of(k.dtype, "keys")?;
     let od = FloatDtype::of(o.dtype, "out")?;
     let n = k.numel;
@@ -163,7 +167,7 @@ pub(crate) unsafe fn plan(
     let o = unsafe { TensorView::new(out, "out") }?;
     require_host(k.device, "keys")?;
     require_host(o.device, "out")?;
-    let Some(c) = (unsafe { check(dim, keys, out) })? else {
+    let Some(c) = check(dim, k, o)? else {
         return Ok(None);
     };
     if overlaps(c.o.byte_range(), c.k.byte_range()) {
@@ -173,7 +177,7 @@ pub(crate) unsafe fn plan(
         return Err(Error::layout("out", "overlaps the table's vectors; expected a separate buffer"));
     }
     Ok(Some(Plan {
-        keys: KeySource { ptr: c.k.ptr, dtype: c.kd, walk: Walk::new(&c.k.shape, &c.k.strides), elem: c.k.elem },
+        keys: c.key_source(),
         out: OutTarget { ptr: c.o.ptr, dtype: c.od, walk: c.lead, col_stride: c.col_stride },
         n: c.n,
         threads,

@@ -309,6 +309,15 @@ impl Table {
         }
     }
 
+    /// Whether a missing key fails a lookup (`STRATA_MISSING_ERROR`).
+    pub(crate) fn missing_is_error(&self) -> bool {
+        match &self.kind {
+            TableKind::Static(t) => t.missing == MissingKey::STRATA_MISSING_ERROR,
+            TableKind::Tiered(t) => t.missing_is_error(),
+            TableKind::Dist(_) => false,
+        }
+    }
+
     /// Whether a server owns this table (then `strata_table_free` must leave it alone).
     pub fn is_borrowed(&self) -> bool {
         self.borrowed

@@ -1,6 +1,6 @@
 //! `strata_lookup` and its managed-tensor variants.
 
-use super::{arg_ref, boundary, opt_ref};
+use super::{arg_ref, boundary, opt_or_default};
 use crate::error::{Error, Result, Status};
 use crate::lookup::{LookupOptions, LookupStats};
 use crate::table::Table;
@@ -23,7 +23,7 @@ unsafe fn run(
     stats: *mut LookupStats,
 ) -> Result<()> {
     let table = unsafe { arg_ref(table, "table") }?;
-    let opts = unsafe { opt_ref(opts) }.copied().unwrap_or_default();
+    let opts = unsafe { opt_or_default(opts) };
     let found = unsafe { table.lookup_with(keys, out, &opts, !stats.is_null()) }?;
     if let Some(s) = unsafe { stats.as_mut() } {
         *s = found;

@@ -88,6 +88,11 @@ pub(crate) unsafe fn opt_ref<'a, T>(p: *const T) -> Option<&'a T> {
     unsafe { p.as_ref() }
 }
 
+/// Copies an optional options struct, or its defaults when `p` is NULL.
+pub(crate) unsafe fn opt_or_default<T: Copy + Default>(p: *const T) -> T {
+    unsafe { opt_ref(p) }.copied().unwrap_or_default()
+}
+
 /// Checks an out-parameter, clears it, and returns it for writing.
 pub(crate) unsafe fn out_arg<'a, T>(p: *mut *mut T, arg: &'static str) -> Result<&'a mut *mut T> {
     let slot = unsafe { p.as_mut() }.ok_or(Error::Null { arg })?;

@@ -1,7 +1,7 @@
 //! The `__partitioned__` protocol: validation, tables from descriptions, descriptions of tables;
 //! tables spread over MPI ranks.
 
-use super::{arg_ref, boundary, c_path, opt_ref, out_arg};
+use super::{arg_ref, boundary, c_path, opt_or_default, opt_ref, out_arg};
 use crate::dist::DistTable;
 use crate::error::{Error, Status};
 use crate::partition::{OwnedPartitioned, Partitioned, describe, table_from, validate};
@@ -57,7 +57,7 @@ pub unsafe extern "C" fn strata_table_from_partitioned(
     boundary(|| {
         let out = unsafe { out_arg(out, "out") }?;
         let d = unsafe { arg_ref(desc, "desc") }?;
-        let options = unsafe { opt_ref(opts) }.copied().unwrap_or_default();
+        let options = unsafe { opt_or_default(opts) };
         let table = match unsafe { opt_ref(comm) } {
             Some(&fint) => Table::from(unsafe { DistTable::from_partitioned(d, fint, options) }?),
             None => {
@@ -91,7 +91,7 @@ pub unsafe extern "C" fn strata_table_open_distributed(
         let out = unsafe { out_arg(out, "out") }?;
         let dir = unsafe { c_path(dir, "dir") }?;
         let fint = *unsafe { arg_ref(comm, "comm") }?;
-        let options = unsafe { opt_ref(opts) }.copied().unwrap_or_default();
+        let options = unsafe { opt_or_default(opts) };
         let table = DistTable::open(dir, dim, fint, options)?;
         *out = Box::into_raw(Box::new(Table::from(table)));
         Ok(())

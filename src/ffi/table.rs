@@ -1,21 +1,16 @@
 //! Table constructors, accessors and `strata_table_free`.
 
-use super::{arg_ref, boundary, opt_ref, out_arg};
+use super::{arg_ref, boundary, c_path, opt_or_default, opt_ref, out_arg};
 use crate::error::{Error, Status};
 use crate::table::{Table, TableInfo, TableOptions};
 use dlpark::ManagedTensorBase;
 use dlpark::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLTensor};
-use std::ffi::{CStr, c_char};
-use std::path::Path;
+use std::ffi::c_char;
 
 /// Default table options: missing keys are filled with 0.
 #[unsafe(no_mangle)]
 pub extern "C" fn strata_table_options_default() -> TableOptions {
     TableOptions::default()
-}
-
-fn options(opts: *const TableOptions) -> TableOptions {
-    unsafe { opt_ref(opts) }.copied().unwrap_or_default()
 }
 
 /// Builds a table from a copy of `vectors` ([rows, dim], float32, float16 or bfloat16, host
@@ -36,7 +31,7 @@ pub unsafe extern "C" fn strata_table_from_dlpack(
     boundary(|| {
         let out = unsafe { out_arg(out, "out") }?;
         let vectors = unsafe { arg_ref(vectors, "vectors") }?;
-        let table = unsafe { Table::from_dlpack(vectors, opt_ref(keys), options(opts)) }?;
+        let table = unsafe { Table::from_dlpack(vectors, opt_ref(keys), opt_or_default(opts)) }?;
         *out = Box::into_raw(Box::new(table));
         Ok(())
     })
@@ -53,7 +48,7 @@ unsafe fn adopt<M: ManagedTensorBase>(
         if vectors.is_null() {
             return Err(Error::Null { arg: "vectors" });
         }
-        let table = unsafe { Table::adopt(vectors, opt_ref(keys), options(opts)) }?;
+        let table = unsafe { Table::adopt(vectors, opt_ref(keys), opt_or_default(opts)) }?;
         *out = Box::into_raw(Box::new(table));
         Ok(())
     })
@@ -105,16 +100,8 @@ pub unsafe extern "C" fn strata_table_open(
 ) -> Status {
     boundary(|| {
         let out = unsafe { out_arg(out, "out") }?;
-        let dir = unsafe { arg_ref(dir, "dir") }?;
-        let dir = unsafe { CStr::from_ptr(dir) };
-        #[cfg(unix)]
-        let path = {
-            use std::os::unix::ffi::OsStrExt;
-            Path::new(std::ffi::OsStr::from_bytes(dir.to_bytes()))
-        };
-        #[cfg(not(unix))]
-        let path = Path::new(dir.to_str().map_err(|_| Error::invalid("dir", "is not valid UTF-8"))?);
-        let table = Table::open(path, dim, options(opts))?;
+        let path = unsafe { c_path(dir, "dir") }?;
+        let table = Table::open(path, dim, unsafe { opt_or_default(opts) })?;
         *out = Box::into_raw(Box::new(table));
         Ok(())
     })

@@ -26,6 +26,7 @@
 use super::backend::{Backend, HostFn, Mem, grid};
 use super::params::{CacheParams, FILL_DEFAULTS, FILL_ROWS, WAYS};
 use super::residency::InFlight;
+use super::run::{Io, float_name, key_name};
 use crate::dlpack::FloatDtype;
 use crate::error::Result;
 use crate::table::{Table, TableKind};
@@ -190,7 +191,7 @@ impl CacheState {
     /// passed the host function (read them after synchronising).
     ///
     /// # Safety
-    /// `params.keys` and `params.out` must be valid device-visible tensors for `n` keys, until
+    /// `io` must describe valid device-visible keys and out, until
     /// the stream has run this work; `table` must be the table this cache belongs to, with its
     /// residency's `inflight`.
     #[allow(clippy::too_many_arguments)]
@@ -199,14 +200,25 @@ impl CacheState {
         b: &dyn Backend,
         table: &Table,
         inflight: &Arc<InFlight>,
-        names: (&str, &str),
-        mut params: CacheParams,
+        io: &Io,
         counts: Option<Arc<Mutex<CacheCounts>>>,
         always_resolve: bool,
     ) -> Result<()> {
-        let n = params.n as usize;
+        let n = io.n as usize;
         self.prepare(b, table)?;
         let staging = self.take_staging(b, n)?;
+        let (keys, table_dtype, out) = (key_name(io.key_dtype), float_name(self.dtype), float_name(io.out_dtype));
+        let probe = format!("strata_cache_probe_{keys}_{table_dtype}_{out}");
+        let fill = format!("strata_cache_fill_{table_dtype}_{out}");
+        let mut params = CacheParams {
+            keys: io.keys,
+            key_stride: io.key_stride,
+            n: io.n,
+            out: io.out,
+            out_row_stride: io.out_row_stride,
+            out_col_stride: io.out_col_stride,
+            ..CacheParams::default()
+        };
         params.slot_keys = Self::addr(&self.slot_keys);
         params.slot_used = Self::addr(&self.slot_used);
         params.set_version = Self::addr(&self.set_version);
@@ -224,7 +236,7 @@ impl CacheState {
         let g = grid(b.sms(), n as u64);
         unsafe {
             b.zero(staging.counters.dev, 16)?;
-            b.launch_cache(names.0, g, &params)?;
+            b.launch_cache(&probe, g, &params)?;
             b.copy_to_host(staging.host_counters.host, staging.counters.dev, 16)?;
         }
 
@@ -274,11 +286,11 @@ impl CacheState {
         queue(b, inflight, resolve)?;
 
         // Step 3: write the misses' rows (or defaults) and insert them.
-        unsafe { b.launch_cache(names.1, g, &params)? };
+        unsafe { b.launch_cache(&fill, g, &params)? };
 
         // Step 4: hand back the staging; start the background insert if step 2 asked for one.
         let (state, st3, tp, inf) = (self.clone(), staging, TablePtr(table), inflight.clone());
-        let insert_name = format!("strata_cache_insert_{}", super::run::float_name(self.dtype));
+        let insert_name = format!("strata_cache_insert_{table_dtype}");
         let spawn = b.spawner();
         let finish: HostFn = Box::new(move || {
             let hc = unsafe { st3.host_counters.host_slice::<u64>(4) };
@@ -353,7 +365,7 @@ fn queue(b: &dyn Backend, inflight: &InFlight, f: HostFn) -> Result<()> {
 }
 
 /// Resolves canonical keys on the host (static table or tiers) into float32 rows.
-fn resolve_on_host(table: &Table, keys: &[u64], rows: &mut [f32], present: &mut [bool]) -> Result<()> {
+pub(crate) fn resolve_on_host(table: &Table, keys: &[u64], rows: &mut [f32], present: &mut [bool]) -> Result<()> {
     match &table.kind {
         TableKind::Static(st) => {
             st.resolve(keys, rows, present);

@@ -165,9 +165,7 @@ impl Emulated {
                         None => (if h.hi > h.lo { st.store().row_ptr(h.lo) as u64 } else { st.store().row_ptr_or_base() as u64 }, 0),
                     };
                     let params = shard_params(st, h, s, count, table_addr, buckets, st.default_row().as_ptr() as u64);
-                    let mut g = GatherSource::new(st, 0, 0, 0, Vec::new(), None);
-                    g.params = params;
-                    v.push(g);
+                    v.push(GatherSource::from_params(params, st.dtype()));
                 }
                 return Ok(Emulated { placed: Placed::EmulatedShards(v), inflight: Default::default(), _shards: shards_host });
             }
@@ -198,7 +196,7 @@ impl Emulated {
     /// # Safety
     /// As for [`Table::lookup`].
     pub unsafe fn lookup(&self, emu: &Emulator, table: &Table, keys: &DLTensor, out: &DLTensor) -> Result<LookupStats> {
-        let Some(c) = (unsafe { check(table.dim(), keys, out) })? else {
+        let Some(c) = check(table.dim(), unsafe { crate::dlpack::TensorView::new(keys, "keys") }?, unsafe { crate::dlpack::TensorView::new(out, "out") }?)? else {
             return Ok(LookupStats::default());
         };
         // Host memory is the emulator's device memory: keys and out the kernels can address with

@@ -137,6 +137,13 @@ impl GatherSource {
     }
 }
 
+impl GatherSource {
+    /// A source over host memory kept alive elsewhere (the emulator's shards).
+    pub(crate) fn from_params(params: GatherParams, dtype: FloatDtype) -> Self {
+        GatherSource { params, dtype, _mem: Vec::new(), _registration: None }
+    }
+}
+
 /// Host memory page-locked and mapped for every device (`cuMemHostRegister`, portable);
 /// unregistered on drop.
 pub(crate) struct Registration {

@@ -12,14 +12,14 @@
 //!   otherwise it returns once the work is queued.
 
 use super::backend::{Backend, Mem, Stream, grid};
-use super::cache::CacheCounts;
+use super::cache::{CacheCounts, resolve_on_host};
 use super::device::{Device, cuda_call};
-use super::params::{CacheParams, GatherParams};
-use super::residency::{InFlight, Placed};
+use super::params::GatherParams;
+use super::residency::{GatherSource, InFlight, Placed};
 use crate::dlpack::{FloatDtype, KeyDtype, TensorView, Walk, device_name};
 use crate::error::{Error, Result};
 use crate::lookup::{Checked, LookupOptions, LookupStats, check};
-use crate::table::{MissingKey, Table, TableKind};
+use crate::table::Table;
 use cudarc::driver::sys;
 use dlpark::ffi::{DLDeviceType, DLTensor};
 use std::sync::{Arc, Mutex};
@@ -99,48 +99,21 @@ pub(crate) unsafe fn execute(
     io: &Io,
     want_counts: bool,
 ) -> Result<Counts> {
-    let missing_error = match &table.kind {
-        TableKind::Static(st) => st.missing == MissingKey::STRATA_MISSING_ERROR,
-        TableKind::Tiered(t) => t.missing_is_error(),
-        TableKind::Dist(_) => false,
-    };
     match placed {
         Placed::Gather(src) => {
-            let counts = if want_counts { Some(b.alloc_device(16, "lookup counts")?) } else { None };
-            let p = gather_params(&src.params, io, counts.as_ref().map_or(0, |c| c.dev));
-            let name = format!("strata_gather_{}_{}_{}", key_name(io.key_dtype), float_name(src.dtype), float_name(io.out_dtype));
-            unsafe { b.launch_gather(&name, grid(b.sms(), io.n), &p) }?;
+            let counts = unsafe { gather(b, src, io, want_counts) }?;
             Ok(counts.map_or(Counts::None, |c| Counts::Device(vec![c])))
         }
         Placed::Cache(cache) => {
-            let dtype = match &table.kind {
-                TableKind::Static(st) => st.dtype(),
-                _ => FloatDtype::F32,
-            };
-            let probe = format!("strata_cache_probe_{}_{}_{}", key_name(io.key_dtype), float_name(dtype), float_name(io.out_dtype));
-            let fill = format!("strata_cache_fill_{}_{}", float_name(dtype), float_name(io.out_dtype));
-            let params = CacheParams {
-                keys: io.keys,
-                key_stride: io.key_stride,
-                n: io.n,
-                out: io.out,
-                out_row_stride: io.out_row_stride,
-                out_col_stride: io.out_col_stride,
-                ..CacheParams::default()
-            };
             let counts = want_counts.then(|| Arc::new(Mutex::new(CacheCounts::default())));
             // A table whose missing keys are errors needs every miss resolved to tell.
-            unsafe { cache.lookup(b, table, inflight, (&probe, &fill), params, counts.clone(), missing_error) }?;
+            unsafe { cache.lookup(b, table, inflight, io, counts.clone(), table.missing_is_error()) }?;
             Ok(counts.map_or(Counts::None, Counts::Cache))
         }
         Placed::EmulatedShards(shards) => {
             let mut counts = Vec::new();
             for src in shards {
-                let c = if want_counts { Some(b.alloc_device(16, "shard counts")?) } else { None };
-                let p = gather_params(&src.params, io, c.as_ref().map_or(0, |c| c.dev));
-                let name = format!("strata_gather_{}_{}_{}", key_name(io.key_dtype), float_name(src.dtype), float_name(io.out_dtype));
-                unsafe { b.launch_gather(&name, grid(b.sms(), io.n), &p) }?;
-                counts.extend(c);
+                counts.extend(unsafe { gather(b, src, io, want_counts) }?);
             }
             Ok(if want_counts { Counts::Device(counts) } else { Counts::None })
         }
@@ -151,6 +124,19 @@ pub(crate) unsafe fn execute(
             unsafe { execute_shards(s, shards, io, want_counts) }
         }
     }
+}
+
+/// Queues one gather of `io` over `src` on `b`; returns its `[hits, misses]` counters (device
+/// memory of `b`) when asked for.
+///
+/// # Safety
+/// As for [`execute`].
+unsafe fn gather(b: &dyn Backend, src: &GatherSource, io: &Io, want_counts: bool) -> Result<Option<Mem>> {
+    let counts = if want_counts { Some(b.alloc_device(16, "lookup counts")?) } else { None };
+    let p = gather_params(&src.params, io, counts.as_ref().map_or(0, |c| c.dev));
+    let name = format!("strata_gather_{}_{}_{}", key_name(io.key_dtype), float_name(src.dtype), float_name(io.out_dtype));
+    unsafe { b.launch_gather(&name, grid(b.sms(), io.n), &p) }?;
+    Ok(counts)
 }
 
 fn gather_params(table: &GatherParams, io: &Io, counts: u64) -> GatherParams {
@@ -190,15 +176,12 @@ fn wait_and_release(device: &Device, stream: sys::CUstream, ev: sys::CUevent) ->
 
 /// Each shard's device gathers the keys it owns, reading keys from and writing rows to the
 /// caller's device through peer access; the caller's stream waits for every shard.
-unsafe fn execute_shards(s: &Stream, shards: &[(Arc<Device>, super::residency::GatherSource)], io: &Io, want_counts: bool) -> Result<Counts> {
+unsafe fn execute_shards(s: &Stream, shards: &[(Arc<Device>, GatherSource)], io: &Io, want_counts: bool) -> Result<Counts> {
     let mut counts = Vec::new();
     let start = record(&s.device, s.stream)?;
     let mut done = Vec::new();
     let result = (|| -> Result<()> {
         for (device, src) in shards {
-            let c = if want_counts { Some(Mem::device(device, 16, "shard counts")?) } else { None };
-            let p = gather_params(&src.params, io, c.as_ref().map_or(0, |c| c.dev));
-            let name = format!("strata_gather_{}_{}_{}", key_name(io.key_dtype), float_name(src.dtype), float_name(io.out_dtype));
             let own = device.ordinal == s.device.ordinal;
             let stream = if own { s.stream } else { device.internal };
             if !own {
@@ -206,11 +189,10 @@ unsafe fn execute_shards(s: &Stream, shards: &[(Arc<Device>, super::residency::G
                 cuda_call(unsafe { sys::cuStreamWaitEvent(stream, start, 0) }, || "cuStreamWaitEvent".into())?;
             }
             let b = Stream { device: device.clone(), stream };
-            unsafe { b.launch_gather(&name, grid(device.sms, io.n), &p) }?;
+            counts.extend(unsafe { gather(&b, src, io, want_counts) }?);
             if !own {
                 done.push((device.clone(), record(device, stream)?));
             }
-            counts.extend(c);
         }
         Ok(())
     })();
@@ -289,7 +271,7 @@ pub(crate) fn is_cuda(t: &DLTensor) -> bool {
 pub(crate) unsafe fn lookup(table: &Table, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions, want_stats: bool) -> Result<LookupStats> {
     let dim = table.dim();
     crate::exec::pool::resolve_threads(opts.num_threads)?;
-    let Some(c) = (unsafe { check(dim, keys, out) })? else {
+    let Some(c) = check(dim, unsafe { TensorView::new(keys, "keys") }?, unsafe { TensorView::new(out, "out") }?)? else {
         return Ok(LookupStats::default());
     };
     if super::device_count() == 0 {
@@ -366,11 +348,7 @@ pub(crate) unsafe fn lookup_on(
         Some(buf) => (buf.dev, dim as i64, 1),
     };
     let io = Io { keys: keys_addr, key_dtype, key_stride, n: n as u64, out: out_addr, out_dtype: od, out_row_stride, out_col_stride };
-    let missing_error = match &table.kind {
-        TableKind::Static(st) => st.missing == MissingKey::STRATA_MISSING_ERROR,
-        TableKind::Tiered(t) => t.missing_is_error(),
-        TableKind::Dist(_) => false,
-    };
+    let missing_error = table.missing_is_error();
     let want_counts = want_stats || missing_error;
     let counts = unsafe { execute(b, table, inflight, placed, &io, want_counts) }?;
 
@@ -430,20 +408,12 @@ fn first_missing(
             .map(|i| unsafe { dtype.read(raw.as_ptr().add(((i * stride - lo) * elem) as usize)) })
             .collect()
     };
-    let mut rows = vec![0f32; table.dim()];
-    for (i, &k) in canonical.iter().enumerate() {
-        let mut found = [false];
-        let ok = match &table.kind {
-            TableKind::Static(st) => {
-                st.resolve(&[k], &mut rows, &mut found);
-                true
-            }
-            TableKind::Tiered(t) => t.fetch(&[k], &mut rows, &mut found, &mut Default::default()).is_ok(),
-            TableKind::Dist(_) => false,
-        };
-        if ok && !found[0] {
-            return Error::KeyNotFound { key: c.kd.value(k), index: i };
-        }
+    let mut rows = vec![0f32; canonical.len() * table.dim()];
+    let mut found = vec![false; canonical.len()];
+    if resolve_on_host(table, &canonical, &mut rows, &mut found).is_ok()
+        && let Some(i) = found.iter().position(|&f| !f)
+    {
+        return Error::KeyNotFound { key: c.kd.value(canonical[i]), index: i };
     }
     Error::Internal("the GPU lookup counted missing keys that the host finds in the table".into())
 }
