@@ -82,19 +82,11 @@ typedef struct DLManagedTensorVersioned {
 #endif /* DLPACK_DLPACK_H_ */
 
 
-// Ways per cache set (`STRATA_WAYS` in gather.cu).
-#define WAYS 8
-
-// `control[0]` values: write the resolved rows, or write defaults (rows come in the background).
-#define FILL_ROWS 0
-
-#define FILL_DEFAULTS 1
-
 // Major version of this library (agrees with Cargo.toml).
 #define STRATA_VERSION_MAJOR 0
 
 // Minor version of this library (agrees with Cargo.toml).
-#define STRATA_VERSION_MINOR 2
+#define STRATA_VERSION_MINOR 3
 
 // Patch version of this library (agrees with Cargo.toml).
 #define STRATA_VERSION_PATCH 0
@@ -113,16 +105,6 @@ typedef struct DLManagedTensorVersioned {
 // Largest `dim` (elements per row) a table may have: far above any embedding, and small
 // enough that a row's byte size never overflows.
 #define STRATA_MAX_DIM (1 << 24)
-
-// Most tables one store may hold (LMDB sizes per-transaction arrays by this, so it stays modest).
-#define MAX_TABLES 255
-
-// Longest table name in bytes (LMDB keys, database names included, are at most 511 bytes).
-#define MAX_TABLE_NAME 400
-
-// Keys handled per lock acquisition in the batched calls: bounds how long a reader holds
-// a shard against writers (and the other way round).
-#define BLOCK 1024
 
 // Status code returned by every fallible C function. `STRATA_OK` is zero.
 //
@@ -237,17 +219,32 @@ typedef int32_t strata_gpu_sharding;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
-// The tables of every model of a configuration. See the module docs.
+// What kind of failure an [`Error`] is. The FFI layer reports each kind as the
+// `strata_status` of the same number; [`ErrorKind::code`] is that number, which is also what
+// distributed calls send to the other ranks.
+typedef struct ErrorKind ErrorKind;
+
+// The tables of every model of a configuration, and a `strata_table` handle for each, which
+// the server owns (`strata_server_table` lends them; `strata_table_free` on them is a no-op).
+//
+// Ownership: the caller owns the server and frees it with `strata_server_free`, which frees
+// its tables. Threading: any thread may use it; lookups and updates on its tables may run at
+// once from many threads.
 typedef struct strata_server strata_server;
 
-// The table behind a `strata_table*` handle: a static table or (from a parameter server) a
-// tiered one. Immutable or internally synchronised: `Send + Sync`, many threads may look it
-// up at once.
+// The table behind a `strata_table*` handle: a static table, a tiered table of a parameter
+// server, or a table spread over MPI ranks. Many threads may look it up at once.
+//
+// Ownership is declared here, once: a handle either owns its table (the constructors below;
+// `strata_table_free` drops it) or borrows it from a server (`strata_server_table`; the
+// server frees it, and `strata_table_free` is a no-op).
 typedef struct strata_table strata_table;
 
-// Per-call lookup options. Initialise with `strata_lookup_options_default()`; a NULL pointer
-// means the defaults.
+// Per-call lookup options (an in-struct). Initialise with `strata_lookup_options_default()`;
+// a NULL pointer means the defaults.
 typedef struct strata_lookup_options {
+  // `sizeof(strata_lookup_options)`, set by `strata_lookup_options_default()`.
+  size_t struct_size;
   // A `cudaStream_t` / `CUstream` for CUDA tensors. Ignored for host tensors, which are
   // read and written before the call returns. Default NULL.
   void *stream;
@@ -256,8 +253,11 @@ typedef struct strata_lookup_options {
   int32_t num_threads;
 } strata_lookup_options;
 
-// What one lookup found.
+// What one lookup found (an out-struct). Initialise `struct_size` with
+// `strata_lookup_stats_default()`; strata writes only the fields it covers.
 typedef struct strata_lookup_stats {
+  // `sizeof(strata_lookup_stats)`, set by `strata_lookup_stats_default()`.
+  size_t struct_size;
   // Keys found in the table (in any tier).
   uint64_t hits;
   // Keys not in the table (filled with the default value).
@@ -319,8 +319,12 @@ typedef struct strata_partitioned {
   void *get_user;
 } strata_partitioned;
 
-// Options for building a table. Initialise with `strata_table_options_default()`.
+// Options for building a table (an in-struct). Initialise with
+// `strata_table_options_default()`; a NULL pointer means the defaults.
 typedef struct strata_table_options {
+  // `sizeof(strata_table_options)`, set by `strata_table_options_default()`: the fields
+  // this caller knows.
+  size_t struct_size;
   // Value written to every element of a missing key's row (HPS
   // `default_value_for_each_table`). Default 0.
   float default_value;
@@ -341,8 +345,11 @@ typedef struct strata_table_options {
   int32_t gpu_sharding;
 } strata_table_options;
 
-// Cumulative counters of one table, all tiers (`strata_table_get_stats`).
+// Cumulative counters of one table, all tiers (an out-struct, `strata_table_get_stats`).
+// Initialise `struct_size` with `strata_table_stats_default()`.
 typedef struct strata_table_stats {
+  // `sizeof(strata_table_stats)`, set by `strata_table_stats_default()`.
+  size_t struct_size;
   // Lookup calls that succeeded.
   uint64_t lookups;
   // Keys looked up.
@@ -367,8 +374,11 @@ typedef struct strata_table_stats {
   uint64_t erases;
 } strata_table_stats;
 
-// A summary of a table, for hosts and reports.
+// A summary of a table, for hosts and reports (an out-struct, `strata_table_get_info`).
+// Initialise `struct_size` with `strata_table_info_default()`.
 typedef struct strata_table_info {
+  // `sizeof(strata_table_info)`, set by `strata_table_info_default()`.
+  size_t struct_size;
   // Number of rows.
   int64_t rows;
   // Elements per row.
@@ -387,6 +397,11 @@ typedef struct strata_table_info {
   // Bytes of the vectors (rows * dim * element size).
   uint64_t vector_bytes;
 } strata_table_info;
+
+
+
+// Every status, in value order.
+#define strata_status_ALL { STRATA_OK, STRATA_NULL_ARGUMENT, STRATA_INVALID_ARGUMENT, STRATA_UNSUPPORTED_DTYPE, STRATA_UNSUPPORTED_DEVICE, STRATA_INVALID_LAYOUT, STRATA_READ_ONLY, STRATA_KEY_NOT_FOUND, STRATA_DUPLICATE_KEY, STRATA_IO_ERROR, STRATA_INVALID_FILE, STRATA_OUT_OF_MEMORY, STRATA_INTERNAL, STRATA_CONFIG_ERROR, STRATA_STORE_ERROR, STRATA_CUDA_ERROR, }
 
 #ifdef __cplusplus
 extern "C" {
@@ -422,8 +437,13 @@ int32_t strata_mpi_available(void);
 // set, else the CPUs in the process's affinity mask (read once, at first use).
 int32_t strata_default_num_threads(void);
 
-// Default lookup options: no stream, the library's default thread count.
+// Default lookup options (`struct_size = sizeof(strata_lookup_options)`): no stream, the
+// library's default thread count.
 struct strata_lookup_options strata_lookup_options_default(void);
+
+// A `strata_lookup_stats` with `struct_size = sizeof(strata_lookup_stats)` and zero counts,
+// to pass to the lookups.
+struct strata_lookup_stats strata_lookup_stats_default(void);
 
 // Looks up `keys` in `table` and writes one row per key into `out`.
 //
@@ -444,7 +464,8 @@ struct strata_lookup_options strata_lookup_options_default(void);
 //   own queued host work, not for the caller's kernels). Where the table's rows are on the
 //   device is `strata_table_options.gpu_placement`. Without a CUDA driver or device, CUDA
 //   tensors get `STRATA_UNSUPPORTED_DEVICE`; a failing CUDA call gets `STRATA_CUDA_ERROR`.
-// - `opts` may be NULL (defaults). `stats` may be NULL; else it receives hits and misses.
+// - `opts` may be NULL (defaults). `stats` may be NULL; else it receives hits and misses (an
+//   out-struct: set its `struct_size` with `strata_lookup_stats_default()`).
 // - Missing keys get the table's default value, or `STRATA_KEY_NOT_FOUND` when the table was
 //   built with `STRATA_MISSING_ERROR` (then `out` is unspecified).
 // - Zero keys is a valid no-op.
@@ -544,6 +565,10 @@ strata_status strata_table_partitioned(const struct strata_table *table,
 // Frees a description from `strata_table_partitioned`. NULL is a no-op.
 void strata_partitioned_free(struct strata_partitioned *desc);
 
+// A `strata_table_stats` with `struct_size = sizeof(strata_table_stats)` and zero counters,
+// to pass to `strata_table_get_stats`.
+struct strata_table_stats strata_table_stats_default(void);
+
 // Opens a parameter server from an HPS configuration file (`ps.json`): every model's tables,
 // tiered as its `volatile_db` and `persistent_db` say. Relative paths in the file are relative
 // to its folder. Configuration errors give `STRATA_CONFIG_ERROR` with the JSON path
@@ -580,8 +605,8 @@ strata_status strata_server_model(const struct strata_server *server,
                                   const char **name,
                                   int32_t *num_tables);
 
-// The name of table `table_id` of `model` (its `embedding_table_names` entry, or `tableN`), owned
-// by the server.
+// The name of table `table_id` of `model` (its `embedding_table_names` entry, which defaults
+// to `sparse_embeddingN` as in HPS), owned by the server and valid until it is freed.
 strata_status strata_server_table_name(const struct strata_server *server,
                                        const char *model,
                                        int32_t table_id,
@@ -612,12 +637,18 @@ strata_status strata_table_erase(struct strata_table *table,
                                  uint64_t *erased);
 
 // Cumulative counters of a table's tiers since it was opened: lookups, per-tier hits, misses,
-// evictions, rows and bytes, upserts and erases (all zero for static tables).
+// evictions, rows and bytes, upserts and erases (all zero for static tables). `stats` is an
+// out-struct: set its `struct_size` first (`strata_table_stats_default()`).
 strata_status strata_table_get_stats(const struct strata_table *table,
                                      struct strata_table_stats *stats);
 
-// Default table options: missing keys are filled with 0.
+// Default table options (`struct_size = sizeof(strata_table_options)`): missing keys are
+// filled with 0; GPU lookups use a static copy per device.
 struct strata_table_options strata_table_options_default(void);
+
+// A `strata_table_info` with `struct_size = sizeof(strata_table_info)` and zero fields, to
+// pass to `strata_table_get_info`.
+struct strata_table_info strata_table_info_default(void);
 
 // Builds a table from a copy of `vectors` ([rows, dim], float32, float16 or bfloat16, host
 // memory, any non-negative strides). `keys` NULL makes a dense table (key = row number);
@@ -645,7 +676,7 @@ strata_status strata_table_adopt_dlpack(DLManagedTensor *vectors,
                                         struct strata_table **out);
 
 // `strata_table_adopt_dlpack` for a versioned managed tensor (DLPack >= 1.0). A tensor of
-// another major version is refused (and not deleted).
+// another major version, or of version >= 1.2 with NULL strides, is refused (and not deleted).
 strata_status strata_table_adopt_dlpack_versioned(DLManagedTensorVersioned *vectors,
                                                   const DLTensor *keys,
                                                   const struct strata_table_options *opts,
@@ -677,7 +708,9 @@ int64_t strata_table_dim(const struct strata_table *table);
 // Number of rows (keys), or -1 (with `strata_last_error` set) when `table` is NULL.
 int64_t strata_table_len(const struct strata_table *table);
 
-// Fills `*info` with a summary of `table` (rows, dim, dtype, index and vector bytes).
+// Fills `*info` with a summary of `table` (rows, dim, dtype, index and vector bytes). `info`
+// is an out-struct: set its `struct_size` first (`strata_table_info_default()`); strata
+// writes only the fields that size covers.
 strata_status strata_table_get_info(const struct strata_table *table,
                                     struct strata_table_info *info);
 

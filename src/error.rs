@@ -1,97 +1,77 @@
 //! The one error type of strata and its mapping to `strata_status`.
 //!
-//! Every fallible function in the core returns [`Result<T>`]; the FFI layer turns an
-//! [`Error`] into a [`Status`] with [`Error::status`] (the only place that mapping lives)
-//! and stores its message for `strata_last_error`.
-
-use std::ffi::CStr;
+//! Every fallible function in the core returns [`Result<T>`]. [`Error::kind`] is the one place
+//! an error is classified; the FFI layer reports each [`ErrorKind`] as the `strata_status` of
+//! the same number and stores the message for `strata_last_error`.
 
 /// Result of every fallible strata operation.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Status code returned by every fallible C function. `STRATA_OK` is zero.
-///
-/// The values are part of the ABI: new codes are only ever appended.
-#[repr(i32)]
+/// What kind of failure an [`Error`] is. The FFI layer reports each kind as the
+/// `strata_status` of the same number; [`ErrorKind::code`] is that number, which is also what
+/// distributed calls send to the other ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[allow(non_camel_case_types)]
-pub enum Status {
-    /// Success.
-    STRATA_OK = 0,
+pub enum ErrorKind {
     /// A required pointer argument was NULL.
-    STRATA_NULL_ARGUMENT = 1,
+    NullArgument = 1,
     /// An argument has the wrong rank, shape or value.
-    STRATA_INVALID_ARGUMENT = 2,
+    InvalidArgument = 2,
     /// A tensor's dtype is not one this function accepts.
-    STRATA_UNSUPPORTED_DTYPE = 3,
+    UnsupportedDtype = 3,
     /// A tensor lives on a device this build or machine cannot serve.
-    STRATA_UNSUPPORTED_DEVICE = 4,
+    UnsupportedDevice = 4,
     /// Strides, byte offset or alignment describe memory strata cannot use safely.
-    STRATA_INVALID_LAYOUT = 5,
+    InvalidLayout = 5,
     /// `out` is flagged read-only, or an update went to a table that cannot change.
-    STRATA_READ_ONLY = 6,
+    ReadOnly = 6,
     /// A key is missing and the table's options make that an error.
-    STRATA_KEY_NOT_FOUND = 7,
+    KeyNotFound = 7,
     /// The same key appears twice in a table's keys.
-    STRATA_DUPLICATE_KEY = 8,
+    DuplicateKey = 8,
     /// A file could not be opened, read or mapped.
-    STRATA_IO_ERROR = 9,
+    Io = 9,
     /// A table file is truncated or does not match its companion file or `dim`.
-    STRATA_INVALID_FILE = 10,
+    InvalidFile = 10,
     /// Memory for a table or index could not be allocated.
-    STRATA_OUT_OF_MEMORY = 11,
-    /// A bug inside strata (a caught panic); the message says where.
-    STRATA_INTERNAL = 12,
-    /// A parameter-server configuration (ps.json) is invalid; the message names the JSON path.
-    STRATA_CONFIG_ERROR = 13,
-    /// A persistent store (LMDB) failed, or a write went to a read-only table.
-    STRATA_STORE_ERROR = 14,
-    /// The CUDA driver failed (out of device memory, a failed launch or copy, an error left on
-    /// the stream by earlier work); the message names the call and the driver's error.
-    STRATA_CUDA_ERROR = 15,
+    OutOfMemory = 11,
+    /// A bug inside strata (a caught panic).
+    Internal = 12,
+    /// A parameter-server configuration is invalid.
+    Config = 13,
+    /// A persistent store failed.
+    Store = 14,
+    /// The CUDA driver failed.
+    Cuda = 15,
 }
 
-impl Status {
-    /// Every status, in value order.
-    pub(crate) const ALL: [Status; 16] = [
-        Status::STRATA_OK,
-        Status::STRATA_NULL_ARGUMENT,
-        Status::STRATA_INVALID_ARGUMENT,
-        Status::STRATA_UNSUPPORTED_DTYPE,
-        Status::STRATA_UNSUPPORTED_DEVICE,
-        Status::STRATA_INVALID_LAYOUT,
-        Status::STRATA_READ_ONLY,
-        Status::STRATA_KEY_NOT_FOUND,
-        Status::STRATA_DUPLICATE_KEY,
-        Status::STRATA_IO_ERROR,
-        Status::STRATA_INVALID_FILE,
-        Status::STRATA_OUT_OF_MEMORY,
-        Status::STRATA_INTERNAL,
-        Status::STRATA_CONFIG_ERROR,
-        Status::STRATA_STORE_ERROR,
-        Status::STRATA_CUDA_ERROR,
+impl ErrorKind {
+    /// Every kind, in code order (codes 1..=15).
+    pub const ALL: [ErrorKind; 15] = [
+        ErrorKind::NullArgument,
+        ErrorKind::InvalidArgument,
+        ErrorKind::UnsupportedDtype,
+        ErrorKind::UnsupportedDevice,
+        ErrorKind::InvalidLayout,
+        ErrorKind::ReadOnly,
+        ErrorKind::KeyNotFound,
+        ErrorKind::DuplicateKey,
+        ErrorKind::Io,
+        ErrorKind::InvalidFile,
+        ErrorKind::OutOfMemory,
+        ErrorKind::Internal,
+        ErrorKind::Config,
+        ErrorKind::Store,
+        ErrorKind::Cuda,
     ];
 
-    /// The status's C name, e.g. `"STRATA_KEY_NOT_FOUND"`, as a static C string.
-    pub fn name(self) -> &'static CStr {
-        match self {
-            Status::STRATA_OK => c"STRATA_OK",
-            Status::STRATA_NULL_ARGUMENT => c"STRATA_NULL_ARGUMENT",
-            Status::STRATA_INVALID_ARGUMENT => c"STRATA_INVALID_ARGUMENT",
-            Status::STRATA_UNSUPPORTED_DTYPE => c"STRATA_UNSUPPORTED_DTYPE",
-            Status::STRATA_UNSUPPORTED_DEVICE => c"STRATA_UNSUPPORTED_DEVICE",
-            Status::STRATA_INVALID_LAYOUT => c"STRATA_INVALID_LAYOUT",
-            Status::STRATA_READ_ONLY => c"STRATA_READ_ONLY",
-            Status::STRATA_KEY_NOT_FOUND => c"STRATA_KEY_NOT_FOUND",
-            Status::STRATA_DUPLICATE_KEY => c"STRATA_DUPLICATE_KEY",
-            Status::STRATA_IO_ERROR => c"STRATA_IO_ERROR",
-            Status::STRATA_INVALID_FILE => c"STRATA_INVALID_FILE",
-            Status::STRATA_OUT_OF_MEMORY => c"STRATA_OUT_OF_MEMORY",
-            Status::STRATA_INTERNAL => c"STRATA_INTERNAL",
-            Status::STRATA_CONFIG_ERROR => c"STRATA_CONFIG_ERROR",
-            Status::STRATA_STORE_ERROR => c"STRATA_STORE_ERROR",
-            Status::STRATA_CUDA_ERROR => c"STRATA_CUDA_ERROR",
-        }
+    /// The kind's number (the `strata_status` it is reported as).
+    pub fn code(self) -> i32 {
+        self as i32
+    }
+
+    /// The kind of number `code`, or `None` for 0 and unknown numbers.
+    pub fn from_code(code: i32) -> Option<ErrorKind> {
+        ErrorKind::ALL.iter().copied().find(|k| k.code() == code)
     }
 }
 
@@ -166,29 +146,29 @@ pub enum Error {
     /// Another rank failed a collective call, so this rank fails it too, with that rank's
     /// status and message.
     #[error("rank {rank} failed the collective call: {msg}")]
-    Remote { rank: i32, status: Status, msg: String },
+    Remote { rank: i32, kind: ErrorKind, msg: String },
 }
 
 impl Error {
-    /// The status this error is reported with. The only error-to-status mapping in strata.
-    pub fn status(&self) -> Status {
+    /// What kind of failure this is. The only classification of errors in strata.
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::Null { .. } => Status::STRATA_NULL_ARGUMENT,
-            Error::Invalid { .. } => Status::STRATA_INVALID_ARGUMENT,
-            Error::Dtype { .. } => Status::STRATA_UNSUPPORTED_DTYPE,
-            Error::Device { .. } => Status::STRATA_UNSUPPORTED_DEVICE,
-            Error::Layout { .. } => Status::STRATA_INVALID_LAYOUT,
-            Error::ReadOnly { .. } | Error::Immutable { .. } => Status::STRATA_READ_ONLY,
-            Error::KeyNotFound { .. } => Status::STRATA_KEY_NOT_FOUND,
-            Error::DuplicateKey { .. } => Status::STRATA_DUPLICATE_KEY,
-            Error::Io { .. } => Status::STRATA_IO_ERROR,
-            Error::File { .. } => Status::STRATA_INVALID_FILE,
-            Error::OutOfMemory { .. } => Status::STRATA_OUT_OF_MEMORY,
-            Error::Internal(_) => Status::STRATA_INTERNAL,
-            Error::Config { .. } => Status::STRATA_CONFIG_ERROR,
-            Error::Store { .. } => Status::STRATA_STORE_ERROR,
-            Error::Cuda { .. } => Status::STRATA_CUDA_ERROR,
-            Error::Remote { status, .. } => *status,
+            Error::Null { .. } => ErrorKind::NullArgument,
+            Error::Invalid { .. } => ErrorKind::InvalidArgument,
+            Error::Dtype { .. } => ErrorKind::UnsupportedDtype,
+            Error::Device { .. } => ErrorKind::UnsupportedDevice,
+            Error::Layout { .. } => ErrorKind::InvalidLayout,
+            Error::ReadOnly { .. } | Error::Immutable { .. } => ErrorKind::ReadOnly,
+            Error::KeyNotFound { .. } => ErrorKind::KeyNotFound,
+            Error::DuplicateKey { .. } => ErrorKind::DuplicateKey,
+            Error::Io { .. } => ErrorKind::Io,
+            Error::File { .. } => ErrorKind::InvalidFile,
+            Error::OutOfMemory { .. } => ErrorKind::OutOfMemory,
+            Error::Internal(_) => ErrorKind::Internal,
+            Error::Config { .. } => ErrorKind::Config,
+            Error::Store { .. } => ErrorKind::Store,
+            Error::Cuda { .. } => ErrorKind::Cuda,
+            Error::Remote { kind, .. } => *kind,
         }
     }
 
@@ -213,19 +193,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn status_values_and_names_agree() {
-        for (i, s) in Status::ALL.iter().enumerate() {
-            assert_eq!(*s as i32, i as i32);
-            assert!(s.name().to_str().unwrap().starts_with("STRATA_"));
-            assert_eq!(format!("{s:?}"), s.name().to_str().unwrap());
+    fn kinds_and_codes_agree() {
+        for (i, k) in ErrorKind::ALL.iter().enumerate() {
+            assert_eq!(k.code(), i as i32 + 1);
+            assert_eq!(ErrorKind::from_code(k.code()), Some(*k));
         }
+        assert_eq!(ErrorKind::from_code(0), None);
+        assert_eq!(ErrorKind::from_code(16), None);
     }
 
     #[test]
     fn messages_name_the_argument() {
         let e = Error::Dtype { arg: "keys", got: "float32".into(), expected: "int32, int64, uint32 or uint64" };
         assert_eq!(e.to_string(), "keys: dtype float32; expected int32, int64, uint32 or uint64");
-        assert_eq!(e.status(), Status::STRATA_UNSUPPORTED_DTYPE);
-        assert_eq!(Error::Null { arg: "table" }.status(), Status::STRATA_NULL_ARGUMENT);
+        assert_eq!(e.kind(), ErrorKind::UnsupportedDtype);
+        assert_eq!(Error::Null { arg: "table" }.kind(), ErrorKind::NullArgument);
     }
 }

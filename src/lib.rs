@@ -29,7 +29,8 @@ pub mod table;
 pub mod tier;
 pub mod tiered;
 
-pub use error::{Error, Result, Status};
+pub use error::{Error, ErrorKind, Result};
+pub use ffi::Status;
 pub use lookup::{LookupOptions, LookupStats};
 pub use table::{MissingKey, Table, TableInfo, TableOptions};
 

@@ -8,9 +8,7 @@ use crate::table::{StaticTable, Table, TableKind};
 use dlpark::ffi::DLTensor;
 use std::ffi::c_void;
 
-/// Per-call lookup options. Initialise with `strata_lookup_options_default()`; a NULL pointer
-/// means the defaults.
-#[repr(C)]
+/// Per-call lookup options (the core's copy of `strata_lookup_options`).
 #[derive(Debug, Clone, Copy)]
 pub struct LookupOptions {
     /// A `cudaStream_t` / `CUstream` for CUDA tensors. Ignored for host tensors, which are
@@ -28,7 +26,6 @@ impl Default for LookupOptions {
 }
 
 /// What one lookup found.
-#[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LookupStats {
     /// Keys found in the table (in any tier).

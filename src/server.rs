@@ -9,7 +9,7 @@
 
 use crate::config::{self, OverflowPolicy, PersistentDbKind, PsConfig, VolatileDbKind};
 use crate::error::{Error, Result};
-use crate::table::{MissingKey, StaticTable, Table, TableKind, TableOptions};
+use crate::table::{GpuOptions, MissingKey, StaticTable, Table, TableKind, TableOptions};
 use crate::tier::persistent::PersistentStore;
 use crate::tier::volatile::{EvictionPolicy, VolatileTier};
 use crate::tiered::TieredTable;
@@ -96,13 +96,13 @@ impl Server {
                                 v.cache_missed_embeddings,
                                 read_only,
                                 default_value,
-                                MissingKey::STRATA_MISSING_FILL,
+                                MissingKey::Fill,
                             )),
-                            options.gpu()?,
+                            options.gpu,
                         )
                     }
                 };
-                tables.push(Box::new(Table { borrowed: true, ..table }));
+                tables.push(Box::new(table));
                 table_names.push(cstring(&table_name, "embedding_table_names")?);
             }
             models.push(ServerModel { name: cstring(&m.model, "model")?, table_names, tables });
@@ -192,21 +192,17 @@ fn warm(v: &VolatileTier, persistent: Option<&crate::tier::persistent::Persisten
 fn gpu_options(m: &crate::config::ModelConfig) -> TableOptions {
     use crate::config::EmbeddingCacheType;
     use crate::table::GpuPlacement::*;
-    let (placement, fraction) = if m.use_static_table {
-        (STRATA_GPU_STATIC, 1.0)
+    let (placement, cache_fraction) = if m.use_static_table {
+        (Static, 1.0)
     } else if !m.gpucache {
-        (STRATA_GPU_CACHE, 0.0)
+        (Cache, 0.0)
     } else {
         match m.embedding_cache_type {
-            EmbeddingCacheType::Dynamic => (STRATA_GPU_CACHE, m.gpucacheper),
-            EmbeddingCacheType::Static => (STRATA_GPU_STATIC, 1.0),
-            EmbeddingCacheType::Uvm => (STRATA_GPU_UVM, 1.0),
+            EmbeddingCacheType::Dynamic => (Cache, m.gpucacheper),
+            EmbeddingCacheType::Static => (Static, 1.0),
+            EmbeddingCacheType::Uvm => (Uvm, 1.0),
         }
     };
-    TableOptions {
-        gpu_placement: placement as i32,
-        gpu_cache_fraction: fraction,
-        hit_rate_threshold: m.hit_rate_threshold,
-        ..TableOptions::default()
-    }
+    let gpu = GpuOptions { placement, cache_fraction, hit_rate_threshold: m.hit_rate_threshold, ..GpuOptions::default() };
+    TableOptions { gpu, ..TableOptions::default() }
 }

@@ -13,134 +13,93 @@ use dlpark::ManagedTensorBase;
 use dlpark::ffi::DLTensor;
 use std::path::Path;
 
-/// What a lookup does with a key the table does not hold (`strata_table_options.missing_key`).
-#[repr(i32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(non_camel_case_types)]
+/// What a lookup does with a key the table does not hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum MissingKey {
-    /// Write the table's default value into the key's output row and count a miss.
-    STRATA_MISSING_FILL = 0,
-    /// Fail the lookup with `STRATA_KEY_NOT_FOUND`; `out` is then unspecified.
-    STRATA_MISSING_ERROR = 1,
+    /// Write the table's default row into the key's output row and count a miss.
+    #[default]
+    Fill,
+    /// Fail the lookup with [`Error::KeyNotFound`]; `out` is then unspecified.
+    Error,
 }
 
-/// Where a table's rows live for lookups on CUDA tensors (`strata_table_options.gpu_placement`,
-/// HPS `use_static_table` / `embedding_cache_type`).
-#[repr(i32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(non_camel_case_types)]
+/// Where a table's rows live for lookups on CUDA tensors (HPS `use_static_table` /
+/// `embedding_cache_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum GpuPlacement {
     /// The whole table is copied to each device that looks it up (on its first lookup there).
-    STRATA_GPU_STATIC = 0,
+    #[default]
+    Static,
     /// The table stays in host memory, page-locked and mapped: the GPU gathers rows over the
     /// bus without a copy (for tables larger than the GPU).
-    STRATA_GPU_UVM = 1,
-    /// A fixed-capacity GPU cache of hot rows (`gpu_cache_fraction` of the table) in front of
-    /// the host table or tiers; misses are resolved on the host in stream order.
-    STRATA_GPU_CACHE = 2,
+    Uvm,
+    /// A fixed-capacity GPU cache of hot rows (`cache_fraction` of the table) in front of the
+    /// host table or tiers; misses are resolved on the host in stream order.
+    Cache,
 }
 
-/// How a table is spread over several GPUs of one process (`strata_table_options.gpu_sharding`).
-#[repr(i32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(non_camel_case_types)]
+/// How a table is spread over several GPUs of one process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum GpuSharding {
     /// Each device that looks the table up holds its own copy (HPS's behaviour).
-    STRATA_GPU_REPLICATE = 0,
-    /// The rows are split over every visible device; each key is served by the device that
-    /// owns it, reading keys and writing rows through peer access (static placement only).
-    STRATA_GPU_SHARD = 1,
+    #[default]
+    Replicate,
+    /// The rows are split over every visible device (static placement only).
+    Shard,
 }
 
-/// Options for building a table. Initialise with `strata_table_options_default()`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
+/// Options for building a table. Plain Rust values; the C layer checks the C struct's enum
+/// values and converts it into this.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TableOptions {
     /// Value written to every element of a missing key's row (HPS
     /// `default_value_for_each_table`). Default 0.
     pub default_value: f32,
-    /// A `strata_missing_key`: whether a missing key is filled with `default_value`
-    /// (`STRATA_MISSING_FILL`, the default) or is an error (`STRATA_MISSING_ERROR`).
-    pub missing_key: i32,
-    /// A `strata_gpu_placement` for lookups on CUDA tensors. Default `STRATA_GPU_STATIC`.
-    pub gpu_placement: i32,
-    /// With `STRATA_GPU_CACHE`: the fraction of the table's rows the GPU cache holds, in
-    /// [0, 1] (HPS `gpucacheper`). Default 0.5.
-    pub gpu_cache_fraction: f32,
-    /// With `STRATA_GPU_CACHE`: when the last completed lookup's hit rate is at least this,
-    /// misses get the default row at once and are inserted in the background; below it, misses
-    /// are resolved on the host before the lookup's rows are final (HPS `hit_rate_threshold`).
-    /// Default 0.9; above 1 means always resolve.
-    pub hit_rate_threshold: f32,
-    /// A `strata_gpu_sharding`. Default `STRATA_GPU_REPLICATE`.
-    pub gpu_sharding: i32,
+    /// Whether a missing key is filled with `default_value` or is an error. Default fill.
+    pub missing: MissingKey,
+    /// Where lookups on CUDA tensors find rows.
+    pub gpu: GpuOptions,
 }
 
 impl Default for TableOptions {
     fn default() -> Self {
-        TableOptions {
-            default_value: 0.0,
-            missing_key: MissingKey::STRATA_MISSING_FILL as i32,
-            gpu_placement: GpuPlacement::STRATA_GPU_STATIC as i32,
-            gpu_cache_fraction: 0.5,
-            hit_rate_threshold: 0.9,
-            gpu_sharding: GpuSharding::STRATA_GPU_REPLICATE as i32,
-        }
+        TableOptions { default_value: 0.0, missing: MissingKey::Fill, gpu: GpuOptions::default() }
     }
 }
 
-/// A table's validated GPU options (see [`TableOptions`]).
+/// A table's GPU options. [`GpuOptions::check`] holds the rules they obey.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GpuOptions {
+    /// Where the rows live for lookups on CUDA tensors. Default static.
     pub placement: GpuPlacement,
+    /// With [`GpuPlacement::Cache`]: the fraction of the table's rows the GPU cache holds, in
+    /// [0, 1] (HPS `gpucacheper`). Default 0.5.
     pub cache_fraction: f32,
+    /// With [`GpuPlacement::Cache`]: when the last completed lookup's hit rate is at least
+    /// this, misses get the default row at once and are inserted in the background; below it,
+    /// misses are resolved before the lookup's rows are final (HPS `hit_rate_threshold`).
+    /// Default 0.9; above 1 means always resolve.
     pub hit_rate_threshold: f32,
+    /// Replicated or sharded over the process's GPUs. Default replicated.
     pub sharding: GpuSharding,
 }
 
 impl Default for GpuOptions {
     fn default() -> Self {
-        TableOptions::default().gpu().expect("the default options are valid")
+        GpuOptions {
+            placement: GpuPlacement::Static,
+            cache_fraction: 0.5,
+            hit_rate_threshold: 0.9,
+            sharding: GpuSharding::Replicate,
+        }
     }
 }
 
-impl TableOptions {
-    /// The missing-key policy, checking a value a C caller may have set out of range.
-    pub fn missing(&self) -> Result<MissingKey> {
-        match self.missing_key {
-            0 => Ok(MissingKey::STRATA_MISSING_FILL),
-            1 => Ok(MissingKey::STRATA_MISSING_ERROR),
-            m => Err(Error::invalid(
-                "opts->missing_key",
-                format!("{m}; expected STRATA_MISSING_FILL (0) or STRATA_MISSING_ERROR (1)"),
-            )),
-        }
-    }
-
-    /// The GPU options, checking values a C caller may have set out of range.
-    pub fn gpu(&self) -> Result<GpuOptions> {
-        let placement = match self.gpu_placement {
-            0 => GpuPlacement::STRATA_GPU_STATIC,
-            1 => GpuPlacement::STRATA_GPU_UVM,
-            2 => GpuPlacement::STRATA_GPU_CACHE,
-            p => {
-                return Err(Error::invalid(
-                    "opts->gpu_placement",
-                    format!("{p}; expected STRATA_GPU_STATIC (0), STRATA_GPU_UVM (1) or STRATA_GPU_CACHE (2)"),
-                ));
-            }
-        };
-        let sharding = match self.gpu_sharding {
-            0 => GpuSharding::STRATA_GPU_REPLICATE,
-            1 => GpuSharding::STRATA_GPU_SHARD,
-            s => {
-                return Err(Error::invalid(
-                    "opts->gpu_sharding",
-                    format!("{s}; expected STRATA_GPU_REPLICATE (0) or STRATA_GPU_SHARD (1)"),
-                ));
-            }
-        };
-        let f = self.gpu_cache_fraction;
+impl GpuOptions {
+    /// Checks the values against each other and their ranges; errors name the C field
+    /// (`opts->gpu_cache_fraction`).
+    pub fn check(&self) -> Result<()> {
+        let f = self.cache_fraction;
         if !(0.0..=1.0).contains(&f) {
             return Err(Error::invalid("opts->gpu_cache_fraction", format!("{f}; expected a fraction in [0, 1]")));
         }
@@ -148,13 +107,13 @@ impl TableOptions {
         if t.is_nan() || t < 0.0 {
             return Err(Error::invalid("opts->hit_rate_threshold", format!("{t}; expected a number >= 0")));
         }
-        if sharding == GpuSharding::STRATA_GPU_SHARD && placement != GpuPlacement::STRATA_GPU_STATIC {
+        if self.sharding == GpuSharding::Shard && self.placement != GpuPlacement::Static {
             return Err(Error::invalid(
                 "opts->gpu_sharding",
                 "STRATA_GPU_SHARD; sharding over GPUs needs gpu_placement = STRATA_GPU_STATIC",
             ));
         }
-        Ok(GpuOptions { placement, cache_fraction: f, hit_rate_threshold: t, sharding })
+        Ok(())
     }
 }
 
@@ -168,8 +127,6 @@ pub struct Table {
     #[cfg(feature = "cuda")]
     pub(crate) resident: crate::exec::cuda::Residency,
     pub(crate) kind: TableKind,
-    /// Owned by a server, which frees it: `strata_table_free` leaves such a table alone.
-    pub(crate) borrowed: bool,
     /// Where lookups on CUDA tensors find rows.
     pub(crate) gpu: GpuOptions,
 }
@@ -194,7 +151,6 @@ impl Table {
     pub(crate) fn new(kind: TableKind, gpu: GpuOptions) -> Self {
         Table {
             kind,
-            borrowed: false,
             gpu,
             #[cfg(feature = "cuda")]
             resident: Default::default(),
@@ -252,7 +208,7 @@ impl Table {
             TableKind::Tiered(t) => TableInfo {
                 rows: t.len() as i64,
                 dim: t.dim() as i64,
-                dtype: FloatDtype::F32.dl(),
+                dtype: FloatDtype::F32,
                 keyed: true,
                 mapped: false,
                 adopted: false,
@@ -312,15 +268,10 @@ impl Table {
     /// Whether a missing key fails a lookup (`STRATA_MISSING_ERROR`).
     pub(crate) fn missing_is_error(&self) -> bool {
         match &self.kind {
-            TableKind::Static(t) => t.missing == MissingKey::STRATA_MISSING_ERROR,
+            TableKind::Static(t) => t.missing == MissingKey::Error,
             TableKind::Tiered(t) => t.missing_is_error(),
             TableKind::Dist(_) => false,
         }
-    }
-
-    /// Whether a server owns this table (then `strata_table_free` must leave it alone).
-    pub fn is_borrowed(&self) -> bool {
-        self.borrowed
     }
 }
 
@@ -351,10 +302,9 @@ pub struct StaticTable {
 
 impl StaticTable {
     fn assemble(store: Store, rows: Rows, options: TableOptions) -> Result<Self> {
-        let missing = options.missing()?;
-        let gpu = options.gpu()?;
+        options.gpu.check()?;
         let default_row = vec![options.default_value; store.dim()];
-        Ok(StaticTable { store, rows, default_row, missing, gpu })
+        Ok(StaticTable { store, rows, default_row, missing: options.missing, gpu: options.gpu })
     }
 
     /// A dense table (key = row number) over `store`.
@@ -375,8 +325,7 @@ impl StaticTable {
     /// # Safety
     /// The tensors must describe readable host memory as DLPack requires.
     pub unsafe fn from_dlpack(vectors: &DLTensor, keys: Option<&DLTensor>, options: TableOptions) -> Result<Self> {
-        options.missing()?;
-        options.gpu()?;
+        options.gpu.check()?;
         let v = unsafe { TensorView::new(vectors, "vectors") }?;
         let (dtype, rows, dim) = check_vectors(&v)?;
         let index = unsafe { build_rows(keys, rows) }?;
@@ -414,23 +363,8 @@ impl StaticTable {
         keys: Option<&DLTensor>,
         options: TableOptions,
     ) -> Result<Self> {
-        options.missing()?;
-        let gpu = options.gpu()?;
+        options.gpu.check()?;
         let m = unsafe { &*managed };
-        if let Some(ver) = m.version() {
-            if ver.major != dlpark::ffi::DLPACK_MAJOR_VERSION {
-                return Err(Error::invalid(
-                    "vectors",
-                    format!("DLPack version {}.{}; expected major version 1", ver.major, ver.minor),
-                ));
-            }
-            if ver.minor >= 2 && m.tensor().ndim != 0 && m.tensor().strides.is_null() {
-                return Err(Error::layout(
-                    "vectors",
-                    format!("strides is NULL in a DLPack {}.{} tensor; expected explicit strides", ver.major, ver.minor),
-                ));
-            }
-        }
         let v = unsafe { TensorView::new(m.tensor(), "vectors") }?;
         let (dtype, rows, dim) = check_vectors(&v)?;
         v.require_non_negative_strides()?;
@@ -448,14 +382,13 @@ impl StaticTable {
             ));
         }
         let index = unsafe { build_rows(keys, rows) }?;
-        let missing = options.missing()?;
         let default_row = vec![options.default_value; dim];
         // SAFETY: validated above. Ownership moves into the store only now, when nothing after
         // it can fail: on every error above the caller still owns `managed`.
         let owned = unsafe { dlpark::Managed::<M>::from_raw(managed) }
             .map_err(|e| Error::invalid("vectors", e.to_string()))?;
         let store = unsafe { Store::adopted(v.ptr, dtype, rows, dim, rs.max(dim), owned.into_deleter()) };
-        Ok(StaticTable { store, rows: index, default_row, missing, gpu })
+        Ok(StaticTable { store, rows: index, default_row, missing: options.missing, gpu: options.gpu })
     }
 
     /// Opens a table in HugeCTR's sparse format: `dir/key` (little-endian int64, one per row)
@@ -463,8 +396,7 @@ impl StaticTable {
     /// memory-mapped, not copied; the keys are read into the index and the key file is
     /// unmapped. The files must not be truncated while the table is open.
     pub fn open(dir: &Path, dim: i64, options: TableOptions) -> Result<Self> {
-        options.missing()?;
-        options.gpu()?;
+        options.gpu.check()?;
         let dim = usize::try_from(dim).map_err(|_| Error::invalid("dim", format!("{dim}; expected 1 <= dim <= {STRATA_MAX_DIM}")))?;
         let folder = SparseFolder::open(dir, dim)?;
         let rows = folder.rows;
@@ -637,15 +569,14 @@ unsafe fn build_rows(keys: Option<&DLTensor>, rows: usize) -> Result<Rows> {
 }
 
 /// A summary of a table, for hosts and reports.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TableInfo {
     /// Number of rows.
     pub rows: i64,
     /// Elements per row.
     pub dim: i64,
     /// Dtype of the stored vectors.
-    pub dtype: dlpark::ffi::DLDataType,
+    pub dtype: FloatDtype,
     /// Whether keys are arbitrary 64-bit values (hash index) rather than row numbers.
     pub keyed: bool,
     /// Whether the vectors are a memory-mapped file (`strata_table_open`).
@@ -665,7 +596,7 @@ impl StaticTable {
         TableInfo {
             rows: self.len() as i64,
             dim: self.dim() as i64,
-            dtype: self.dtype().dl(),
+            dtype: self.dtype(),
             keyed: self.is_keyed(),
             mapped: self.store.is_mapped(),
             adopted: self.store.is_adopted(),

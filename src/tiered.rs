@@ -18,7 +18,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 const CHUNK: usize = 512;
 
 /// Cumulative counters of one table, all tiers (`strata_table_get_stats`).
-#[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TableStats {
     /// Lookup calls that succeeded.
@@ -195,7 +194,7 @@ impl TieredTable {
         for i in 0..n {
             if !s.present[i] {
                 found.misses += 1;
-                if self.missing == MissingKey::STRATA_MISSING_ERROR && found.first_miss.is_none_or(|(j, _)| lo + i < j) {
+                if self.missing == MissingKey::Error && found.first_miss.is_none_or(|(j, _)| lo + i < j) {
                     found.first_miss = Some((lo + i, s.keys[i]));
                 }
             }
@@ -255,7 +254,7 @@ impl TieredTable {
 
     /// Whether a missing key fails the lookup.
     pub(crate) fn missing_is_error(&self) -> bool {
-        self.missing == MissingKey::STRATA_MISSING_ERROR
+        self.missing == MissingKey::Error
     }
 
     /// The default row (float32).

@@ -76,7 +76,7 @@ fn legacy_adoption_is_zero_copy_and_deletes_once() {
     // zero copy: the producer's memory is the table's
     unsafe { *raw_data.add(7) = 70.0 };
     assert_eq!(lookup_rows(t, &[2], 3), vec![6.0, 70.0, 8.0]);
-    let mut info = unsafe { std::mem::zeroed::<TableInfo>() };
+    let mut info = strata_table_info_default();
     ok(unsafe { strata_table_get_info(t, &mut info) });
     assert!(info.adopted && !info.mapped && !info.keyed);
     unsafe { strata_table_free(t) };

@@ -5,7 +5,7 @@
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use strata::config::*;
-use strata::{Error, Status};
+use strata::{Error, ErrorKind, Status};
 
 // ---------------------------------------------------------------------------------------------
 // Helpers.
@@ -86,7 +86,7 @@ fn config_error(r: strata::Result<PsConfig>, path: &str, fragment: &str) -> Stri
         Ok(c) => panic!("expected a config error at {path}, got {c:?}"),
         Err(e) => e,
     };
-    assert_eq!(e.status(), Status::STRATA_CONFIG_ERROR, "{e}");
+    assert_eq!(e.kind(), ErrorKind::Config, "{e}");
     let shown = e.to_string();
     let Error::Config { file, path: p, msg } = e else { unreachable!() };
     assert_eq!(p, path, "wrong JSON path in: {shown}");
@@ -161,11 +161,11 @@ fn load_reports_a_missing_file_as_io_error() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("absent.json");
     let e = load(&p).unwrap_err();
-    assert_eq!(e.status(), Status::STRATA_IO_ERROR, "{e}");
+    assert_eq!(e.kind(), ErrorKind::Io, "{e}");
     assert!(matches!(&e, Error::Io { path, .. } if *path == p.display().to_string()), "{e:?}");
     assert!(e.to_string().contains("absent.json"), "{e}");
     // A folder is not a readable file either.
-    assert_eq!(load(dir.path()).unwrap_err().status(), Status::STRATA_IO_ERROR);
+    assert_eq!(load(dir.path()).unwrap_err().kind(), ErrorKind::Io);
 }
 
 #[test]
@@ -1025,6 +1025,6 @@ fn persistent_path_must_be_a_folder_when_it_exists() {
 fn status_of_every_config_error_is_strata_config_error() {
     assert_eq!(Status::STRATA_CONFIG_ERROR as i32, 13);
     let e = Error::Config { file: "ps.json".into(), path: "(root)".into(), msg: "m".into() };
-    assert_eq!(e.status(), Status::STRATA_CONFIG_ERROR);
+    assert_eq!(e.kind(), ErrorKind::Config);
     assert_eq!(e.to_string(), "ps.json: (root): m");
 }

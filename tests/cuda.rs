@@ -207,7 +207,7 @@ fn cpu_and_gpu(
         Mix::DeviceKeysHostOut => Desc::compact(host_out.as_mut_ptr(), od, &[n as i64, dim as i64]),
         _ => Desc::compact(dout.ptr as *const u8, od, &[n as i64, dim as i64]).device(DLDeviceType::CUDA),
     };
-    let opts = LookupOptions { stream: s as *mut std::ffi::c_void, num_threads: 0 };
+    let opts = LookupOptions { stream: s as *mut std::ffi::c_void, num_threads: 0, ..LookupOptions::default() };
     let mut gs = LookupStats::default();
     let st = unsafe { strata_lookup(t.0, &kdesc.t, &mut odesc.t, &opts, &mut gs) };
     assert_eq!(st, Status::STRATA_OK, "{mix:?}: {}", last_error());
@@ -299,7 +299,7 @@ fn gpu_lookup_returns_before_the_stream_finishes() {
     let mut o = Desc::compact(dout.ptr as *const u8, F32, &[500, 16]).device(DLDeviceType::CUDA);
     // About two seconds of GPU clocks queued first (no GPU clocks below 1 GHz).
     gpu::spin(&ctx, s, 2_000_000_000);
-    let opts = LookupOptions { stream: s as *mut std::ffi::c_void, num_threads: 0 };
+    let opts = LookupOptions { stream: s as *mut std::ffi::c_void, num_threads: 0, ..LookupOptions::default() };
     ok(unsafe { strata_lookup(t.0, &k.t, &mut o.t, &opts, std::ptr::null_mut()) });
     assert_eq!(
         gpu::query(s),
@@ -364,7 +364,7 @@ fn gpu_errors_are_statuses() {
     o.t.device.device_id = 99;
     let s = unsafe { strata_lookup(t.0, &k.t, &mut o.t, std::ptr::null(), std::ptr::null_mut()) };
     fails(s, Status::STRATA_UNSUPPORTED_DEVICE, &["out: device kDLCUDA:99 but keys are on kDLCUDA:0"]);
-    let bad = LookupOptions { stream: std::ptr::null_mut(), num_threads: -4 };
+    let bad = LookupOptions { stream: std::ptr::null_mut(), num_threads: -4, ..LookupOptions::default() };
     let s = unsafe { strata_lookup(t.0, &k.t, &mut o.t, &bad, std::ptr::null_mut()) };
     fails(s, Status::STRATA_INVALID_ARGUMENT, &["opts->num_threads: -4"]);
     // A table whose missing keys are errors reports the first one, after waiting.
@@ -403,7 +403,7 @@ fn gpu_several_devices_replicate_and_shard() {
                 let mut o = Desc::compact(dout.ptr as *const u8, F32, &[n as i64, 32]).device(DLDeviceType::CUDA);
                 k.t.device.device_id = ordinal as i32;
                 o.t.device.device_id = ordinal as i32;
-                let opts = LookupOptions { stream: s as *mut std::ffi::c_void, num_threads: 0 };
+                let opts = LookupOptions { stream: s as *mut std::ffi::c_void, num_threads: 0, ..LookupOptions::default() };
                 let mut gs = LookupStats::default();
                 ok(unsafe { strata_lookup(t.0, &k.t, &mut o.t, &opts, &mut gs) });
                 let mut want = vec![0u8; n * 32 * 4];

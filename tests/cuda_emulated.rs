@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use strata::exec::cuda::emulate::{Emulated, Emulator, Placement};
 use strata::exec::cuda::params::{CacheParams, GatherParams};
-use strata::{LookupOptions, Table};
+use strata::{LookupOptions, MissingKey, Table, TableOptions};
 
 /// Builds the emulator library once per test process.
 fn emulator() -> &'static Emulator {
@@ -284,7 +284,7 @@ fn missing_keys_as_errors_name_the_first_one_like_the_cpu_path() {
         write_float(F32, data[i * size..].as_mut_ptr(), rng.f32());
     }
     let v = Desc::compact(data.as_ptr(), F32, &[100, 4]);
-    let strict = TableOptions { missing_key: 1, ..TableOptions::default() };
+    let strict = TableOptions { missing: MissingKey::Error, ..TableOptions::default() };
     let table = unsafe { Table::from_dlpack(&v.t, None, strict) }.unwrap();
     for placement in [Placement::Gather, Placement::Cache { fraction: 0.5, threshold: 0.0 }, Placement::Shards { count: 3 }] {
         let placed = Emulated::place(emu, &table, placement).unwrap();

@@ -218,9 +218,6 @@ fn bad_strides_offsets_and_alignment() {
 
 #[test]
 fn devices_other_than_host_memory() {
-    unsafe extern "C" {
-        fn strata_cuda_available() -> i32;
-    }
     let mut c = Case::new();
     for dev in [DLDeviceType::ROCM, DLDeviceType::VULKAN, DLDeviceType::OPENCL] {
         let k = c.keys().device(dev);
@@ -232,7 +229,7 @@ fn devices_other_than_host_memory() {
     }
     // CUDA tensors without a driver (or in a build without the `cuda` feature); with a device
     // these pointers would be launched on, so tests/cuda.rs covers that case with real memory.
-    if unsafe { strata_cuda_available() } == 0 {
+    if strata_cuda_available() == 0 {
         for dev in [DLDeviceType::CUDA, DLDeviceType::CUDAMANAGED] {
             let k = c.keys().device(dev);
             let mut o = c.out();
@@ -262,13 +259,13 @@ fn bad_options() {
 
 #[test]
 fn defaults_and_names() {
-    let t = unsafe { strata_table_options_default() };
+    let t = strata_table_options_default();
     assert_eq!((t.default_value, t.missing_key), (0.0, 0));
     assert_eq!((t.gpu_placement, t.gpu_cache_fraction, t.hit_rate_threshold, t.gpu_sharding), (0, 0.5, 0.9, 0));
-    let l = unsafe { strata_lookup_options_default() };
+    let l = strata_lookup_options_default();
     assert!(l.stream.is_null());
     assert_eq!(l.num_threads, 0);
-    assert!(unsafe { strata_default_num_threads() } >= 1);
+    assert!(strata_default_num_threads() >= 1);
     let name = |s: i32| unsafe { std::ffi::CStr::from_ptr(strata_status_name(s)) }.to_str().unwrap().to_string();
     assert_eq!(name(Status::STRATA_UNSUPPORTED_DEVICE as i32), "STRATA_UNSUPPORTED_DEVICE");
     assert_eq!(name(99), "STRATA_UNKNOWN_STATUS");

@@ -1,7 +1,7 @@
 //! Property tests of the C ABI: random DLTensor descriptions for `keys` and `out`, fed to
 //! `strata_lookup` / `strata_lookup_managed` / `strata_lookup_managed_versioned` exactly as a
-//! C host would (the functions are declared here in an `extern "C"` block, not called through
-//! Rust paths).
+//! C host would (through the library's `extern "C"` functions and `#[repr(C)]` types, the
+//! definitions include/strata.h is generated from).
 //!
 //! Every description gets a buffer exactly as large as what it reaches (in both directions,
 //! for negative strides), plus poisoned guard bytes before and after, so a description that
@@ -30,80 +30,20 @@ use dlpark::ffi::{
 };
 use proptest::prelude::*;
 use std::collections::{BTreeSet, HashMap};
-use std::ffi::{CStr, c_char, c_void};
+use std::ffi::{CStr, c_void};
 
 // ---------------------------------------------------------------------------------------------
 // The C ABI, as a C caller sees it
 // ---------------------------------------------------------------------------------------------
 
-#[repr(C)]
-struct StrataTable {
-    _opaque: [u8; 0],
-}
-
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-struct TableOptions {
-    default_value: f32,
-    missing_key: i32,
-    gpu_placement: i32,
-    gpu_cache_fraction: f32,
-    hit_rate_threshold: f32,
-    gpu_sharding: i32,
-}
-
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-struct LookupOptions {
-    stream: *mut c_void,
-    num_threads: i32,
-}
-
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct LookupStats {
-    hits: u64,
-    misses: u64,
-    volatile_hits: u64,
-    persistent_hits: u64,
-}
-
-unsafe extern "C" {
-    fn strata_last_error() -> *const c_char;
-    fn strata_status_name(status: i32) -> *const c_char;
-    fn strata_table_options_default() -> TableOptions;
-    fn strata_lookup_options_default() -> LookupOptions;
-    fn strata_table_from_dlpack(
-        vectors: *const DLTensor,
-        keys: *const DLTensor,
-        opts: *const TableOptions,
-        out: *mut *mut StrataTable,
-    ) -> i32;
-    fn strata_table_free(table: *mut StrataTable);
-    fn strata_table_dim(table: *const StrataTable) -> i64;
-    fn strata_table_len(table: *const StrataTable) -> i64;
-    fn strata_lookup(
-        table: *mut StrataTable,
-        keys: *const DLTensor,
-        out: *mut DLTensor,
-        opts: *const LookupOptions,
-        stats: *mut LookupStats,
-    ) -> i32;
-    fn strata_lookup_managed(
-        table: *mut StrataTable,
-        keys: *const DLManagedTensor,
-        out: *mut DLManagedTensor,
-        opts: *const LookupOptions,
-        stats: *mut LookupStats,
-    ) -> i32;
-    fn strata_lookup_managed_versioned(
-        table: *mut StrataTable,
-        keys: *const DLManagedTensorVersioned,
-        out: *mut DLManagedTensorVersioned,
-        opts: *const LookupOptions,
-        stats: *mut LookupStats,
-    ) -> i32;
-}
+use strata::ffi::{
+    strata_cuda_available, strata_last_error, strata_lookup, strata_lookup_managed, strata_lookup_managed_versioned,
+    strata_lookup_options, strata_lookup_options_default, strata_lookup_stats, strata_status_name, strata_table,
+    strata_table_dim, strata_table_free, strata_table_from_dlpack, strata_table_len, strata_table_options_default,
+};
+type StrataTable = strata_table;
+type LookupOptions = strata_lookup_options;
+type LookupStats = strata_lookup_stats;
 
 // Status values, taken from the crate so that the test and the library agree by construction
 // (this also makes the test link the strata rlib that defines the C symbols).
@@ -448,7 +388,7 @@ impl Table {
             strides: kstrides.as_mut_ptr(),
             byte_offset: 0,
         };
-        let mut opts = unsafe { strata_table_options_default() };
+        let mut opts = strata_table_options_default();
         assert_eq!(
             (opts.gpu_placement, opts.gpu_cache_fraction, opts.hit_rate_threshold, opts.gpu_sharding),
             (0, 0.5, 0.9, 0),
@@ -458,7 +398,7 @@ impl Table {
         opts.missing_key = spec.missing_error as i32;
         let mut ptr = std::ptr::null_mut();
         let keys_p = if spec.keyed.is_some() { &keys as *const DLTensor } else { std::ptr::null() };
-        let s = unsafe { strata_table_from_dlpack(&vectors, keys_p, &opts, &mut ptr) };
+        let s = unsafe { strata_table_from_dlpack(&vectors, keys_p, &opts, &mut ptr) } as i32;
         assert_eq!(s, OK, "strata_table_from_dlpack: {} {}", status_name(s), last_error());
         assert!(!ptr.is_null());
         // The copy must not depend on the source: scribble over it before any lookup.
@@ -982,20 +922,20 @@ fn run_case(case: &Case) -> Result<(), TestCaseError> {
     let kt = kb.tensor(kdt, device(case.key_device));
     let mut ot = ob.tensor(odt, device(case.out_device));
     let opts = case.num_threads.map(|t| {
-        let mut o = unsafe { strata_lookup_options_default() };
+        let mut o = strata_lookup_options_default();
         o.num_threads = t;
         o
     });
     let opts_p = opts.as_ref().map_or(std::ptr::null(), |o| o as *const LookupOptions);
-    let mut stats = LookupStats { hits: 0xdead, misses: 0xbeef, volatile_hits: 0xdead, persistent_hits: 0xbeef };
+    let mut stats = LookupStats { hits: 0xdead, misses: 0xbeef, volatile_hits: 0xdead, persistent_hits: 0xbeef, ..LookupStats::default() };
     let stats_p = if case.want_stats { &mut stats as *mut LookupStats } else { std::ptr::null_mut() };
     let status = unsafe {
         match case.call {
-            Call::Plain => strata_lookup(table.ptr, &kt, &mut ot, opts_p, stats_p),
+            Call::Plain => strata_lookup(table.ptr, &kt, &mut ot, opts_p, stats_p) as i32,
             Call::Managed => {
                 let km = DLManagedTensor { dl_tensor: kt, manager_ctx: std::ptr::null_mut(), deleter: None };
                 let mut om = DLManagedTensor { dl_tensor: ot, manager_ctx: std::ptr::null_mut(), deleter: None };
-                strata_lookup_managed(table.ptr, &km, &mut om, opts_p, stats_p)
+                strata_lookup_managed(table.ptr, &km, &mut om, opts_p, stats_p) as i32
             }
             Call::Versioned { keys_major, out_major, minor, out_read_only, keys_read_only } => {
                 let flags = |ro: bool| if ro { DlpackFlags::READ_ONLY } else { DlpackFlags::empty() };
@@ -1013,7 +953,7 @@ fn run_case(case: &Case) -> Result<(), TestCaseError> {
                     flags: flags(out_read_only),
                     dl_tensor: ot,
                 };
-                strata_lookup_managed_versioned(table.ptr, &km, &mut om, opts_p, stats_p)
+                strata_lookup_managed_versioned(table.ptr, &km, &mut om, opts_p, stats_p) as i32
             }
         }
     };
@@ -1081,7 +1021,7 @@ fn run_case(case: &Case) -> Result<(), TestCaseError> {
                 );
             }
             if case.want_stats {
-                prop_assert_eq!(stats, LookupStats { hits: e.hits, misses: e.misses, volatile_hits: 0, persistent_hits: 0 }, "stats\n{}", ctx());
+                prop_assert_eq!(stats, LookupStats { hits: e.hits, misses: e.misses, ..LookupStats::default() }, "stats\n{}", ctx());
             }
         } else {
             let first = e.first_miss.clone().unwrap();
@@ -1234,10 +1174,7 @@ fn out_dtype(odd: f64) -> impl Strategy<Value = (u8, u8, u16)> {
 }
 
 fn cuda_present() -> bool {
-    unsafe extern "C" {
-        fn strata_cuda_available() -> i32;
-    }
-    unsafe { strata_cuda_available() != 0 }
+    strata_cuda_available() != 0
 }
 
 fn device_code(odd: f64) -> impl Strategy<Value = u32> {

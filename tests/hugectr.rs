@@ -32,7 +32,7 @@ fn opens_and_looks_up_like_the_files_say() {
     let (s, t) = open(dir.path(), dim as i64, &opts);
     ok(s);
     let t = Owned(t);
-    let mut info = unsafe { std::mem::zeroed::<TableInfo>() };
+    let mut info = strata_table_info_default();
     ok(unsafe { strata_table_get_info(t.0, &mut info) });
     assert_eq!((info.rows, info.dim, info.keyed, info.mapped), (rows as i64, dim as i64, true, true));
     assert!((info.index_bytes as f64) / (rows as f64) <= 16.0, "{} bytes per key", info.index_bytes as f64 / rows as f64);

@@ -119,7 +119,7 @@ impl Fixture {
         let kd = Desc::new(kp, l.key_dtype, &l.key_shape, &l.key_strides, l.key_offset);
         let mut od = Desc::new(op, l.out_dtype, &l.out_shape, &l.out_strides, l.out_offset);
         let opts = LookupOptions { num_threads: threads, ..LookupOptions::default() };
-        let mut stats = LookupStats { hits: 99, misses: 99, volatile_hits: 99, persistent_hits: 99 };
+        let mut stats = LookupStats { hits: 99, misses: 99, volatile_hits: 99, persistent_hits: 99, ..LookupStats::default() };
         ok(unsafe { strata_lookup(self.table.0, &kd.t, &mut od.t, &opts, &mut stats) });
 
         let mut expect_bytes = vec![POISON; obuf.len()];
@@ -329,7 +329,7 @@ fn copied_tables_from_strided_vectors_and_int32_keys() {
     for kd in KEY_DTYPES {
         f.check(&q, &Layout::compact(kd, &[64], F32, dim as i64), 1);
     }
-    let mut info = unsafe { std::mem::zeroed::<TableInfo>() };
+    let mut info = strata_table_info_default();
     ok(unsafe { strata_table_get_info(f.table.0, &mut info) });
     assert_eq!((info.rows, info.dim, info.keyed, info.mapped, info.adopted), (30, 4, true, false, false));
     assert!(info.index_bytes > 0 && info.index_bytes <= 16 * 30 + 64 * 2);
@@ -357,7 +357,7 @@ fn cuda_host_memory_is_served() {
 fn missing_key_error_policy_names_the_first_missing_key() {
     let mut rng = Rng(10);
     let (keys, vectors) = random_table(&mut rng, 50, 4);
-    let opts = TableOptions { missing_key: strata::MissingKey::STRATA_MISSING_ERROR as i32, ..TableOptions::default() };
+    let opts = TableOptions { missing_key: strata_missing_key::STRATA_MISSING_ERROR as i32, ..TableOptions::default() };
     let t = Owned::build(&vectors, 50, 4, Some(&keys), &opts);
     let mut q: Vec<i64> = (0..5000).map(|i| keys[i % 50]).collect();
     q[3001] = 123_456_789_012;
@@ -383,7 +383,7 @@ fn zero_keys_is_a_no_op() {
     let mut out = [7.0f32; 3];
     let k = Desc::compact(std::ptr::null(), I64, &[0]);
     let mut o = Desc::compact(out.as_mut_ptr().cast(), F32, &[0, 3]);
-    let mut s = LookupStats { hits: 5, misses: 5, volatile_hits: 5, persistent_hits: 5 };
+    let mut s = LookupStats { hits: 5, misses: 5, volatile_hits: 5, persistent_hits: 5, ..LookupStats::default() };
     ok(unsafe { strata_lookup(f.table.0, &k.t, &mut o.t, std::ptr::null(), &mut s) });
     assert_eq!(out, [7.0; 3]);
     assert_eq!(s, LookupStats::default());

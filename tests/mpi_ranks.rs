@@ -7,8 +7,6 @@
 //! zero copy, HugeCTR shares, and each error path failing on every rank.
 
 mod common;
-#[path = "mpi/api.rs"]
-mod api;
 #[path = "mpi/cases.rs"]
 mod cases;
 #[path = "mpi/desc.rs"]

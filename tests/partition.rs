@@ -118,7 +118,7 @@ fn single_and_replicated_partitions_are_zero_copy_both_ways() {
             d.locations[0] = (0..4).map(loc).collect(); // Heat split=None: every rank holds it
         }
         let t = build(d.c());
-        let mut info = unsafe { std::mem::zeroed::<TableInfo>() };
+        let mut info = strata_table_info_default();
         ok(unsafe { strata_table_get_info(t.0, &mut info) });
         // source -> table: a write into the source is seen by lookups
         global[3 * dim + 1] = 777.0;

@@ -101,7 +101,7 @@ fn server_config(dir: &Path) -> String {
 }
 
 /// Upserts one batch through the C ABI.
-fn server_upsert(table: *mut strata::Table, keys: &[u64], rows: &[f32]) {
+fn server_upsert(table: *mut strata::ffi::strata_table, keys: &[u64], rows: &[f32]) {
     use common::*;
     let k = Desc::compact(keys.as_ptr().cast(), U64, &[keys.len() as i64]);
     let v = Desc::compact(rows.as_ptr().cast(), F32, &[keys.len() as i64, DIM as i64]);

@@ -9,7 +9,7 @@ use std::collections::HashSet;
 fn env_sets_the_default_and_calls_stay_within_their_budget() {
     // The only test in this binary, so nothing has read the variable yet.
     unsafe { std::env::set_var("STRATA_NUM_THREADS", "3") };
-    assert_eq!(unsafe { strata_default_num_threads() }, 3);
+    assert_eq!(strata_default_num_threads(), 3);
 
     // Threads that run strata work are the caller and pool workers named strata-N; count the
     // distinct pool threads that exist afterwards by name.

@@ -4,7 +4,7 @@
 //! A [`Comm`] is used by one collective call at a time (its table serialises them); MPI is only
 //! ever called from the thread that made that call.
 
-use crate::error::{Error, Result, Status};
+use crate::error::{Error, ErrorKind, Result};
 use mpi::datatype::{Equivalence, Partition, PartitionMut, UserDatatype, View, MutView};
 use mpi::ffi;
 use mpi::raw::FromRaw;
@@ -125,7 +125,7 @@ impl Comm {
     pub fn agree<T>(&mut self, local: Result<T>) -> Result<T> {
         let code = match &local {
             Ok(_) => 0i32,
-            Err(e) => e.status() as i32,
+            Err(e) => e.kind().code(),
         };
         let codes = self.all_gather(&[code]);
         self.settle(local, &codes)
@@ -143,7 +143,7 @@ impl Comm {
             Err(e) => Err(e),
             Ok(_) => Err(Error::Remote {
                 rank: first as i32,
-                status: Status::ALL.iter().copied().find(|s| *s as i32 == codes[first]).unwrap_or(Status::STRATA_INTERNAL),
+                kind: ErrorKind::from_code(codes[first]).unwrap_or(ErrorKind::Internal),
                 msg: String::from_utf8_lossy(&messages[first]).into_owned(),
             }),
         }

@@ -85,7 +85,7 @@ impl DistTable {
         let local = unsafe { self.request(s, keys, out, opts) };
         let send: Vec<i64> = match &local {
             Ok(r) => r.counts.iter().map(|&c| c as i64).collect(),
-            Err(e) => vec![-(e.status() as i64); self.size],
+            Err(e) => vec![-(e.kind().code() as i64); self.size],
         };
         let recv = comm.all_to_all(&send);
         let codes: Vec<i32> = recv.iter().map(|&c| if c < 0 { -c as i32 } else { 0 }).collect();
@@ -101,7 +101,7 @@ impl DistTable {
             comm.exchange(&s.found, &recv_counts, &req.counts, 1, &mut s.back_found);
         }
         let result = self.write(s, &req, keyed);
-        if self.missing == MissingKey::STRATA_MISSING_ERROR { comm.agree(result) } else { result }
+        if self.missing == MissingKey::Error { comm.agree(result) } else { result }
     }
 
     /// Step 1 on this rank: validates the tensors, reads the keys and finds their owners.
@@ -236,7 +236,7 @@ impl DistTable {
                 (a, b) => a.or(b),
             };
         }
-        if let (MissingKey::STRATA_MISSING_ERROR, Some((index, key))) = (self.missing, first) {
+        if let (MissingKey::Error, Some((index, key))) = (self.missing, first) {
             return Err(Error::KeyNotFound { key: plan.key_dtype.value(key), index });
         }
         Ok(total)

@@ -65,7 +65,7 @@ pub(crate) fn key_owner(key: u64, size: usize) -> usize {
 /// Options for the shares: owners always fill (the table's own policy is applied by the rank
 /// that asked).
 fn share_options(options: TableOptions) -> TableOptions {
-    TableOptions { missing_key: MissingKey::STRATA_MISSING_FILL as i32, ..options }
+    TableOptions { missing: MissingKey::Fill, ..options }
 }
 
 /// What every rank must agree on, as plain numbers for an all-gather.
@@ -181,7 +181,7 @@ impl DistTable {
         let mut comm = Comm::duplicate(fint)?;
         let local = load_share(dir, dim, comm.rank, comm.size, options);
         let (share, file_rows) = comm.agree(local)?;
-        let mine = [dim as u64, file_rows as u64, options.default_value.to_bits() as u64, options.missing_key as u64];
+        let mine = [dim as u64, file_rows as u64, options.default_value.to_bits() as u64, options.missing as u64];
         let all = comm.all_gather(&mine);
         if let Some(r) = (1..comm.size).find(|&r| all[r * 4..r * 4 + 4] != all[..4]) {
             let (a, b) = (&all[..4], &all[r * 4..r * 4 + 4]);
@@ -208,7 +208,7 @@ impl DistTable {
         local: Vec<LocalPart>,
         options: TableOptions,
     ) -> Self {
-        let missing = options.missing().unwrap_or(MissingKey::STRATA_MISSING_FILL);
+        let missing = options.missing;
         DistTable {
             rank: comm.rank,
             size: comm.size,
@@ -245,7 +245,7 @@ impl DistTable {
         TableInfo {
             rows: self.rows as i64,
             dim: self.dim as i64,
-            dtype: self.dtype.dl(),
+            dtype: self.dtype,
             keyed,
             mapped: false,
             adopted: false,
@@ -319,7 +319,6 @@ unsafe fn local_partitions(
     size: usize,
     options: TableOptions,
 ) -> Result<(Summary, Route, Vec<LocalPart>)> {
-    options.missing()?;
     let layout = unsafe { validate(d) }?;
     let (rows, dim) = check_row_split(&layout)?;
     let Layout { parts, .. } = layout;
@@ -389,7 +388,7 @@ unsafe fn local_partitions(
         parts: hash,
         dtype,
         default_bits: options.default_value.to_bits() as u64,
-        missing: options.missing_key as u64,
+        missing: options.missing as u64,
     };
     Ok((summary, Route::Dense { ends, owners }, local))
 }
@@ -398,7 +397,6 @@ unsafe fn local_partitions(
 /// the key file; of the vector file only the pages of its own rows are touched (mapped, then
 /// copied into the share). Returns the share and the folder's row count.
 fn load_share(dir: &Path, dim: i64, rank: usize, size: usize, options: TableOptions) -> Result<(StaticTable, usize)> {
-    options.missing()?;
     let dim = usize::try_from(dim).map_err(|_| Error::invalid("dim", format!("{dim}; expected 1 <= dim")))?;
     let folder = SparseFolder::open(dir, dim)?;
     let mine: Vec<usize> = (0..folder.rows).filter(|&r| key_owner(folder.key(r), size) == rank).collect();

@@ -312,7 +312,7 @@ impl Gather<'_> {
             row: row_fn(self.table.dtype(), self.out.dtype, contiguous, stream),
             default: row_fn(FloatDtype::F32, self.out.dtype, contiguous, stream),
         };
-        let track_first = self.table.missing == MissingKey::STRATA_MISSING_ERROR;
+        let track_first = self.table.missing == MissingKey::Error;
         if threads == 1 {
             let mut f = Found::default();
             self.range(0, self.n, &rowf, track_first, &mut f);

@@ -1,32 +1,48 @@
 //! `strata_lookup` and its managed-tensor variants.
 
-use super::{arg_ref, boundary, opt_or_default};
-use crate::error::{Error, Result, Status};
-use crate::lookup::{LookupOptions, LookupStats};
-use crate::table::Table;
+use super::boundary::{arg_ref, boundary};
+use super::sized::{out_struct, read_in};
+use super::table::{strata_table, table_arg};
+use super::tensor::check_managed;
+use super::types::{Status, strata_lookup_options, strata_lookup_stats};
+use crate::error::Result;
+use crate::lookup::LookupOptions;
+use dlpark::ManagedTensorBase;
 use dlpark::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLTensor};
-use dlpark::{DlpackFlags, ManagedTensorBase};
 
-/// Default lookup options: no stream, the library's default thread count.
+/// Default lookup options (`struct_size = sizeof(strata_lookup_options)`): no stream, the
+/// library's default thread count.
 #[unsafe(no_mangle)]
-pub extern "C" fn strata_lookup_options_default() -> LookupOptions {
-    LookupOptions::default()
+pub extern "C" fn strata_lookup_options_default() -> strata_lookup_options {
+    strata_lookup_options::default()
 }
 
+/// A `strata_lookup_stats` with `struct_size = sizeof(strata_lookup_stats)` and zero counts,
+/// to pass to the lookups.
+#[unsafe(no_mangle)]
+pub extern "C" fn strata_lookup_stats_default() -> strata_lookup_stats {
+    strata_lookup_stats::default()
+}
+
+/// The checked options and stats, then one call into the core.
+///
 /// # Safety
-/// `table` must be NULL or a live table; `stats` NULL or writable.
+/// `table` must be NULL or a live handle; `opts` and `stats` NULL or valid for their
+/// `struct_size` bytes.
 unsafe fn run(
-    table: *const Table,
+    table: *const strata_table,
     keys: &DLTensor,
     out: &DLTensor,
-    opts: *const LookupOptions,
-    stats: *mut LookupStats,
+    opts: *const strata_lookup_options,
+    stats: *mut strata_lookup_stats,
 ) -> Result<()> {
-    let table = unsafe { arg_ref(table, "table") }?;
-    let opts = unsafe { opt_or_default(opts) };
-    let found = unsafe { table.lookup_with(keys, out, &opts, !stats.is_null()) }?;
-    if let Some(s) = unsafe { stats.as_mut() } {
-        *s = found;
+    // SAFETY (this function): the caller's pointers are NULL or valid, as documented.
+    let table = unsafe { table_arg(table, "table") }?;
+    let opts = LookupOptions::from(&unsafe { read_in(opts, "opts") }?);
+    let stats = unsafe { out_struct(stats, "stats") }?;
+    let found = unsafe { table.lookup_with(keys, out, &opts, stats.is_some()) }?;
+    if let Some(s) = stats {
+        s.write(&found.into());
     }
     Ok(())
 }
@@ -50,7 +66,8 @@ unsafe fn run(
 ///   own queued host work, not for the caller's kernels). Where the table's rows are on the
 ///   device is `strata_table_options.gpu_placement`. Without a CUDA driver or device, CUDA
 ///   tensors get `STRATA_UNSUPPORTED_DEVICE`; a failing CUDA call gets `STRATA_CUDA_ERROR`.
-/// - `opts` may be NULL (defaults). `stats` may be NULL; else it receives hits and misses.
+/// - `opts` may be NULL (defaults). `stats` may be NULL; else it receives hits and misses (an
+///   out-struct: set its `struct_size` with `strata_lookup_stats_default()`).
 /// - Missing keys get the table's default value, or `STRATA_KEY_NOT_FOUND` when the table was
 ///   built with `STRATA_MISSING_ERROR` (then `out` is unspecified).
 /// - Zero keys is a valid no-op.
@@ -64,48 +81,31 @@ unsafe fn run(
 /// a missing key under `STRATA_MISSING_ERROR`) fails it on every rank.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_lookup(
-    table: *mut Table,
+    table: *mut strata_table,
     keys: *const DLTensor,
     out: *mut DLTensor,
-    opts: *const LookupOptions,
-    stats: *mut LookupStats,
+    opts: *const strata_lookup_options,
+    stats: *mut strata_lookup_stats,
 ) -> Status {
     boundary(|| {
+        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
         let keys = unsafe { arg_ref(keys, "keys") }?;
         let out = unsafe { arg_ref(out, "out") }?;
         unsafe { run(table, keys, out, opts, stats) }
     })
 }
 
-/// Checks a managed tensor's version (major 1, explicit strides from 1.2 on) and flags.
-fn check_managed<M: ManagedTensorBase>(m: &M, arg: &'static str, writable: bool) -> Result<()> {
-    if let Some(v) = m.version() {
-        if v.major != dlpark::ffi::DLPACK_MAJOR_VERSION {
-            return Err(Error::invalid(arg, format!("DLPack version {}.{}; expected major version 1", v.major, v.minor)));
-        }
-        if v.minor >= 2 && m.tensor().ndim != 0 && m.tensor().strides.is_null() {
-            return Err(Error::layout(
-                arg,
-                format!("strides is NULL in a DLPack {}.{} tensor; expected explicit strides", v.major, v.minor),
-            ));
-        }
-    }
-    if writable && m.flags().contains(DlpackFlags::READ_ONLY) {
-        return Err(Error::ReadOnly { arg });
-    }
-    Ok(())
-}
-
 /// # Safety
 /// Pointers as for `strata_lookup_managed`: NULL or valid managed tensors and table.
 unsafe fn run_managed<M: ManagedTensorBase>(
-    table: *mut Table,
+    table: *mut strata_table,
     keys: *const M,
     out: *mut M,
-    opts: *const LookupOptions,
-    stats: *mut LookupStats,
+    opts: *const strata_lookup_options,
+    stats: *mut strata_lookup_stats,
 ) -> Status {
     boundary(|| {
+        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
         let keys = unsafe { arg_ref(keys, "keys") }?;
         let out = unsafe { arg_ref(out, "out") }?;
         check_managed(keys, "keys", false)?;
@@ -117,12 +117,13 @@ unsafe fn run_managed<M: ManagedTensorBase>(
 /// `strata_lookup` on legacy managed tensors. Ownership: borrows; never calls a deleter.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_lookup_managed(
-    table: *mut Table,
+    table: *mut strata_table,
     keys: *const DLManagedTensor,
     out: *mut DLManagedTensor,
-    opts: *const LookupOptions,
-    stats: *mut LookupStats,
+    opts: *const strata_lookup_options,
+    stats: *mut strata_lookup_stats,
 ) -> Status {
+    // SAFETY: forwarded.
     unsafe { run_managed(table, keys, out, opts, stats) }
 }
 
@@ -131,11 +132,12 @@ pub unsafe extern "C" fn strata_lookup_managed(
 /// never calls a deleter.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_lookup_managed_versioned(
-    table: *mut Table,
+    table: *mut strata_table,
     keys: *const DLManagedTensorVersioned,
     out: *mut DLManagedTensorVersioned,
-    opts: *const LookupOptions,
-    stats: *mut LookupStats,
+    opts: *const strata_lookup_options,
+    stats: *mut strata_lookup_stats,
 ) -> Status {
+    // SAFETY: forwarded.
     unsafe { run_managed(table, keys, out, opts, stats) }
 }

@@ -1,11 +1,13 @@
 //! The `__partitioned__` protocol: validation, tables from descriptions, descriptions of tables;
 //! tables spread over MPI ranks.
 
-use super::{arg_ref, boundary, c_path, opt_or_default, opt_ref, out_arg};
+use super::boundary::{arg_ref, boundary, c_path, opt_ref, out_handle};
+use super::table::{strata_table, table_arg, table_options};
+use super::types::{Status, strata_table_options};
 use crate::dist::DistTable;
-use crate::error::{Error, Status};
+use crate::error::Error;
 use crate::partition::{OwnedPartitioned, Partitioned, describe, table_from, validate};
-use crate::table::{Table, TableKind, TableOptions};
+use crate::table::{Table, TableKind};
 use std::ffi::c_char;
 
 /// Checks a `__partitioned__` description against every rule of the protocol: at least one
@@ -51,21 +53,18 @@ pub unsafe extern "C" fn strata_partitioned_validate(desc: *const Partitioned) -
 pub unsafe extern "C" fn strata_table_from_partitioned(
     desc: *const Partitioned,
     comm: *const i32,
-    opts: *const TableOptions,
-    out: *mut *mut Table,
+    opts: *const strata_table_options,
+    out: *mut *mut strata_table,
 ) -> Status {
     boundary(|| {
-        let out = unsafe { out_arg(out, "out") }?;
+        let out = unsafe { out_handle(out, "out") }?;
         let d = unsafe { arg_ref(desc, "desc") }?;
-        let options = unsafe { opt_or_default(opts) };
+        let options = unsafe { table_options(opts) }?;
         let table = match unsafe { opt_ref(comm) } {
             Some(&fint) => Table::from(unsafe { DistTable::from_partitioned(d, fint, options) }?),
-            None => {
-                options.missing()?;
-                Table::from(unsafe { table_from(validate(d)?, options) }?)
-            }
+            None => Table::from(unsafe { table_from(validate(d)?, options) }?),
         };
-        *out = Box::into_raw(Box::new(table));
+        *out = strata_table::into_owned_raw(table);
         Ok(())
     })
 }
@@ -84,16 +83,16 @@ pub unsafe extern "C" fn strata_table_open_distributed(
     dir: *const c_char,
     dim: i64,
     comm: *const i32,
-    opts: *const TableOptions,
-    out: *mut *mut Table,
+    opts: *const strata_table_options,
+    out: *mut *mut strata_table,
 ) -> Status {
     boundary(|| {
-        let out = unsafe { out_arg(out, "out") }?;
+        let out = unsafe { out_handle(out, "out") }?;
         let dir = unsafe { c_path(dir, "dir") }?;
         let fint = *unsafe { arg_ref(comm, "comm") }?;
-        let options = unsafe { opt_or_default(opts) };
+        let options = unsafe { table_options(opts) }?;
         let table = DistTable::open(dir, dim, fint, options)?;
-        *out = Box::into_raw(Box::new(Table::from(table)));
+        *out = strata_table::into_owned_raw(Table::from(table));
         Ok(())
     })
 }
@@ -107,10 +106,10 @@ pub unsafe extern "C" fn strata_table_open_distributed(
 /// is owned by strata, valid while the table lives, and freed with `strata_partitioned_free`.
 /// Keyed and server tables have no such view (`STRATA_INVALID_ARGUMENT`).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn strata_table_partitioned(table: *const Table, out: *mut *mut Partitioned) -> Status {
+pub unsafe extern "C" fn strata_table_partitioned(table: *const strata_table, out: *mut *mut Partitioned) -> Status {
     boundary(|| {
-        let out = unsafe { out_arg(out, "out") }?;
-        let t = unsafe { arg_ref(table, "table") }?;
+        let out = unsafe { out_handle(out, "out") }?;
+        let t = unsafe { table_arg(table, "table") }?;
         let desc = match &t.kind {
             TableKind::Static(st) => describe(st)?,
             TableKind::Dist(dt) => dt.describe()?,
@@ -126,9 +125,12 @@ pub unsafe extern "C" fn strata_table_partitioned(table: *const Table, out: *mut
 /// Frees a description from `strata_table_partitioned`. NULL is a no-op.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_partitioned_free(desc: *mut Partitioned) {
-    if !desc.is_null() {
-        // SAFETY: made by strata_table_partitioned from a Box<OwnedPartitioned>, whose first
-        // field (repr(C)) is the description handed out.
-        drop(unsafe { Box::from_raw(desc as *mut OwnedPartitioned) });
-    }
+    boundary(|| {
+        if !desc.is_null() {
+            // SAFETY: made by strata_table_partitioned from a Box<OwnedPartitioned>, whose first
+            // field (repr(C)) is the description handed out.
+            drop(unsafe { Box::from_raw(desc as *mut OwnedPartitioned) });
+        }
+        Ok(())
+    })
 }

@@ -1,19 +1,66 @@
 //! The parameter server (`strata_server_*`) and table updates (`strata_table_upsert`,
 //! `strata_table_erase`, `strata_table_get_stats`).
 
-use super::{arg_ref, boundary, out_arg};
-use crate::error::{Error, Result, Status};
+use super::boundary::{arg_mut, arg_ref, boundary, c_str, out_handle, write_opt};
+use super::sized::out_struct_required;
+use super::table::{strata_table, table_arg};
+use super::types::{Status, strata_table_stats};
+use crate::error::{Error, Result};
 use crate::server::Server;
-use crate::table::Table;
-use crate::tiered::TableStats;
 use dlpark::ffi::DLTensor;
-use std::ffi::{CStr, c_char};
+use std::ffi::c_char;
 use std::path::Path;
 
-/// A required C string argument, as UTF-8.
-unsafe fn arg_str<'a>(p: *const c_char, arg: &'static str) -> Result<&'a str> {
-    let p = unsafe { arg_ref(p, arg) }?;
-    unsafe { CStr::from_ptr(p) }.to_str().map_err(|_| Error::invalid(arg, "is not valid UTF-8"))
+/// The tables of every model of a configuration, and a `strata_table` handle for each, which
+/// the server owns (`strata_server_table` lends them; `strata_table_free` on them is a no-op).
+///
+/// Ownership: the caller owns the server and frees it with `strata_server_free`, which frees
+/// its tables. Threading: any thread may use it; lookups and updates on its tables may run at
+/// once from many threads.
+pub struct strata_server {
+    /// Per model, per table; boxed so the handles handed out never move.
+    #[allow(clippy::vec_box)]
+    handles: Vec<Vec<Box<strata_table>>>,
+    /// Declared after the handles, which point into it, so it is dropped after them.
+    server: Server,
+}
+
+impl strata_server {
+    /// A new handle owning `server`, for the caller to free with `strata_server_free`.
+    fn into_raw(server: Server) -> *mut strata_server {
+        let handles = server
+            .models()
+            .iter()
+            .map(|m| m.tables.iter().map(|t| Box::new(strata_table::borrowed_from_server(t))).collect())
+            .collect();
+        Box::into_raw(Box::new(strata_server { handles, server }))
+    }
+}
+
+/// Borrows the server of a required handle argument.
+///
+/// # Safety
+/// `p` must be NULL or a live handle.
+unsafe fn server_arg<'a>(p: *const strata_server) -> Result<&'a strata_server> {
+    // SAFETY: forwarded.
+    unsafe { arg_ref(p, "server") }
+}
+
+/// Answers a count through a required `int32_t *` out-parameter.
+///
+/// # Safety
+/// `p` must be NULL or writable.
+unsafe fn write_count(p: *mut i32, arg: &'static str, n: usize) -> Result<()> {
+    // SAFETY: forwarded.
+    *unsafe { arg_mut(p, arg) }? = n.min(i32::MAX as usize) as i32;
+    Ok(())
+}
+
+/// A `strata_table_stats` with `struct_size = sizeof(strata_table_stats)` and zero counters,
+/// to pass to `strata_table_get_stats`.
+#[unsafe(no_mangle)]
+pub extern "C" fn strata_table_stats_default() -> strata_table_stats {
+    strata_table_stats::default()
 }
 
 /// Opens a parameter server from an HPS configuration file (`ps.json`): every model's tables,
@@ -24,11 +71,12 @@ unsafe fn arg_str<'a>(p: *const c_char, arg: &'static str) -> Result<&'a str> {
 ///
 /// Ownership: on success `*out` receives a server the caller frees with `strata_server_free`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn strata_server_open(ps_json_path: *const c_char, out: *mut *mut Server) -> Status {
+pub unsafe extern "C" fn strata_server_open(ps_json_path: *const c_char, out: *mut *mut strata_server) -> Status {
     boundary(|| {
-        let out = unsafe { out_arg(out, "out") }?;
-        let path = unsafe { arg_str(ps_json_path, "ps_json_path") }?;
-        *out = Box::into_raw(Box::new(Server::open(Path::new(path))?));
+        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        let out = unsafe { out_handle(out, "out") }?;
+        let path = unsafe { c_str(ps_json_path, "ps_json_path") }?;
+        *out = strata_server::into_raw(Server::open(Path::new(path))?);
         Ok(())
     })
 }
@@ -39,13 +87,14 @@ pub unsafe extern "C" fn strata_server_open(ps_json_path: *const c_char, out: *m
 pub unsafe extern "C" fn strata_server_open_json(
     json: *const c_char,
     base_dir: *const c_char,
-    out: *mut *mut Server,
+    out: *mut *mut strata_server,
 ) -> Status {
     boundary(|| {
-        let out = unsafe { out_arg(out, "out") }?;
-        let json = unsafe { arg_str(json, "json") }?;
-        let base = if base_dir.is_null() { "." } else { unsafe { arg_str(base_dir, "base_dir") }? };
-        *out = Box::into_raw(Box::new(Server::from_json(json, Path::new(base))?));
+        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        let out = unsafe { out_handle(out, "out") }?;
+        let json = unsafe { c_str(json, "json") }?;
+        let base = if base_dir.is_null() { "." } else { unsafe { c_str(base_dir, "base_dir") }? };
+        *out = strata_server::into_raw(Server::from_json(json, Path::new(base))?);
         Ok(())
     })
 }
@@ -53,38 +102,44 @@ pub unsafe extern "C" fn strata_server_open_json(
 /// Frees a server and all its tables. NULL is a no-op. No lookup or update on its tables may
 /// be running or start afterwards.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn strata_server_free(server: *mut Server) {
-    if !server.is_null() {
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(unsafe { Box::from_raw(server) })));
-    }
+pub unsafe extern "C" fn strata_server_free(server: *mut strata_server) {
+    boundary(|| {
+        if !server.is_null() {
+            // SAFETY: made by Box::into_raw in strata_server::into_raw; not used after this.
+            drop(unsafe { Box::from_raw(server) });
+        }
+        Ok(())
+    })
 }
 
 /// Table `table_id` (its index in the model's `sparse_files`) of `model`. Ownership: borrowed
 /// from the server, valid until `strata_server_free`; `strata_table_free` on it is a no-op.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_server_table(
-    server: *mut Server,
+    server: *mut strata_server,
     model: *const c_char,
     table_id: i32,
-    out: *mut *mut Table,
+    out: *mut *mut strata_table,
 ) -> Status {
     boundary(|| {
-        let out = unsafe { out_arg(out, "out") }?;
-        let server = unsafe { arg_ref(server, "server") }?;
-        let model = unsafe { arg_str(model, "model") }?;
-        *out = server.table(model, table_id)? as *const Table as *mut Table;
+        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        let out = unsafe { out_handle(out, "out") }?;
+        let s = unsafe { server_arg(server) }?;
+        let model = unsafe { c_str(model, "model") }?;
+        s.server.table(model, table_id)?;
+        let m = s.server.models().iter().position(|m| m.name.to_bytes() == model.as_bytes()).expect("found above");
+        *out = &*s.handles[m][table_id as usize] as *const strata_table as *mut strata_table;
         Ok(())
     })
 }
 
 /// The number of models in `*count`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn strata_server_num_models(server: *const Server, count: *mut i32) -> Status {
+pub unsafe extern "C" fn strata_server_num_models(server: *const strata_server, count: *mut i32) -> Status {
     boundary(|| {
-        let server = unsafe { arg_ref(server, "server") }?;
-        let count = unsafe { count.as_mut() }.ok_or(Error::Null { arg: "count" })?;
-        *count = server.models().len() as i32;
-        Ok(())
+        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        let s = unsafe { server_arg(server) }?;
+        unsafe { write_count(count, "count", s.server.models().len()) }
     })
 }
 
@@ -92,38 +147,38 @@ pub unsafe extern "C" fn strata_server_num_models(server: *const Server, count: 
 /// number of tables in `*num_tables` (may be NULL).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_server_model(
-    server: *const Server,
+    server: *const strata_server,
     index: i32,
     name: *mut *const c_char,
     num_tables: *mut i32,
 ) -> Status {
     boundary(|| {
-        let server = unsafe { arg_ref(server, "server") }?;
-        let name = unsafe { name.as_mut() }.ok_or(Error::Null { arg: "name" })?;
+        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        let server = &unsafe { server_arg(server) }?.server;
+        let name = unsafe { arg_mut(name, "name") }?;
         let m = usize::try_from(index).ok().and_then(|i| server.models().get(i)).ok_or_else(|| {
             Error::invalid("index", format!("{index}; the server has models 0..{}", server.models().len()))
         })?;
         *name = m.name.as_ptr();
-        if let Some(n) = unsafe { num_tables.as_mut() } {
-            *n = m.tables.len() as i32;
-        }
+        unsafe { write_opt(num_tables, m.tables.len() as i32) };
         Ok(())
     })
 }
 
-/// The name of table `table_id` of `model` (its `embedding_table_names` entry, or `tableN`), owned
-/// by the server.
+/// The name of table `table_id` of `model` (its `embedding_table_names` entry, which defaults
+/// to `sparse_embeddingN` as in HPS), owned by the server and valid until it is freed.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_server_table_name(
-    server: *const Server,
+    server: *const strata_server,
     model: *const c_char,
     table_id: i32,
     name: *mut *const c_char,
 ) -> Status {
     boundary(|| {
-        let server = unsafe { arg_ref(server, "server") }?;
-        let model = unsafe { arg_str(model, "model") }?;
-        let name = unsafe { name.as_mut() }.ok_or(Error::Null { arg: "name" })?;
+        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        let server = &unsafe { server_arg(server) }?.server;
+        let model = unsafe { c_str(model, "model") }?;
+        let name = unsafe { arg_mut(name, "name") }?;
         server.table(model, table_id)?;
         *name = server.model(model)?.table_names[table_id as usize].as_ptr();
         Ok(())
@@ -132,21 +187,21 @@ pub unsafe extern "C" fn strata_server_table_name(
 
 /// The number of configuration warnings (fields ignored or unknown) in `*count`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn strata_server_num_warnings(server: *const Server, count: *mut i32) -> Status {
+pub unsafe extern "C" fn strata_server_num_warnings(server: *const strata_server, count: *mut i32) -> Status {
     boundary(|| {
-        let server = unsafe { arg_ref(server, "server") }?;
-        let count = unsafe { count.as_mut() }.ok_or(Error::Null { arg: "count" })?;
-        *count = server.warnings().len() as i32;
-        Ok(())
+        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        let s = unsafe { server_arg(server) }?;
+        unsafe { write_count(count, "count", s.server.warnings().len()) }
     })
 }
 
 /// Warning `index` ("models[0].dense_file: ignored ..."), owned by the server.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn strata_server_warning(server: *const Server, index: i32, text: *mut *const c_char) -> Status {
+pub unsafe extern "C" fn strata_server_warning(server: *const strata_server, index: i32, text: *mut *const c_char) -> Status {
     boundary(|| {
-        let server = unsafe { arg_ref(server, "server") }?;
-        let text = unsafe { text.as_mut() }.ok_or(Error::Null { arg: "text" })?;
+        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        let server = &unsafe { server_arg(server) }?.server;
+        let text = unsafe { arg_mut(text, "text") }?;
         let w = usize::try_from(index).ok().and_then(|i| server.warnings().get(i)).ok_or_else(|| {
             Error::invalid("index", format!("{index}; the server has warnings 0..{}", server.warnings().len()))
         })?;
@@ -162,9 +217,10 @@ pub unsafe extern "C" fn strata_server_warning(server: *const Server, index: i32
 /// never a mix. Tables that cannot change (static tables, read-only persistent tiers) give
 /// `STRATA_READ_ONLY`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn strata_table_upsert(table: *mut Table, keys: *const DLTensor, vectors: *const DLTensor) -> Status {
+pub unsafe extern "C" fn strata_table_upsert(table: *mut strata_table, keys: *const DLTensor, vectors: *const DLTensor) -> Status {
     boundary(|| {
-        let table = unsafe { arg_ref(table, "table") }?;
+        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        let table = unsafe { table_arg(table, "table") }?;
         let keys = unsafe { arg_ref(keys, "keys") }?;
         let vectors = unsafe { arg_ref(vectors, "vectors") }?;
         unsafe { table.upsert(keys, vectors) }
@@ -174,26 +230,27 @@ pub unsafe extern "C" fn strata_table_upsert(table: *mut Table, keys: *const DLT
 /// Removes `keys` (a 1-D integer tensor) from every tier of a server table; `*erased` (may be
 /// NULL) receives how many it held. Same durability and errors as `strata_table_upsert`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn strata_table_erase(table: *mut Table, keys: *const DLTensor, erased: *mut u64) -> Status {
+pub unsafe extern "C" fn strata_table_erase(table: *mut strata_table, keys: *const DLTensor, erased: *mut u64) -> Status {
     boundary(|| {
-        let table = unsafe { arg_ref(table, "table") }?;
+        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        let table = unsafe { table_arg(table, "table") }?;
         let keys = unsafe { arg_ref(keys, "keys") }?;
         let n = unsafe { table.erase(keys) }?;
-        if let Some(e) = unsafe { erased.as_mut() } {
-            *e = n;
-        }
+        unsafe { write_opt(erased, n) };
         Ok(())
     })
 }
 
 /// Cumulative counters of a table's tiers since it was opened: lookups, per-tier hits, misses,
-/// evictions, rows and bytes, upserts and erases (all zero for static tables).
+/// evictions, rows and bytes, upserts and erases (all zero for static tables). `stats` is an
+/// out-struct: set its `struct_size` first (`strata_table_stats_default()`).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn strata_table_get_stats(table: *const Table, stats: *mut TableStats) -> Status {
+pub unsafe extern "C" fn strata_table_get_stats(table: *const strata_table, stats: *mut strata_table_stats) -> Status {
     boundary(|| {
-        let table = unsafe { arg_ref(table, "table") }?;
-        let stats = unsafe { stats.as_mut() }.ok_or(Error::Null { arg: "stats" })?;
-        *stats = table.stats();
+        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        let table = unsafe { table_arg(table, "table") }?;
+        let stats = unsafe { out_struct_required(stats, "stats") }?;
+        stats.write(&table.stats().into());
         Ok(())
     })
 }

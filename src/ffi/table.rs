@@ -1,16 +1,81 @@
-//! Table constructors, accessors and `strata_table_free`.
+//! The `strata_table` handle, its constructors and accessors, and `strata_table_free`.
 
-use super::{arg_ref, boundary, c_path, opt_or_default, opt_ref, out_arg};
-use crate::error::{Error, Status};
-use crate::table::{Table, TableInfo, TableOptions};
+use super::boundary::{arg_ref, boundary, c_path, opt_ref, out_handle};
+use super::sized::{out_struct_required, read_in};
+use super::tensor::check_managed;
+use super::types::{Status, strata_table_info, strata_table_options};
+use crate::error::Result;
+use crate::table::{Table, TableOptions};
 use dlpark::ManagedTensorBase;
 use dlpark::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLTensor};
 use std::ffi::c_char;
+use std::ptr::NonNull;
 
-/// Default table options: missing keys are filled with 0.
+/// The table behind a `strata_table*` handle: a static table, a tiered table of a parameter
+/// server, or a table spread over MPI ranks. Many threads may look it up at once.
+///
+/// Ownership is declared here, once: a handle either owns its table (the constructors below;
+/// `strata_table_free` drops it) or borrows it from a server (`strata_server_table`; the
+/// server frees it, and `strata_table_free` is a no-op).
+pub struct strata_table(Held);
+
+enum Held {
+    Owned(Table),
+    /// A table of a `strata_server`, which outlives this handle (it holds the handle).
+    Server(NonNull<Table>),
+}
+
+impl strata_table {
+    /// A new handle that owns `table`, for the caller to free with `strata_table_free`.
+    pub(crate) fn into_owned_raw(table: Table) -> *mut strata_table {
+        Box::into_raw(Box::new(strata_table(Held::Owned(table))))
+    }
+
+    /// A handle to a server's table; the server keeps it and frees `table` after it.
+    pub(crate) fn borrowed_from_server(table: &Table) -> strata_table {
+        strata_table(Held::Server(NonNull::from(table)))
+    }
+
+    /// The table.
+    pub(crate) fn get(&self) -> &Table {
+        match &self.0 {
+            Held::Owned(t) => t,
+            // SAFETY: a server handle is held by its server, which keeps the table alive.
+            Held::Server(t) => unsafe { t.as_ref() },
+        }
+    }
+}
+
+/// Borrows the table of a required handle argument.
+///
+/// # Safety
+/// `p` must be NULL or a live handle.
+pub(crate) unsafe fn table_arg<'a>(p: *const strata_table, arg: &'static str) -> Result<&'a Table> {
+    // SAFETY: forwarded.
+    Ok(unsafe { arg_ref(p, arg) }?.get())
+}
+
+/// Reads optional table options (NULL: the defaults) and converts them.
+///
+/// # Safety
+/// `p` must be NULL or point to `struct_size` readable bytes.
+pub(crate) unsafe fn table_options(p: *const strata_table_options) -> Result<TableOptions> {
+    // SAFETY: forwarded.
+    TableOptions::try_from(&unsafe { read_in(p, "opts") }?)
+}
+
+/// Default table options (`struct_size = sizeof(strata_table_options)`): missing keys are
+/// filled with 0; GPU lookups use a static copy per device.
 #[unsafe(no_mangle)]
-pub extern "C" fn strata_table_options_default() -> TableOptions {
-    TableOptions::default()
+pub extern "C" fn strata_table_options_default() -> strata_table_options {
+    strata_table_options::default()
+}
+
+/// A `strata_table_info` with `struct_size = sizeof(strata_table_info)` and zero fields, to
+/// pass to `strata_table_get_info`.
+#[unsafe(no_mangle)]
+pub extern "C" fn strata_table_info_default() -> strata_table_info {
+    strata_table_info::default()
 }
 
 /// Builds a table from a copy of `vectors` ([rows, dim], float32, float16 or bfloat16, host
@@ -25,31 +90,36 @@ pub extern "C" fn strata_table_options_default() -> TableOptions {
 pub unsafe extern "C" fn strata_table_from_dlpack(
     vectors: *const DLTensor,
     keys: *const DLTensor,
-    opts: *const TableOptions,
-    out: *mut *mut Table,
+    opts: *const strata_table_options,
+    out: *mut *mut strata_table,
 ) -> Status {
     boundary(|| {
-        let out = unsafe { out_arg(out, "out") }?;
+        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        let out = unsafe { out_handle(out, "out") }?;
         let vectors = unsafe { arg_ref(vectors, "vectors") }?;
-        let table = unsafe { Table::from_dlpack(vectors, opt_ref(keys), opt_or_default(opts)) }?;
-        *out = Box::into_raw(Box::new(table));
+        let options = unsafe { table_options(opts) }?;
+        let table = unsafe { Table::from_dlpack(vectors, opt_ref(keys), options) }?;
+        *out = strata_table::into_owned_raw(table);
         Ok(())
     })
 }
 
+/// # Safety
+/// As for `strata_table_adopt_dlpack`.
 unsafe fn adopt<M: ManagedTensorBase>(
     vectors: *mut M,
     keys: *const DLTensor,
-    opts: *const TableOptions,
-    out: *mut *mut Table,
+    opts: *const strata_table_options,
+    out: *mut *mut strata_table,
 ) -> Status {
     boundary(|| {
-        let out = unsafe { out_arg(out, "out") }?;
-        if vectors.is_null() {
-            return Err(Error::Null { arg: "vectors" });
-        }
-        let table = unsafe { Table::adopt(vectors, opt_ref(keys), opt_or_default(opts)) }?;
-        *out = Box::into_raw(Box::new(table));
+        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        let out = unsafe { out_handle(out, "out") }?;
+        let managed = unsafe { arg_ref(vectors, "vectors") }?;
+        check_managed(managed, "vectors", false)?;
+        let options = unsafe { table_options(opts) }?;
+        let table = unsafe { Table::adopt(vectors, opt_ref(keys), options) }?;
+        *out = strata_table::into_owned_raw(table);
         Ok(())
     })
 }
@@ -65,21 +135,23 @@ unsafe fn adopt<M: ManagedTensorBase>(
 pub unsafe extern "C" fn strata_table_adopt_dlpack(
     vectors: *mut DLManagedTensor,
     keys: *const DLTensor,
-    opts: *const TableOptions,
-    out: *mut *mut Table,
+    opts: *const strata_table_options,
+    out: *mut *mut strata_table,
 ) -> Status {
+    // SAFETY: forwarded.
     unsafe { adopt(vectors, keys, opts, out) }
 }
 
 /// `strata_table_adopt_dlpack` for a versioned managed tensor (DLPack >= 1.0). A tensor of
-/// another major version is refused (and not deleted).
+/// another major version, or of version >= 1.2 with NULL strides, is refused (and not deleted).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_table_adopt_dlpack_versioned(
     vectors: *mut DLManagedTensorVersioned,
     keys: *const DLTensor,
-    opts: *const TableOptions,
-    out: *mut *mut Table,
+    opts: *const strata_table_options,
+    out: *mut *mut strata_table,
 ) -> Status {
+    // SAFETY: forwarded.
     unsafe { adopt(vectors, keys, opts, out) }
 }
 
@@ -95,14 +167,15 @@ pub unsafe extern "C" fn strata_table_adopt_dlpack_versioned(
 pub unsafe extern "C" fn strata_table_open(
     dir: *const c_char,
     dim: i64,
-    opts: *const TableOptions,
-    out: *mut *mut Table,
+    opts: *const strata_table_options,
+    out: *mut *mut strata_table,
 ) -> Status {
     boundary(|| {
-        let out = unsafe { out_arg(out, "out") }?;
+        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        let out = unsafe { out_handle(out, "out") }?;
         let path = unsafe { c_path(dir, "dir") }?;
-        let table = Table::open(path, dim, unsafe { opt_or_default(opts) })?;
-        *out = Box::into_raw(Box::new(table));
+        let table = Table::open(path, dim, unsafe { table_options(opts) }?)?;
+        *out = strata_table::into_owned_raw(table);
         Ok(())
     })
 }
@@ -113,41 +186,44 @@ pub unsafe extern "C" fn strata_table_open(
 /// by lookups on CUDA tensors first waits for the work on those devices (queued lookups still
 /// read its device copy) and for strata's own queued host work, then frees its device memory.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn strata_table_free(table: *mut Table) {
-    if !table.is_null() && !unsafe { &*table }.is_borrowed() {
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(unsafe { Box::from_raw(table) })));
-    }
+pub unsafe extern "C" fn strata_table_free(table: *mut strata_table) {
+    boundary(|| {
+        // SAFETY: `table` is NULL or a handle from strata, not used after this call.
+        if let Some(t) = unsafe { table.as_ref() }
+            && matches!(t.0, Held::Owned(_))
+        {
+            // SAFETY: owned handles are made by Box::into_raw in into_owned_raw.
+            drop(unsafe { Box::from_raw(table) });
+        }
+        Ok(())
+    })
 }
 
 /// Elements per row, or -1 (with `strata_last_error` set) when `table` is NULL.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn strata_table_dim(table: *const Table) -> i64 {
-    let mut v = -1;
-    boundary(|| {
-        v = unsafe { arg_ref(table, "table") }?.dim() as i64;
-        Ok(())
-    });
-    v
+pub unsafe extern "C" fn strata_table_dim(table: *const strata_table) -> i64 {
+    // SAFETY: `table` is NULL or a live handle.
+    boundary(|| Ok(unsafe { table_arg(table, "table") }?.dim() as i64))
 }
 
 /// Number of rows (keys), or -1 (with `strata_last_error` set) when `table` is NULL.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn strata_table_len(table: *const Table) -> i64 {
-    let mut v = -1;
-    boundary(|| {
-        v = unsafe { arg_ref(table, "table") }?.len() as i64;
-        Ok(())
-    });
-    v
+pub unsafe extern "C" fn strata_table_len(table: *const strata_table) -> i64 {
+    // SAFETY: `table` is NULL or a live handle.
+    boundary(|| Ok(unsafe { table_arg(table, "table") }?.len() as i64))
 }
 
-/// Fills `*info` with a summary of `table` (rows, dim, dtype, index and vector bytes).
+/// Fills `*info` with a summary of `table` (rows, dim, dtype, index and vector bytes). `info`
+/// is an out-struct: set its `struct_size` first (`strata_table_info_default()`); strata
+/// writes only the fields that size covers.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn strata_table_get_info(table: *const Table, info: *mut TableInfo) -> Status {
+pub unsafe extern "C" fn strata_table_get_info(table: *const strata_table, info: *mut strata_table_info) -> Status {
     boundary(|| {
-        let t = unsafe { arg_ref(table, "table") }?;
-        let info = unsafe { info.as_mut() }.ok_or(Error::Null { arg: "info" })?;
-        *info = t.info();
+        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        let t = unsafe { table_arg(table, "table") }?;
+        let info = unsafe { out_struct_required(info, "info") }?;
+        info.write(&t.info().into());
         Ok(())
     })
 }
+

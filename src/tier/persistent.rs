@@ -51,11 +51,11 @@ const MAP_SIZE: usize = 1 << 40;
 const MAP_SIZE: usize = 1 << 30;
 
 /// Most tables one store may hold (LMDB sizes per-transaction arrays by this, so it stays modest).
-pub const MAX_TABLES: u32 = 255;
+pub(crate) const MAX_TABLES: u32 = 255;
 /// Reader slots: concurrent read transactions across all processes sharing the store.
 const MAX_READERS: u32 = 1024;
 /// Longest table name in bytes (LMDB keys, database names included, are at most 511 bytes).
-pub const MAX_TABLE_NAME: usize = 400;
+pub(crate) const MAX_TABLE_NAME: usize = 400;
 
 const META_DB: &str = "strata.meta";
 const TABLE_PREFIX: &str = "t/";
@@ -830,7 +830,8 @@ impl PersistentTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Status, Table, TableOptions};
+    use crate::error::ErrorKind;
+    use crate::{Table, TableOptions};
     use std::io::Write;
 
     fn assert_send_sync<T: Send + Sync>() {}
@@ -886,7 +887,7 @@ mod tests {
     }
 
     fn store_msg(e: &Error) -> String {
-        assert_eq!(e.status(), Status::STRATA_STORE_ERROR, "{e}");
+        assert_eq!(e.kind(), ErrorKind::Store, "{e}");
         e.to_string()
     }
 
@@ -1069,7 +1070,7 @@ mod tests {
         assert_eq!(t.stats(), PersistentStats { hits: 3, misses: 2, rows: 4, upserts: 7, erases: 1 });
         // Wrong lengths are argument errors and change nothing.
         let e = t.upsert(&[1, 2], &[0.0; 5]).unwrap_err();
-        assert_eq!(e.status(), Status::STRATA_INVALID_ARGUMENT);
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
         assert!(e.to_string().starts_with("rows: 5 values; expected 2 keys x dim 3 = 6"), "{e}");
         let e = t.get_many(&[1], &mut [0.0; 2], &mut [false]).unwrap_err();
         assert!(e.to_string().starts_with("out: "), "{e}");
@@ -1163,7 +1164,7 @@ mod tests {
             let want = Table::open(&dir, dim as i64, TableOptions::default()).err().unwrap();
             let got = s.table(name, dim, Some(&dir)).err().unwrap();
             assert_eq!(got.to_string(), want.to_string(), "case {name}");
-            assert_eq!(got.status(), want.status(), "case {name}");
+            assert_eq!(got.kind(), want.kind(), "case {name}");
             // Nothing is left behind: the name opens as a new, empty table.
             let t = s.table(name, dim, None).unwrap();
             assert_eq!(t.len().unwrap(), 0, "case {name}");
@@ -1249,7 +1250,7 @@ mod tests {
         let s = PersistentStore::open(tmp.path(), false).unwrap();
         for (name, want) in [("", "name: is empty"), ("a\0b", "NUL"), (&"x".repeat(401)[..], "at most 400")] {
             let e = s.table(name, 4, None).unwrap_err();
-            assert_eq!(e.status(), Status::STRATA_INVALID_ARGUMENT);
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument);
             assert!(e.to_string().contains(want), "{e}");
         }
         let e = s.table("t", 0, None).unwrap_err();

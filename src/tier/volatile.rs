@@ -44,7 +44,7 @@ use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 const CHUNK_BYTES: usize = 256 << 10;
 /// Keys handled per lock acquisition in the batched calls: bounds how long a reader holds
 /// a shard against writers (and the other way round).
-pub const BLOCK: usize = 1024;
+pub(crate) const BLOCK: usize = 1024;
 /// Most rows one shard can index (slots are `u32`, stored as `slot + 1`).
 const MAX_ROWS_PER_SHARD: usize = u32::MAX as usize - 1;
 /// Most shards a tier may have.
@@ -853,7 +853,7 @@ mod tests {
         ];
         for (r, arg) in cases {
             let e = r.err().expect("bad parameter accepted");
-            assert_eq!(e.status(), crate::Status::STRATA_INVALID_ARGUMENT);
+            assert_eq!(e.kind(), crate::error::ErrorKind::InvalidArgument);
             assert!(e.to_string().starts_with(&format!("{arg}: ")), "{e}");
         }
         assert!(VolatileTier::new(8, 1, 1, p, 1.0).is_ok());

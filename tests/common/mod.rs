@@ -2,89 +2,21 @@
 //! descriptions that own their shape and strides, a seeded RNG and reference conversions.
 #![allow(dead_code)]
 
-use dlpark::ffi::{
-    DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned, DLTensor,
-};
-use std::ffi::{CStr, c_char, c_void};
+use dlpark::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLTensor};
+use std::ffi::{CStr, c_void};
+#[allow(unused_imports)]
 pub use strata::partition::{Partition, PartitionLocation, Partitioned};
-pub use strata::server::Server;
-pub use strata::tiered::TableStats;
-pub use strata::{LookupOptions, LookupStats, Status, Table, TableInfo, TableOptions};
-
-#[allow(improper_ctypes)]
-unsafe extern "C" {
-    pub fn strata_version() -> *const c_char;
-    pub fn strata_last_error() -> *const c_char;
-    pub fn strata_status_name(s: i32) -> *const c_char;
-    pub fn strata_default_num_threads() -> i32;
-    pub fn strata_table_options_default() -> TableOptions;
-    pub fn strata_lookup_options_default() -> LookupOptions;
-    pub fn strata_table_from_dlpack(
-        vectors: *const DLTensor,
-        keys: *const DLTensor,
-        opts: *const TableOptions,
-        out: *mut *mut Table,
-    ) -> Status;
-    pub fn strata_table_adopt_dlpack(
-        vectors: *mut DLManagedTensor,
-        keys: *const DLTensor,
-        opts: *const TableOptions,
-        out: *mut *mut Table,
-    ) -> Status;
-    pub fn strata_table_adopt_dlpack_versioned(
-        vectors: *mut DLManagedTensorVersioned,
-        keys: *const DLTensor,
-        opts: *const TableOptions,
-        out: *mut *mut Table,
-    ) -> Status;
-    pub fn strata_table_open(dir: *const c_char, dim: i64, opts: *const TableOptions, out: *mut *mut Table) -> Status;
-    pub fn strata_table_free(t: *mut Table);
-    pub fn strata_table_dim(t: *const Table) -> i64;
-    pub fn strata_table_len(t: *const Table) -> i64;
-    pub fn strata_table_get_info(t: *const Table, info: *mut TableInfo) -> Status;
-    pub fn strata_lookup(
-        t: *mut Table,
-        keys: *const DLTensor,
-        out: *mut DLTensor,
-        opts: *const LookupOptions,
-        stats: *mut LookupStats,
-    ) -> Status;
-    pub fn strata_server_open(path: *const c_char, out: *mut *mut Server) -> Status;
-    pub fn strata_server_open_json(json: *const c_char, base_dir: *const c_char, out: *mut *mut Server) -> Status;
-    pub fn strata_server_free(s: *mut Server);
-    pub fn strata_server_table(s: *mut Server, model: *const c_char, table_id: i32, out: *mut *mut Table) -> Status;
-    pub fn strata_server_num_models(s: *const Server, count: *mut i32) -> Status;
-    pub fn strata_server_model(s: *const Server, index: i32, name: *mut *const c_char, num_tables: *mut i32) -> Status;
-    pub fn strata_server_table_name(s: *const Server, model: *const c_char, table_id: i32, name: *mut *const c_char) -> Status;
-    pub fn strata_server_num_warnings(s: *const Server, count: *mut i32) -> Status;
-    pub fn strata_server_warning(s: *const Server, index: i32, text: *mut *const c_char) -> Status;
-    pub fn strata_table_upsert(t: *mut Table, keys: *const DLTensor, vectors: *const DLTensor) -> Status;
-    pub fn strata_table_erase(t: *mut Table, keys: *const DLTensor, erased: *mut u64) -> Status;
-    pub fn strata_table_get_stats(t: *const Table, stats: *mut TableStats) -> Status;
-    pub fn strata_partitioned_validate(desc: *const Partitioned) -> Status;
-    pub fn strata_table_from_partitioned(
-        desc: *const Partitioned,
-        comm: *const i32,
-        opts: *const TableOptions,
-        out: *mut *mut Table,
-    ) -> Status;
-    pub fn strata_table_partitioned(t: *const Table, out: *mut *mut Partitioned) -> Status;
-    pub fn strata_partitioned_free(desc: *mut Partitioned);
-    pub fn strata_lookup_managed(
-        t: *mut Table,
-        keys: *const DLManagedTensor,
-        out: *mut DLManagedTensor,
-        opts: *const LookupOptions,
-        stats: *mut LookupStats,
-    ) -> Status;
-    pub fn strata_lookup_managed_versioned(
-        t: *mut Table,
-        keys: *const DLManagedTensorVersioned,
-        out: *mut DLManagedTensorVersioned,
-        opts: *const LookupOptions,
-        stats: *mut LookupStats,
-    ) -> Status;
-}
+// The C functions and types under test, as the library defines them: the same definitions
+// cbindgen writes into include/strata.h (whose freshness a test checks), so a changed signature
+// fails to compile here instead of being redeclared by hand.
+pub use strata::ffi::*;
+pub type Table = strata_table;
+pub type Server = strata_server;
+pub type TableOptions = strata_table_options;
+pub type TableInfo = strata_table_info;
+pub type TableStats = strata_table_stats;
+pub type LookupOptions = strata_lookup_options;
+pub type LookupStats = strata_lookup_stats;
 
 /// The message of the last failure on this thread.
 pub fn last_error() -> String {

@@ -7,7 +7,6 @@ use crate::desc::Split;
 use dlpark::ffi::DLDataType;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::{Communicator, CommunicatorCollectives, Root};
-use crate::api::*;
 use std::ffi::CString;
 use std::ptr::{null, null_mut};
 
@@ -470,7 +469,7 @@ fn hugectr_shares(cx: &Ctx) {
     ok(unsafe { strata_table_open(c.as_ptr(), dim as i64, &opts, &mut r) });
     let r = Owned(r);
     assert_eq!(unsafe { strata_table_len(t.0) }, rows as i64);
-    let mut info = unsafe { std::mem::zeroed::<TableInfo>() };
+    let mut info = strata_table_info_default();
     ok(unsafe { strata_table_get_info(t.0, &mut info) });
     assert!(info.keyed && info.rows == rows as i64);
     let mut p = null_mut();

@@ -30,12 +30,12 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 /// The CUDA C source of every kernel.
-pub const GATHER_SOURCE: &str = include_str!("gather.cu");
+pub(crate) const GATHER_SOURCE: &str = include_str!("gather.cu");
 
 /// Key dtypes, table dtypes and output dtypes the kernels are instantiated for, by name.
-pub const KEY_NAMES: [&str; 4] = ["i32", "i64", "u32", "u64"];
+pub(crate) const KEY_NAMES: [&str; 4] = ["i32", "i64", "u32", "u64"];
 /// Table and output dtype names of the kernels.
-pub const FLOAT_NAMES: [&str; 3] = ["f32", "f16", "bf16"];
+pub(crate) const FLOAT_NAMES: [&str; 3] = ["f32", "f16", "bf16"];
 
 /// Every kernel's name: `strata_gather_<keys>_<table>_<out>`,
 /// `strata_cache_probe_<keys>_<table>_<out>`, `strata_cache_fill_<table>_<out>` and

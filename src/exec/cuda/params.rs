@@ -69,7 +69,7 @@ pub struct CacheParams {
 }
 
 /// Ways per cache set (`STRATA_WAYS` in gather.cu).
-pub const WAYS: usize = 8;
+pub(crate) const WAYS: usize = 8;
 /// `control[0]` values: write the resolved rows, or write defaults (rows come in the background).
-pub const FILL_ROWS: u32 = 0;
-pub const FILL_DEFAULTS: u32 = 1;
+pub(crate) const FILL_ROWS: u32 = 0;
+pub(crate) const FILL_DEFAULTS: u32 = 1;

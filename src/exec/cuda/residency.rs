@@ -253,22 +253,22 @@ impl Residency {
                 });
             }
             TableKind::Tiered(t) => {
-                let fraction = if gpu.placement == GpuPlacement::STRATA_GPU_CACHE { gpu.cache_fraction } else { 1.0 };
+                let fraction = if gpu.placement == GpuPlacement::Cache { gpu.cache_fraction } else { 1.0 };
                 let c = CacheState::new(backend, t.len(), t.dim(), FloatDtype::F32, fraction, gpu.hit_rate_threshold, t.default_row())?;
                 return Ok(Placed::Cache(Arc::new(c)));
             }
         };
-        if gpu.sharding == GpuSharding::STRATA_GPU_SHARD && super::device_count() > 1 {
+        if gpu.sharding == GpuSharding::Shard && super::device_count() > 1 {
             return Ok(Placed::Shards(shard(st)?));
         }
         Ok(match gpu.placement {
-            GpuPlacement::STRATA_GPU_STATIC => {
+            GpuPlacement::Static => {
                 let vectors = upload(device, st.store().row_ptr_or_base(), span(st), "the table copy")?;
                 let (index, default) = upload_index_and_default(device, st)?;
                 let (t, b, d) = (vectors.dev, index.dev, default.dev);
                 Placed::Gather(GatherSource::new(st, t, b, d, vec![vectors, index, default], None))
             }
-            GpuPlacement::STRATA_GPU_UVM => {
+            GpuPlacement::Uvm => {
                 let reg = {
                     let mut r = self.registration.lock().unwrap_or_else(|e| e.into_inner());
                     match &*r {
@@ -286,7 +286,7 @@ impl Residency {
                 let (b, d) = (index.dev, default.dev);
                 Placed::Gather(GatherSource::new(st, table_addr, b, d, vec![index, default], Some(reg)))
             }
-            GpuPlacement::STRATA_GPU_CACHE => {
+            GpuPlacement::Cache => {
                 let c = CacheState::new(
                     backend,
                     st.len(),

@@ -1,0 +1,221 @@
+//! `struct_size`: how every struct that crosses the C boundary stays extensible (the PJRT and
+//! `openat2` convention), handled here and nowhere else.
+//!
+//! Each such struct starts with `size_t struct_size`, set to `sizeof` by its
+//! `strata_<name>_default()`. Fields are only ever appended, so a caller's `struct_size` says
+//! which fields it knows:
+//! - **in-structs** (options the caller fills): [`read_in`] reads only the bytes the caller's
+//!   size covers and takes defaults for the rest; a larger size than this library knows is
+//!   accepted when the unknown tail is all zero bytes (a newer caller asking for nothing new),
+//!   and refused when it is not (it asks for something this library cannot do);
+//! - **out-structs** (results strata fills): [`OutStruct::write`] writes only the bytes the
+//!   caller's size covers, never one past them; bytes of a larger size that this library does
+//!   not know are zeroed, so a newer caller reads its new fields as 0;
+//! - a size of 0, below the first published layout, or not a multiple of 8 (a struct that was
+//!   never initialised) is refused with `STRATA_INVALID_ARGUMENT`, saying how to initialise it.
+
+use crate::error::{Error, Result};
+use std::mem::size_of;
+
+/// The largest `struct_size` accepted: far above any strata struct, and a bound on what an
+/// uninitialised size can make strata read.
+const MAX_STRUCT_SIZE: usize = 1024;
+
+/// A `#[repr(C)]` struct that crosses the C boundary and starts with `size_t struct_size`.
+///
+/// # Safety
+/// Implementors are `#[repr(C)]`, their first field is `struct_size: usize`, and every bit
+/// pattern of their fields is a valid value (integers, floats, raw and optional function
+/// pointers; `bool` only in out-structs, which strata never reads back).
+pub(crate) unsafe trait Extensible: Copy + Default {
+    /// The C name, for messages (`strata_table_options`).
+    const NAME: &'static str;
+    /// `sizeof` of the first published layout (strata 0.3); smaller sizes are refused.
+    const FIRST_SIZE: usize;
+}
+
+/// Checks a caller's `struct_size` for `T`; `arg` names the argument in messages.
+fn check_size<T: Extensible>(size: usize, arg: &'static str) -> Result<()> {
+    let name = T::NAME;
+    let init = format!("initialise it with {name}_default(), which sets struct_size = sizeof({name})");
+    if size == 0 {
+        return Err(Error::invalid(arg, format!("struct_size is 0; {init}")));
+    }
+    if size < T::FIRST_SIZE {
+        return Err(Error::invalid(
+            arg,
+            format!("struct_size = {size} is below the first published size of {name} ({} bytes); {init}", T::FIRST_SIZE),
+        ));
+    }
+    if size > MAX_STRUCT_SIZE || size % 8 != 0 {
+        return Err(Error::invalid(
+            arg,
+            format!("struct_size = {size} is not the size of any version of {name} (this library's is {}); {init}", size_of::<T>()),
+        ));
+    }
+    Ok(())
+}
+
+/// Reads an in-struct the caller filled, or the defaults when `p` is NULL: the fields its
+/// `struct_size` covers, defaults for the rest. See the module docs for the size rules.
+///
+/// # Safety
+/// `p` must be NULL or point to at least `struct_size` readable bytes, aligned for `T`.
+pub(crate) unsafe fn read_in<T: Extensible>(p: *const T, arg: &'static str) -> Result<T> {
+    if p.is_null() {
+        return Ok(T::default());
+    }
+    // SAFETY: p is valid for reads of at least its first field, a usize (T starts with it).
+    let size = unsafe { (p as *const usize).read() };
+    check_size::<T>(size, arg)?;
+    let known = size_of::<T>();
+    let bytes = p as *const u8;
+    if size > known {
+        // SAFETY: the caller vouches for `size` readable bytes at p.
+        let tail = unsafe { std::slice::from_raw_parts(bytes.add(known), size - known) };
+        if let Some(i) = tail.iter().position(|&b| b != 0) {
+            return Err(Error::invalid(
+                arg,
+                format!(
+                    "struct_size = {size}, and byte {} is not zero: this library's {} has {known} bytes, so the \
+                     caller set a field of a newer strata that this one cannot honour (use a strata of that version, or leave the field at its default)",
+                    known + i,
+                    T::NAME
+                ),
+            ));
+        }
+    }
+    let mut v = T::default();
+    // SAFETY: both ranges hold at least min(size, known) bytes; T accepts any bit pattern.
+    unsafe { std::ptr::copy_nonoverlapping(bytes, &mut v as *mut T as *mut u8, size.min(known)) };
+    // SAFETY: v is a T, which starts with its usize struct_size; record the size known here.
+    unsafe { (&mut v as *mut T as *mut usize).write(known) };
+    Ok(v)
+}
+
+/// An out-struct whose `struct_size` was checked before any work was done; [`OutStruct::write`]
+/// fills it once the results are known.
+pub(crate) struct OutStruct<T> {
+    p: *mut T,
+    size: usize,
+}
+
+/// Checks an optional out-struct (NULL: the caller does not want it) before the call does any
+/// work, so a bad `struct_size` fails the call without side effects.
+///
+/// # Safety
+/// `p` must be NULL or point to at least `struct_size` writable bytes, aligned for `T`, that
+/// stay valid until [`OutStruct::write`].
+pub(crate) unsafe fn out_struct<T: Extensible>(p: *mut T, arg: &'static str) -> Result<Option<OutStruct<T>>> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: p points to at least the struct's first field.
+    let size = unsafe { (p as *const usize).read() };
+    check_size::<T>(size, arg)?;
+    Ok(Some(OutStruct { p, size }))
+}
+
+/// [`out_struct`] for a required out-struct.
+///
+/// # Safety
+/// As for [`out_struct`].
+pub(crate) unsafe fn out_struct_required<T: Extensible>(p: *mut T, arg: &'static str) -> Result<OutStruct<T>> {
+    // SAFETY: forwarded.
+    unsafe { out_struct(p, arg) }?.ok_or(Error::Null { arg })
+}
+
+impl<T: Extensible> OutStruct<T> {
+    /// Writes `v`'s fields that the caller's `struct_size` covers (its own `struct_size` stays
+    /// as the caller set it) and zeroes the bytes of a larger size that this library does not
+    /// know. Nothing past `struct_size` is written.
+    pub(crate) fn write(self, v: &T) {
+        let known = size_of::<T>();
+        let head = size_of::<usize>();
+        let src = v as *const T as *const u8;
+        let dst = self.p as *mut u8;
+        // SAFETY: out_struct checked struct_size >= FIRST_SIZE > head; the caller vouched for
+        // `size` writable bytes at p, and v holds `known` bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.add(head), dst.add(head), self.size.min(known) - head);
+            if self.size > known {
+                std::ptr::write_bytes(dst.add(known), 0, self.size - known);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A struct in two versions: `V2` appends `extra` to `V1`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    struct V2 {
+        struct_size: usize,
+        a: u32,
+        b: f32,
+        extra: u64,
+    }
+    impl Default for V2 {
+        fn default() -> Self {
+            V2 { struct_size: size_of::<V2>(), a: 7, b: 0.5, extra: 99 }
+        }
+    }
+    // SAFETY: repr(C), starts with struct_size, all fields accept any bit pattern.
+    unsafe impl Extensible for V2 {
+        const NAME: &'static str = "strata_test";
+        const FIRST_SIZE: usize = 16;
+    }
+
+    #[test]
+    fn an_older_caller_gets_defaults_for_the_fields_it_does_not_know() {
+        let old = [16usize, (3u64 | (2.0f32.to_bits() as u64) << 32) as usize, 0xdead_beef];
+        // SAFETY: `old` holds 24 readable bytes, more than the 16 its struct_size claims.
+        let v = unsafe { read_in(old.as_ptr() as *const V2, "opts") }.unwrap();
+        assert_eq!(v, V2 { struct_size: 24, a: 3, b: 2.0, extra: 99 });
+    }
+
+    #[test]
+    fn a_newer_caller_is_accepted_only_with_a_zero_tail() {
+        let mut newer = [32usize, 1, 5, 0];
+        // SAFETY: 32 readable bytes.
+        let v = unsafe { read_in(newer.as_ptr() as *const V2, "opts") }.unwrap();
+        assert_eq!((v.a, v.extra), (1, 5));
+        newer[3] = 1;
+        // SAFETY: 32 readable bytes.
+        let e = unsafe { read_in(newer.as_ptr() as *const V2, "opts") }.unwrap_err().to_string();
+        assert!(e.starts_with("opts: struct_size = 32, and byte 24 is not zero"), "{e}");
+    }
+
+    #[test]
+    fn sizes_that_were_never_initialised_are_refused() {
+        for (size, want) in [
+            (0usize, "opts: struct_size is 0; initialise it with strata_test_default()"),
+            (8, "opts: struct_size = 8 is below the first published size of strata_test (16 bytes)"),
+            (20, "opts: struct_size = 20 is not the size of any version of strata_test"),
+            (1 << 20, "opts: struct_size = 1048576 is not the size of any version"),
+        ] {
+            let raw = [size, 0, 0, 0];
+            // SAFETY: 32 readable bytes, and no size above is accepted to read more.
+            let e = unsafe { read_in(raw.as_ptr() as *const V2, "opts") }.unwrap_err().to_string();
+            assert!(e.starts_with(want), "{e}");
+        }
+    }
+
+    #[test]
+    fn out_structs_are_written_up_to_their_size_only() {
+        let v = V2 { struct_size: 24, a: 1, b: 1.0, extra: 2 };
+        let mut old = [16usize, usize::MAX, usize::MAX];
+        // SAFETY: 24 writable bytes, 16 claimed.
+        unsafe { out_struct(old.as_mut_ptr() as *mut V2, "stats") }.unwrap().unwrap().write(&v);
+        assert_eq!(old[0], 16);
+        assert_eq!(old[1], (1u64 | (1.0f32.to_bits() as u64) << 32) as usize);
+        assert_eq!(old[2], usize::MAX, "the byte past struct_size was written");
+        let mut newer = [32usize, 0, 0, usize::MAX, usize::MAX];
+        // SAFETY: 40 writable bytes, 32 claimed.
+        unsafe { out_struct(newer.as_mut_ptr() as *mut V2, "stats") }.unwrap().unwrap().write(&v);
+        assert_eq!(&newer[..], &[32, old[1], 2, 0, usize::MAX]);
+    }
+}

@@ -1,0 +1,533 @@
+//! The C types of `strata.h`: the status and option enums and every struct that crosses the
+//! boundary, each starting with `size_t struct_size` (see [`super::sized`]), with its
+//! conversion from or into the core's own Rust types. Field order is frozen as first published
+//! in 0.3 (`tests/abi/strata_0_3.h`); new fields are only ever appended.
+
+use super::sized::Extensible;
+use crate::error::{Error, ErrorKind, Result};
+use crate::lookup::{LookupOptions, LookupStats};
+use crate::table::{GpuOptions, GpuPlacement, GpuSharding, MissingKey, TableInfo, TableOptions};
+use crate::tiered::TableStats;
+use dlpark::ffi::DLDataType;
+use std::ffi::{CStr, c_void};
+use std::mem::size_of;
+
+/// Status code returned by every fallible C function. `STRATA_OK` is zero.
+///
+/// The values are part of the ABI: new codes are only ever appended.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)]
+pub enum Status {
+    /// Success.
+    STRATA_OK = 0,
+    /// A required pointer argument was NULL.
+    STRATA_NULL_ARGUMENT = 1,
+    /// An argument has the wrong rank, shape or value.
+    STRATA_INVALID_ARGUMENT = 2,
+    /// A tensor's dtype is not one this function accepts.
+    STRATA_UNSUPPORTED_DTYPE = 3,
+    /// A tensor lives on a device this build or machine cannot serve.
+    STRATA_UNSUPPORTED_DEVICE = 4,
+    /// Strides, byte offset or alignment describe memory strata cannot use safely.
+    STRATA_INVALID_LAYOUT = 5,
+    /// `out` is flagged read-only, or an update went to a table that cannot change.
+    STRATA_READ_ONLY = 6,
+    /// A key is missing and the table's options make that an error.
+    STRATA_KEY_NOT_FOUND = 7,
+    /// The same key appears twice in a table's keys.
+    STRATA_DUPLICATE_KEY = 8,
+    /// A file could not be opened, read or mapped.
+    STRATA_IO_ERROR = 9,
+    /// A table file is truncated or does not match its companion file or `dim`.
+    STRATA_INVALID_FILE = 10,
+    /// Memory for a table or index could not be allocated.
+    STRATA_OUT_OF_MEMORY = 11,
+    /// A bug inside strata (a caught panic); the message says where.
+    STRATA_INTERNAL = 12,
+    /// A parameter-server configuration (ps.json) is invalid; the message names the JSON path.
+    STRATA_CONFIG_ERROR = 13,
+    /// A persistent store (LMDB) failed, or a write went to a read-only table.
+    STRATA_STORE_ERROR = 14,
+    /// The CUDA driver failed (out of device memory, a failed launch or copy, an error left on
+    /// the stream by earlier work); the message names the call and the driver's error.
+    STRATA_CUDA_ERROR = 15,
+}
+
+impl Status {
+    /// Every status, in value order.
+    pub const ALL: [Status; 16] = [
+        Status::STRATA_OK,
+        Status::STRATA_NULL_ARGUMENT,
+        Status::STRATA_INVALID_ARGUMENT,
+        Status::STRATA_UNSUPPORTED_DTYPE,
+        Status::STRATA_UNSUPPORTED_DEVICE,
+        Status::STRATA_INVALID_LAYOUT,
+        Status::STRATA_READ_ONLY,
+        Status::STRATA_KEY_NOT_FOUND,
+        Status::STRATA_DUPLICATE_KEY,
+        Status::STRATA_IO_ERROR,
+        Status::STRATA_INVALID_FILE,
+        Status::STRATA_OUT_OF_MEMORY,
+        Status::STRATA_INTERNAL,
+        Status::STRATA_CONFIG_ERROR,
+        Status::STRATA_STORE_ERROR,
+        Status::STRATA_CUDA_ERROR,
+    ];
+
+    /// The status's C name, e.g. `"STRATA_KEY_NOT_FOUND"`, as a static C string.
+    pub fn name(self) -> &'static CStr {
+        match self {
+            Status::STRATA_OK => c"STRATA_OK",
+            Status::STRATA_NULL_ARGUMENT => c"STRATA_NULL_ARGUMENT",
+            Status::STRATA_INVALID_ARGUMENT => c"STRATA_INVALID_ARGUMENT",
+            Status::STRATA_UNSUPPORTED_DTYPE => c"STRATA_UNSUPPORTED_DTYPE",
+            Status::STRATA_UNSUPPORTED_DEVICE => c"STRATA_UNSUPPORTED_DEVICE",
+            Status::STRATA_INVALID_LAYOUT => c"STRATA_INVALID_LAYOUT",
+            Status::STRATA_READ_ONLY => c"STRATA_READ_ONLY",
+            Status::STRATA_KEY_NOT_FOUND => c"STRATA_KEY_NOT_FOUND",
+            Status::STRATA_DUPLICATE_KEY => c"STRATA_DUPLICATE_KEY",
+            Status::STRATA_IO_ERROR => c"STRATA_IO_ERROR",
+            Status::STRATA_INVALID_FILE => c"STRATA_INVALID_FILE",
+            Status::STRATA_OUT_OF_MEMORY => c"STRATA_OUT_OF_MEMORY",
+            Status::STRATA_INTERNAL => c"STRATA_INTERNAL",
+            Status::STRATA_CONFIG_ERROR => c"STRATA_CONFIG_ERROR",
+            Status::STRATA_STORE_ERROR => c"STRATA_STORE_ERROR",
+            Status::STRATA_CUDA_ERROR => c"STRATA_CUDA_ERROR",
+        }
+    }
+}
+
+/// Each kind of error is reported as the status of the same number: the one mapping from
+/// errors to statuses.
+impl From<ErrorKind> for Status {
+    fn from(k: ErrorKind) -> Self {
+        Status::ALL[k.code() as usize]
+    }
+}
+
+/// What a lookup does with a key the table does not hold (`strata_table_options.missing_key`).
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
+pub enum strata_missing_key {
+    /// Write the table's default value into the key's output row and count a miss.
+    STRATA_MISSING_FILL = 0,
+    /// Fail the lookup with `STRATA_KEY_NOT_FOUND`; `out` is then unspecified.
+    STRATA_MISSING_ERROR = 1,
+}
+
+/// Where a table's rows live for lookups on CUDA tensors (`strata_table_options.gpu_placement`,
+/// HPS `use_static_table` / `embedding_cache_type`).
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
+pub enum strata_gpu_placement {
+    /// The whole table is copied to each device that looks it up (on its first lookup there).
+    STRATA_GPU_STATIC = 0,
+    /// The table stays in host memory, page-locked and mapped: the GPU gathers rows over the
+    /// bus without a copy (for tables larger than the GPU).
+    STRATA_GPU_UVM = 1,
+    /// A fixed-capacity GPU cache of hot rows (`gpu_cache_fraction` of the table) in front of
+    /// the host table or tiers; misses are resolved on the host in stream order.
+    STRATA_GPU_CACHE = 2,
+}
+
+/// How a table is spread over several GPUs of one process (`strata_table_options.gpu_sharding`).
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
+pub enum strata_gpu_sharding {
+    /// Each device that looks the table up holds its own copy (HPS's behaviour).
+    STRATA_GPU_REPLICATE = 0,
+    /// The rows are split over every visible device; each key is served by the device that
+    /// owns it, reading keys and writing rows through peer access (static placement only).
+    STRATA_GPU_SHARD = 1,
+}
+
+/// Options for building a table (an in-struct). Initialise with
+/// `strata_table_options_default()`; a NULL pointer means the defaults.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(non_camel_case_types)]
+pub struct strata_table_options {
+    /// `sizeof(strata_table_options)`, set by `strata_table_options_default()`: the fields
+    /// this caller knows.
+    pub struct_size: usize,
+    /// Value written to every element of a missing key's row (HPS
+    /// `default_value_for_each_table`). Default 0.
+    pub default_value: f32,
+    /// A `strata_missing_key`: whether a missing key is filled with `default_value`
+    /// (`STRATA_MISSING_FILL`, the default) or is an error (`STRATA_MISSING_ERROR`).
+    pub missing_key: i32,
+    /// A `strata_gpu_placement` for lookups on CUDA tensors. Default `STRATA_GPU_STATIC`.
+    pub gpu_placement: i32,
+    /// With `STRATA_GPU_CACHE`: the fraction of the table's rows the GPU cache holds, in
+    /// [0, 1] (HPS `gpucacheper`). Default 0.5.
+    pub gpu_cache_fraction: f32,
+    /// With `STRATA_GPU_CACHE`: when the last completed lookup's hit rate is at least this,
+    /// misses get the default row at once and are inserted in the background; below it, misses
+    /// are resolved on the host before the lookup's rows are final (HPS `hit_rate_threshold`).
+    /// Default 0.9; above 1 means always resolve.
+    pub hit_rate_threshold: f32,
+    /// A `strata_gpu_sharding`. Default `STRATA_GPU_REPLICATE`.
+    pub gpu_sharding: i32,
+}
+
+impl Default for strata_table_options {
+    fn default() -> Self {
+        let d = TableOptions::default();
+        strata_table_options {
+            struct_size: size_of::<Self>(),
+            default_value: d.default_value,
+            missing_key: strata_missing_key::STRATA_MISSING_FILL as i32,
+            gpu_placement: strata_gpu_placement::STRATA_GPU_STATIC as i32,
+            gpu_cache_fraction: d.gpu.cache_fraction,
+            hit_rate_threshold: d.gpu.hit_rate_threshold,
+            gpu_sharding: strata_gpu_sharding::STRATA_GPU_REPLICATE as i32,
+        }
+    }
+}
+
+// SAFETY: repr(C), starts with struct_size, every field accepts any bit pattern.
+unsafe impl Extensible for strata_table_options {
+    const NAME: &'static str = "strata_table_options";
+    const FIRST_SIZE: usize = 32;
+}
+
+impl TryFrom<&strata_table_options> for TableOptions {
+    type Error = Error;
+
+    /// Checks the enum values a C caller may have set out of range, then the GPU rules.
+    fn try_from(o: &strata_table_options) -> Result<Self> {
+        let missing = match o.missing_key {
+            0 => MissingKey::Fill,
+            1 => MissingKey::Error,
+            m => {
+                return Err(Error::invalid(
+                    "opts->missing_key",
+                    format!("{m}; expected STRATA_MISSING_FILL (0) or STRATA_MISSING_ERROR (1)"),
+                ));
+            }
+        };
+        let placement = match o.gpu_placement {
+            0 => GpuPlacement::Static,
+            1 => GpuPlacement::Uvm,
+            2 => GpuPlacement::Cache,
+            p => {
+                return Err(Error::invalid(
+                    "opts->gpu_placement",
+                    format!("{p}; expected STRATA_GPU_STATIC (0), STRATA_GPU_UVM (1) or STRATA_GPU_CACHE (2)"),
+                ));
+            }
+        };
+        let sharding = match o.gpu_sharding {
+            0 => GpuSharding::Replicate,
+            1 => GpuSharding::Shard,
+            s => {
+                return Err(Error::invalid(
+                    "opts->gpu_sharding",
+                    format!("{s}; expected STRATA_GPU_REPLICATE (0) or STRATA_GPU_SHARD (1)"),
+                ));
+            }
+        };
+        let gpu = GpuOptions { placement, cache_fraction: o.gpu_cache_fraction, hit_rate_threshold: o.hit_rate_threshold, sharding };
+        gpu.check()?;
+        Ok(TableOptions { default_value: o.default_value, missing, gpu })
+    }
+}
+
+/// Per-call lookup options (an in-struct). Initialise with `strata_lookup_options_default()`;
+/// a NULL pointer means the defaults.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(non_camel_case_types)]
+pub struct strata_lookup_options {
+    /// `sizeof(strata_lookup_options)`, set by `strata_lookup_options_default()`.
+    pub struct_size: usize,
+    /// A `cudaStream_t` / `CUstream` for CUDA tensors. Ignored for host tensors, which are
+    /// read and written before the call returns. Default NULL.
+    pub stream: *mut c_void,
+    /// CPU threads for this call: 0 = the library default (the process affinity mask, or
+    /// `STRATA_NUM_THREADS`), 1 = only the calling thread, n = at most n threads. Default 0.
+    pub num_threads: i32,
+}
+
+impl Default for strata_lookup_options {
+    fn default() -> Self {
+        let d = LookupOptions::default();
+        strata_lookup_options { struct_size: size_of::<Self>(), stream: d.stream, num_threads: d.num_threads }
+    }
+}
+
+// SAFETY: repr(C), starts with struct_size, every field accepts any bit pattern.
+unsafe impl Extensible for strata_lookup_options {
+    const NAME: &'static str = "strata_lookup_options";
+    const FIRST_SIZE: usize = 24;
+}
+
+impl From<&strata_lookup_options> for LookupOptions {
+    fn from(o: &strata_lookup_options) -> Self {
+        LookupOptions { stream: o.stream, num_threads: o.num_threads }
+    }
+}
+
+/// What one lookup found (an out-struct). Initialise `struct_size` with
+/// `strata_lookup_stats_default()`; strata writes only the fields it covers.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
+pub struct strata_lookup_stats {
+    /// `sizeof(strata_lookup_stats)`, set by `strata_lookup_stats_default()`.
+    pub struct_size: usize,
+    /// Keys found in the table (in any tier).
+    pub hits: u64,
+    /// Keys not in the table (filled with the default value).
+    pub misses: u64,
+    /// Of the hits, keys found in a server table's volatile tier (0 for other tables).
+    pub volatile_hits: u64,
+    /// Of the hits, keys found in a server table's persistent tier (0 for other tables).
+    pub persistent_hits: u64,
+}
+
+impl Default for strata_lookup_stats {
+    fn default() -> Self {
+        LookupStats::default().into()
+    }
+}
+
+// SAFETY: repr(C), starts with struct_size, every field accepts any bit pattern.
+unsafe impl Extensible for strata_lookup_stats {
+    const NAME: &'static str = "strata_lookup_stats";
+    const FIRST_SIZE: usize = 40;
+}
+
+impl From<LookupStats> for strata_lookup_stats {
+    fn from(s: LookupStats) -> Self {
+        strata_lookup_stats {
+            struct_size: size_of::<Self>(),
+            hits: s.hits,
+            misses: s.misses,
+            volatile_hits: s.volatile_hits,
+            persistent_hits: s.persistent_hits,
+        }
+    }
+}
+
+/// Cumulative counters of one table, all tiers (an out-struct, `strata_table_get_stats`).
+/// Initialise `struct_size` with `strata_table_stats_default()`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
+pub struct strata_table_stats {
+    /// `sizeof(strata_table_stats)`, set by `strata_table_stats_default()`.
+    pub struct_size: usize,
+    /// Lookup calls that succeeded.
+    pub lookups: u64,
+    /// Keys looked up.
+    pub keys: u64,
+    /// Keys found in the volatile tier.
+    pub volatile_hits: u64,
+    /// Keys found in the persistent tier (after missing the volatile tier).
+    pub persistent_hits: u64,
+    /// Keys found in no tier (given the default value).
+    pub misses: u64,
+    /// Rows the volatile tier evicted to stay within its capacity.
+    pub evictions: u64,
+    /// Rows the volatile tier holds now.
+    pub volatile_rows: u64,
+    /// Bytes the volatile tier holds now.
+    pub volatile_bytes: u64,
+    /// Rows the persistent tier holds now.
+    pub persistent_rows: u64,
+    /// Keys written by `strata_table_upsert`.
+    pub upserts: u64,
+    /// Keys removed by `strata_table_erase`.
+    pub erases: u64,
+}
+
+impl Default for strata_table_stats {
+    fn default() -> Self {
+        TableStats::default().into()
+    }
+}
+
+// SAFETY: repr(C), starts with struct_size, every field accepts any bit pattern.
+unsafe impl Extensible for strata_table_stats {
+    const NAME: &'static str = "strata_table_stats";
+    const FIRST_SIZE: usize = 96;
+}
+
+impl From<TableStats> for strata_table_stats {
+    fn from(s: TableStats) -> Self {
+        strata_table_stats {
+            struct_size: size_of::<Self>(),
+            lookups: s.lookups,
+            keys: s.keys,
+            volatile_hits: s.volatile_hits,
+            persistent_hits: s.persistent_hits,
+            misses: s.misses,
+            evictions: s.evictions,
+            volatile_rows: s.volatile_rows,
+            volatile_bytes: s.volatile_bytes,
+            persistent_rows: s.persistent_rows,
+            upserts: s.upserts,
+            erases: s.erases,
+        }
+    }
+}
+
+/// A summary of a table, for hosts and reports (an out-struct, `strata_table_get_info`).
+/// Initialise `struct_size` with `strata_table_info_default()`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(non_camel_case_types)]
+pub struct strata_table_info {
+    /// `sizeof(strata_table_info)`, set by `strata_table_info_default()`.
+    pub struct_size: usize,
+    /// Number of rows.
+    pub rows: i64,
+    /// Elements per row.
+    pub dim: i64,
+    /// Dtype of the stored vectors.
+    pub dtype: DLDataType,
+    /// Whether keys are arbitrary 64-bit values (hash index) rather than row numbers.
+    pub keyed: bool,
+    /// Whether the vectors are a memory-mapped file (`strata_table_open`).
+    pub mapped: bool,
+    /// Whether the vectors are an adopted caller tensor.
+    pub adopted: bool,
+    /// Bytes of the keyed index (0 for dense tables and server tables, whose volatile tier
+    /// is counted by `strata_table_get_stats`).
+    pub index_bytes: u64,
+    /// Bytes of the vectors (rows * dim * element size).
+    pub vector_bytes: u64,
+}
+
+impl Default for strata_table_info {
+    fn default() -> Self {
+        strata_table_info {
+            struct_size: size_of::<Self>(),
+            rows: 0,
+            dim: 0,
+            dtype: DLDataType { code: dlpark::ffi::DLDataTypeCode::FLOAT, bits: 32, lanes: 1 },
+            keyed: false,
+            mapped: false,
+            adopted: false,
+            index_bytes: 0,
+            vector_bytes: 0,
+        }
+    }
+}
+
+// SAFETY: repr(C), starts with struct_size; an out-struct (its bools are never read back).
+unsafe impl Extensible for strata_table_info {
+    const NAME: &'static str = "strata_table_info";
+    const FIRST_SIZE: usize = 48;
+}
+
+impl From<TableInfo> for strata_table_info {
+    fn from(i: TableInfo) -> Self {
+        strata_table_info {
+            struct_size: size_of::<Self>(),
+            rows: i.rows,
+            dim: i.dim,
+            dtype: i.dtype.dl(),
+            keyed: i.keyed,
+            mapped: i.mapped,
+            adopted: i.adopted,
+            index_bytes: i.index_bytes,
+            vector_bytes: i.vector_bytes,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::offset_of;
+
+    /// The first published layouts (strata 0.3), frozen: fields are only ever appended, so
+    /// these offsets never change. `tests/abi/strata_0_3.h` holds the same layouts for C.
+    #[test]
+    fn first_published_layouts_are_frozen() {
+        assert_eq!(
+            [
+                offset_of!(strata_table_options, struct_size),
+                offset_of!(strata_table_options, default_value),
+                offset_of!(strata_table_options, missing_key),
+                offset_of!(strata_table_options, gpu_placement),
+                offset_of!(strata_table_options, gpu_cache_fraction),
+                offset_of!(strata_table_options, hit_rate_threshold),
+                offset_of!(strata_table_options, gpu_sharding),
+            ],
+            [0, 8, 12, 16, 20, 24, 28]
+        );
+        assert_eq!(
+            [offset_of!(strata_lookup_options, stream), offset_of!(strata_lookup_options, num_threads)],
+            [8, 16]
+        );
+        assert_eq!(
+            [
+                offset_of!(strata_lookup_stats, hits),
+                offset_of!(strata_lookup_stats, misses),
+                offset_of!(strata_lookup_stats, volatile_hits),
+                offset_of!(strata_lookup_stats, persistent_hits),
+            ],
+            [8, 16, 24, 32]
+        );
+        assert_eq!([offset_of!(strata_table_stats, lookups), offset_of!(strata_table_stats, erases)], [8, 88]);
+        assert_eq!(
+            [
+                offset_of!(strata_table_info, rows),
+                offset_of!(strata_table_info, dim),
+                offset_of!(strata_table_info, dtype),
+                offset_of!(strata_table_info, keyed),
+                offset_of!(strata_table_info, mapped),
+                offset_of!(strata_table_info, adopted),
+                offset_of!(strata_table_info, index_bytes),
+                offset_of!(strata_table_info, vector_bytes),
+            ],
+            [8, 16, 24, 28, 29, 30, 32, 40]
+        );
+        fn first<T: Extensible>() -> usize {
+            T::FIRST_SIZE
+        }
+        // The sizes of 0.3 are the first published sizes; later versions only grow.
+        assert!(size_of::<strata_table_options>() >= first::<strata_table_options>());
+        assert_eq!(first::<strata_table_options>(), 32);
+        assert_eq!(first::<strata_lookup_options>(), 24);
+        assert_eq!(first::<strata_lookup_stats>(), 40);
+        assert_eq!(first::<strata_table_stats>(), 96);
+        assert_eq!(first::<strata_table_info>(), 48);
+        assert_eq!(size_of::<strata_lookup_options>(), 24);
+        assert_eq!(size_of::<strata_lookup_stats>(), 40);
+        assert_eq!(size_of::<strata_table_stats>(), 96);
+        assert_eq!(size_of::<strata_table_info>(), 48);
+    }
+
+    #[test]
+    fn every_error_kind_has_the_status_of_its_number() {
+        for k in ErrorKind::ALL {
+            assert_eq!(Status::from(k) as i32, k.code());
+        }
+        for (i, s) in Status::ALL.iter().enumerate() {
+            assert_eq!(*s as i32, i as i32);
+            assert_eq!(format!("{s:?}"), s.name().to_str().unwrap());
+        }
+    }
+
+    #[test]
+    fn out_of_range_options_name_their_field() {
+        let bad = |f: fn(&mut strata_table_options)| {
+            let mut o = strata_table_options::default();
+            f(&mut o);
+            TableOptions::try_from(&o).unwrap_err().to_string()
+        };
+        assert!(bad(|o| o.missing_key = 5).starts_with("opts->missing_key: 5; expected"));
+        assert!(bad(|o| o.gpu_placement = -1).starts_with("opts->gpu_placement: -1; expected"));
+        assert!(bad(|o| o.gpu_sharding = 2).starts_with("opts->gpu_sharding: 2; expected"));
+        assert!(bad(|o| o.gpu_cache_fraction = 1.5).starts_with("opts->gpu_cache_fraction: 1.5"));
+        assert_eq!(TableOptions::try_from(&strata_table_options::default()).unwrap(), TableOptions::default());
+    }
+}
