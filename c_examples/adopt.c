@@ -119,7 +119,7 @@ static void lookup_and_compare(strata_table *t, const int64_t *keys, const int64
     float *out = xmalloc((size_t)(n * DIM) * sizeof *out);
     DLTensor kt = {(void *)keys, {kDLCPU, 0}, 1, {kDLInt, 64, 1}, kshape, kstrides, 0};
     DLTensor ot = {out, {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, oshape, ostrides, 0};
-    strata_lookup_stats st;
+    strata_lookup_stats st = strata_lookup_stats_default();
     ok(strata_lookup(t, &kt, &ot, NULL, &st), "strata_lookup");
     uint64_t misses = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -162,7 +162,7 @@ static void copy_example(void) {
     free(vectors);
     free(keys);
 
-    struct strata_table_info info;
+    struct strata_table_info info = strata_table_info_default();
     ok(strata_table_get_info(t, &info), "strata_table_get_info");
     CHECK(info.rows == ROWS && info.dim == DIM && info.keyed && !info.adopted && !info.mapped,
           "copied table info: rows %lld dim %lld keyed %d adopted %d mapped %d", (long long)info.rows,
@@ -236,7 +236,7 @@ static void adopt_example(void) {
     strata_table *t = NULL;
     ok(strata_table_adopt_dlpack_versioned(m, NULL, &opts, &t), "strata_table_adopt_dlpack_versioned");
     CHECK(g_versioned_deletes == 0, "deleter called %d times while the table is alive", g_versioned_deletes);
-    struct strata_table_info info;
+    struct strata_table_info info = strata_table_info_default();
     ok(strata_table_get_info(t, &info), "strata_table_get_info");
     CHECK(info.adopted && !info.keyed && info.rows == ROWS, "adopted table info: adopted %d keyed %d rows %lld",
           info.adopted, info.keyed, (long long)info.rows);
@@ -334,7 +334,7 @@ static void half_example(void) {
     int64_t oshape[3] = {R, C, DIM}, ostrides[3] = {C * DIM, DIM, 1};
     DLTensor lt = {lk, {kDLCPU, 0}, 2, {kDLUInt, 32, 1}, lshape, lstrides, 0};
     DLTensor ot = {out, {kDLCPU, 0}, 3, {kDLFloat, 16, 1}, oshape, ostrides, 0};
-    strata_lookup_stats st;
+    strata_lookup_stats st = strata_lookup_stats_default();
     ok(strata_lookup(t, &lt, &ot, NULL, &st), "strata_lookup (uint32 [4,5] -> float16 [4,5,dim])");
 
     uint64_t misses = 0;

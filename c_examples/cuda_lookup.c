@@ -124,8 +124,7 @@ int main(int argc, char **argv) {
     lo.stream = stream;
 
     /* 3. One lookup with stats (waits for the stream), checked row by row. */
-    strata_lookup_stats stats;
-    memset(&stats, 0, sizeof stats);
+    strata_lookup_stats stats = strata_lookup_stats_default();
     if (strata_failed(strata_lookup(table, &k, &o, &lo, &stats), "strata_lookup")) {
         return 1;
     }

@@ -257,7 +257,7 @@ int main(int argc, char **argv) {
     check(strata_table_open(g_dir, dim, &opts, &table), "strata_table_open");
     double t2 = now_seconds();
 
-    struct strata_table_info info;
+    struct strata_table_info info = strata_table_info_default();
     check(strata_table_get_info(table, &info), "strata_table_get_info");
     printf("opened in %.2f s: rows %" PRId64 ", dim %" PRId64 ", index %.2f MiB (%.2f bytes/key), "
            "vectors %.1f MiB (%s)\n",
@@ -329,7 +329,7 @@ int main(int argc, char **argv) {
     lopts.num_threads = (int32_t)threads;
 
     /* 4. Warm-up lookup, then check every row of it. */
-    strata_lookup_stats stats = {0, 0, 0, 0};
+    strata_lookup_stats stats = strata_lookup_stats_default();
     check(strata_lookup(table, &keys_t, &out_t, &lopts, &stats), "strata_lookup");
     if (stats.hits != (uint64_t)hits || stats.misses != (uint64_t)misses) {
         fprintf(stderr, "demo: stats say %" PRIu64 " hits and %" PRIu64 " misses; expected %" PRId64

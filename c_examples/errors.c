@@ -196,7 +196,7 @@ int main(void) {
         expect("missing key (STRATA_MISSING_ERROR)", strata_lookup(strict, &mk, &ot, NULL, NULL),
                STRATA_KEY_NOT_FOUND, "99");
         /* The same key on a default table is filled and counted as a miss. */
-        strata_lookup_stats st = {0, 0, 0, 0};
+        strata_lookup_stats st = strata_lookup_stats_default();
         expect("missing key (STRATA_MISSING_FILL)", strata_lookup(table, &mk, &ot, NULL, &st), STRATA_OK, NULL);
         expect_true("fill counts the miss", st.hits == 1 && st.misses == 1 && out[DIM] == 0.0f,
                     "1 hit, 1 miss, row filled with the default 0");
@@ -258,7 +258,8 @@ int main(void) {
             out[i] = 12345.0f;
         }
         DLTensor zo = tensor(out, kDLCPU, F32, 2, zoshape, ostrides);
-        strata_lookup_stats st = {77, 77, 77, 77};
+        strata_lookup_stats st = strata_lookup_stats_default();
+        st.hits = st.misses = 77;
         expect("zero keys", strata_lookup(table, &zk, &zo, NULL, &st), STRATA_OK, NULL);
         int untouched = 1;
         for (int i = 0; i < 2 * DIM + 1; i++) {

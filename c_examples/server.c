@@ -76,7 +76,7 @@ static DLTensor tensor(void *data, int ndim, int64_t *shape, int64_t *strides, D
 }
 
 static void print_stats(const char *label, const strata_table *t) {
-    strata_table_stats s;
+    strata_table_stats s = strata_table_stats_default();
     CHECK(strata_table_get_stats(t, &s));
     printf("  %-10s lookups %" PRIu64 ", keys %" PRIu64 ": volatile hits %" PRIu64
            ", persistent hits %" PRIu64 ", misses %" PRIu64 "; volatile rows %" PRIu64
@@ -167,7 +167,7 @@ int main(void) {
     DLDataType i64 = {kDLInt, 64, 1}, f32 = {kDLFloat, 32, 1};
     DLTensor kt = tensor(keys, 1, kshape, kstrides, i64);
     DLTensor ot = tensor(out, 2, oshape, ostrides, f32);
-    strata_lookup_stats st;
+    strata_lookup_stats st = strata_lookup_stats_default();
     for (int round = 0; round < 2; round++) {
         CHECK(strata_lookup(wide, &kt, &ot, NULL, &st));
         printf("wdl/wide lookup %d: %" PRIu64 " hits (%" PRIu64 " volatile, %" PRIu64

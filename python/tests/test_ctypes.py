@@ -33,6 +33,7 @@ from ctypes import (
     c_int,
     c_int32,
     c_int64,
+    c_size_t,
     c_uint8,
     c_uint16,
     c_uint32,
@@ -142,12 +143,19 @@ STRATA_GPU_STATIC, STRATA_GPU_UVM, STRATA_GPU_CACHE = 0, 1, 2
 STRATA_GPU_REPLICATE, STRATA_GPU_SHARD = 0, 1
 
 
-class strata_table_options(Structure):
-    """The CUDA-era layout (24 bytes). A library whose header predates the GPU fields reads only
-    the prefix it knows of a struct passed by pointer, so passing this one is safe with both;
-    see _header_fields for the by-value return of strata_table_options_default()."""
+class _Sized(Structure):
+    """A struct that starts with ``size_t struct_size``: constructing one sets it to ``sizeof``,
+    as a C caller's ``strata_<name>_default()`` would; positional arguments start after it."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(ctypes.sizeof(type(self)), *args, **kwargs)
+
+
+class strata_table_options(_Sized):
+    """The 0.3 layout: strata reads only the prefix its struct_size covers."""
 
     _fields_ = [
+        ("struct_size", c_size_t),
         ("default_value", c_float),
         ("missing_key", c_int32),
         ("gpu_placement", c_int32),
@@ -157,7 +165,7 @@ class strata_table_options(Structure):
     ]
 
 
-TABLE_OPTION_DEFAULTS = dict(default_value=0.0, missing_key=STRATA_MISSING_FILL, gpu_placement=STRATA_GPU_STATIC,
+TABLE_OPTION_DEFAULTS = dict(struct_size=ctypes.sizeof(strata_table_options), default_value=0.0, missing_key=STRATA_MISSING_FILL, gpu_placement=STRATA_GPU_STATIC,
                              gpu_cache_fraction=0.5, hit_rate_threshold=0.9, gpu_sharding=STRATA_GPU_REPLICATE)
 
 
@@ -177,16 +185,23 @@ class _returned_table_options(Structure):
     _fields_ = [f for f in strata_table_options._fields_ if f[0] in HEADER_TABLE_OPTION_FIELDS]
 
 
-class strata_lookup_options(Structure):
-    _fields_ = [("stream", c_void_p), ("num_threads", c_int32)]
+class strata_lookup_options(_Sized):
+    _fields_ = [("struct_size", c_size_t), ("stream", c_void_p), ("num_threads", c_int32)]
 
 
-class strata_lookup_stats(Structure):
-    _fields_ = [("hits", c_uint64), ("misses", c_uint64), ("volatile_hits", c_uint64), ("persistent_hits", c_uint64)]
-
-
-class strata_table_info(Structure):
+class strata_lookup_stats(_Sized):
     _fields_ = [
+        ("struct_size", c_size_t),
+        ("hits", c_uint64),
+        ("misses", c_uint64),
+        ("volatile_hits", c_uint64),
+        ("persistent_hits", c_uint64),
+    ]
+
+
+class strata_table_info(_Sized):
+    _fields_ = [
+        ("struct_size", c_size_t),
         ("rows", c_int64),
         ("dim", c_int64),
         ("dtype", DLDataType),
@@ -380,7 +395,7 @@ def bf16_to_f32(u16) -> np.ndarray:
 
 
 def table_options(default_value=0.0, missing=STRATA_MISSING_FILL):
-    o = strata_table_options(**TABLE_OPTION_DEFAULTS)
+    o = strata_table_options(**{k: v for k, v in TABLE_OPTION_DEFAULTS.items() if k != "struct_size"})
     o.default_value = default_value
     o.missing_key = missing
     return o
@@ -544,7 +559,7 @@ def test_version_status_names_and_defaults():
     for name in HEADER_TABLE_OPTION_FIELDS:
         assert getattr(o, name) == pytest.approx(TABLE_OPTION_DEFAULTS[name]), name
     lo = strata_lookup_options_default()
-    assert lo.stream is None and lo.num_threads == 0
+    assert lo.struct_size == ctypes.sizeof(strata_lookup_options) and lo.stream is None and lo.num_threads == 0
     assert strata_default_num_threads() >= 1
 
 
@@ -692,7 +707,8 @@ def test_keyed_table_from_strided_keys_and_foreign_devices(rng):
     expect(strata_table_from_dlpack(dev.ptr, None, None, byref(o)), STRATA_UNSUPPORTED_DEVICE)
     assert "vectors" in last_error() and not o
     kdev = HandTensor(tkeys.copy(), (kDLInt, 64, 1), device=kDLOpenCL)
-    expect(strata_table_from_dlpack(Tensor(vec).ptr, kdev.ptr, None, byref(o)), STRATA_UNSUPPORTED_DEVICE)
+    vt = Tensor(vec)  # kept alive across the call: a temporary's capsule may be freed before it
+    expect(strata_table_from_dlpack(vt.ptr, kdev.ptr, None, byref(o)), STRATA_UNSUPPORTED_DEVICE)
     assert "keys" in last_error() and not o
 
 
@@ -1552,7 +1568,7 @@ def assert_layouts_match_the_header(tmp_path, structs, prefix_only=None):
 
 def test_struct_layouts_match_the_header(tmp_path):
     """Every struct's size and field offsets against the C compiler's, for the ctypes mirrors used
-    by the rest of this file. strata_table_options may be ahead of the header (the CUDA fields)."""
+    by the rest of this file."""
     structs = {
         "DLDevice": DLDevice,
         "DLDataType": DLDataType,

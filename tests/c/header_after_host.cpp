@@ -26,7 +26,7 @@ int main() {
     int64_t oshape[2] = {2, 2};
     DLTensor k{keys, {kDLCPU, 0}, 1, {kDLUInt, 64, 1}, kshape, nullptr, 0};
     DLTensor o{out, {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, oshape, nullptr, 0};
-    strata_lookup_stats st{};
+    strata_lookup_stats st = strata_lookup_stats_default();
     s = strata_lookup(t, &k, &o, nullptr, &st);
     strata_table_free(t);
     if (s != STRATA_OK || st.hits != 2 || out[0][0] != 3 || out[0][1] != 4 || out[1][0] != 5 || out[1][1] != 6) {

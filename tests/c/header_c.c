@@ -59,10 +59,11 @@ strata_status (*const p_info)(const strata_table *, struct strata_table_info *) 
 /* The option and result structs have the documented fields. */
 int header_c_uses_fields(void);
 int header_c_uses_fields(void) {
-    strata_lookup_options lo = {NULL, 0};
-    strata_lookup_stats st = {0, 0, 0, 0};
-    strata_table_options to = {0.0f, STRATA_MISSING_FILL, STRATA_GPU_CACHE, 0.5f, 0.9f, STRATA_GPU_REPLICATE};
-    struct strata_table_info info = {0, 0, {kDLFloat, 32, 1}, false, false, false, 0, 0};
+    strata_lookup_options lo = {sizeof(strata_lookup_options), NULL, 0};
+    strata_lookup_stats st = {sizeof(strata_lookup_stats), 0, 0, 0, 0};
+    strata_table_options to = {sizeof(strata_table_options), 0.0f, STRATA_MISSING_FILL, STRATA_GPU_CACHE, 0.5f, 0.9f,
+                               STRATA_GPU_REPLICATE};
+    struct strata_table_info info = {sizeof(struct strata_table_info), 0, 0, {kDLFloat, 32, 1}, false, false, false, 0, 0};
     strata_missing_key mk = STRATA_MISSING_ERROR;
     DLManagedTensorVersioned v = {{DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION}, NULL, NULL,
                                   DLPACK_FLAG_BITMASK_READ_ONLY, {NULL, {kDLCPU, 0}, 0, {kDLInt, 64, 1}, NULL, NULL, 0}};

@@ -42,9 +42,9 @@ int header_cxx_uses(const DLTensor *keys, DLTensor *out) {
         return static_cast<int>(s);
     }
     strata_lookup_options lo = strata_lookup_options_default();
-    strata_lookup_stats st{};
+    strata_lookup_stats st = strata_lookup_stats_default();
     s = strata_lookup(raw, keys, out, &lo, &st);
-    struct strata_table_info info{};
+    struct strata_table_info info = strata_table_info_default();
     if (s == STRATA_OK) {
         s = strata_table_get_info(raw, &info);
     }

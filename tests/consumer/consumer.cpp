@@ -24,7 +24,7 @@ int main() {
     int64_t kshape[1] = {3}, kstrides[1] = {1}, oshape[2] = {3, dim}, ostrides[2] = {dim, 1};
     DLTensor k{keys, {kDLCPU, 0}, 1, {kDLInt, 64, 1}, kshape, kstrides, 0};
     DLTensor o{out, {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, oshape, ostrides, 0};
-    strata_lookup_stats stats{};
+    strata_lookup_stats stats = strata_lookup_stats_default();
     strata_status s = strata_lookup(t, &k, &o, nullptr, &stats);
     const float want[9] = {6, 7, 8, -1, -1, -1, 0, 1, 2};
     bool good = s == STRATA_OK && std::memcmp(out, want, sizeof want) == 0 && stats.hits == 2 && stats.misses == 1;

@@ -45,7 +45,7 @@ from .errors import (
     UnsupportedDtype,
 )
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "ConfigError",

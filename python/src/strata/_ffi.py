@@ -21,6 +21,7 @@ from ctypes import (
     c_int,
     c_int32,
     c_int64,
+    c_size_t,
     c_uint8,
     c_uint16,
     c_uint32,
@@ -104,6 +105,7 @@ STRATA_OUT_OF_MEMORY = 11
 STRATA_INTERNAL = 12
 STRATA_CONFIG_ERROR = 13
 STRATA_STORE_ERROR = 14
+STRATA_CUDA_ERROR = 15
 
 STRATA_MISSING_FILL, STRATA_MISSING_ERROR = 0, 1
 STRATA_GPU_STATIC, STRATA_GPU_UVM, STRATA_GPU_CACHE = 0, 1, 2
@@ -111,12 +113,21 @@ STRATA_GPU_REPLICATE, STRATA_GPU_SHARD = 0, 1
 STRATA_FEATURE_CUDA, STRATA_FEATURE_MPI = 1, 2
 
 
-class strata_table_options(Structure):
-    """``strata_table_options``. Always built here with the documented defaults, never through
-    ``strata_table_options_default()``: a library older than this layout returns a smaller
-    struct by value (and reads only the prefix it knows of the one passed by pointer)."""
+class _Sized(Structure):
+    """A struct that starts with ``size_t struct_size`` (every struct strata's C ABI passes).
+    Constructing one sets ``struct_size`` to this layout's ``sizeof``, so strata reads and
+    writes only the fields this package knows; positional arguments start at the second field."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(ctypes.sizeof(type(self)), *args, **kwargs)
+
+
+class strata_table_options(_Sized):
+    """``strata_table_options``. Built here with the documented defaults rather than through
+    ``strata_table_options_default()``, which returns the library's own layout by value."""
 
     _fields_ = [
+        ("struct_size", c_size_t),
         ("default_value", c_float),
         ("missing_key", c_int32),
         ("gpu_placement", c_int32),
@@ -126,12 +137,13 @@ class strata_table_options(Structure):
     ]
 
 
-class strata_lookup_options(Structure):
-    _fields_ = [("stream", c_void_p), ("num_threads", c_int32)]
+class strata_lookup_options(_Sized):
+    _fields_ = [("struct_size", c_size_t), ("stream", c_void_p), ("num_threads", c_int32)]
 
 
-class strata_lookup_stats(Structure):
+class strata_lookup_stats(_Sized):
     _fields_ = [
+        ("struct_size", c_size_t),
         ("hits", c_uint64),
         ("misses", c_uint64),
         ("volatile_hits", c_uint64),
@@ -139,8 +151,9 @@ class strata_lookup_stats(Structure):
     ]
 
 
-class strata_table_info(Structure):
+class strata_table_info(_Sized):
     _fields_ = [
+        ("struct_size", c_size_t),
         ("rows", c_int64),
         ("dim", c_int64),
         ("dtype", DLDataType),
@@ -152,8 +165,8 @@ class strata_table_info(Structure):
     ]
 
 
-class strata_table_stats(Structure):
-    _fields_ = [
+class strata_table_stats(_Sized):
+    _fields_ = [("struct_size", c_size_t)] + [
         (name, c_uint64)
         for name in (
             "lookups",
