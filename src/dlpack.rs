@@ -135,7 +135,7 @@ pub fn device_name(d: DLDevice) -> String {
 }
 
 #[cfg(feature = "cuda")]
-use crate::exec::cuda::unsupported_reason;
+use crate::util::cuda::unsupported_reason;
 #[cfg(not(feature = "cuda"))]
 fn unsupported_reason() -> &'static str {
     "it was built without CUDA support (cargo feature `cuda`)"

@@ -13,6 +13,7 @@
 //!
 //! Built once, then read-only: any number of threads may look up at once.
 
+use crate::util::hash::mix;
 use crate::error::{Error, Result};
 
 const SLOTS: usize = 5;
@@ -44,16 +45,6 @@ pub struct KeyIndex {
 unsafe impl Send for KeyIndex {}
 unsafe impl Sync for KeyIndex {}
 
-/// Mixes a key into a well-distributed 64-bit hash (the MurmurHash3 finaliser).
-#[inline(always)]
-pub(crate) fn mix(mut k: u64) -> u64 {
-    k ^= k >> 33;
-    k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    k ^= k >> 33;
-    k = k.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    k ^ (k >> 33)
-}
-
 impl KeyIndex {
     /// Builds an index over `keys`, where `keys[i]` is the key of row `i`.
     ///
@@ -72,7 +63,7 @@ impl KeyIndex {
         // Always leave at least one free slot so every probe sequence ends.
         let nb = if nb * SLOTS <= n { n / SLOTS + 1 } else { nb };
         let bytes = nb * std::mem::size_of::<Bucket>();
-        let (map, start) = crate::store::anon(bytes, "keyed index")?;
+        let (map, start) = crate::util::memory::anon(bytes, "keyed index")?;
         let mut idx = KeyIndex { map, start, nb, len: 0 };
         for (row, key) in keys.enumerate() {
             idx.insert(key, row as u32).map_err(|first| Error::DuplicateKey {
@@ -136,7 +127,7 @@ impl KeyIndex {
     /// Hints the CPU to fetch the bucket `key` starts in.
     #[inline(always)]
     pub fn prefetch(&self, key: u64) {
-        crate::exec::prefetch(self.buckets().as_ptr().wrapping_add(self.home(key)) as *const u8);
+        crate::util::prefetch(self.buckets().as_ptr().wrapping_add(self.home(key)) as *const u8);
     }
 
     /// The row of `key`, if present. Each bucket is checked without data-dependent branches

@@ -28,6 +28,7 @@ pub mod store;
 pub mod table;
 pub mod tier;
 pub mod tiered;
+pub mod util;
 
 pub use error::{Error, ErrorKind, Result};
 pub use ffi::Status;

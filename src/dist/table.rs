@@ -7,7 +7,8 @@ use super::lookup::Scratch;
 use crate::dlpack::{FloatDtype, dtype_name};
 use crate::error::{Error, Result};
 use crate::hugectr::SparseFolder;
-use crate::index::{KeyIndex, mix};
+use crate::index::KeyIndex;
+use crate::util::hash::mix;
 use crate::partition::{
     Described, Layout, OwnedPartitioned, Part, Partitioned, check_row_split, describe_parts, grid_name, table_from, validate,
 };

@@ -8,7 +8,8 @@
 //! write the same bytes.
 
 use crate::dlpack::{FloatDtype, KeyDtype, Walk};
-use crate::exec::{pool, prefetch};
+use crate::exec::pool;
+use crate::util::prefetch;
 use crate::index::KeyIndex;
 use crate::table::{MissingKey, Rows, StaticTable};
 use half::slice::HalfFloatSliceExt;

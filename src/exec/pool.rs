@@ -6,6 +6,7 @@
 //! threads working for it; `n = 1` never touches the pool. Many host threads may submit at
 //! once; they share the workers.
 
+use crate::util::lock::lock;
 use crate::error::{Error, Result};
 use std::sync::OnceLock;
 
@@ -86,11 +87,11 @@ pub fn run<R: Send>(threads: usize, work: impl Fn() -> R + Sync) -> Vec<R> {
         for _ in 0..helpers {
             s.spawn(|_| {
                 let r = work();
-                results.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+                lock(&results).push(r);
             });
         }
         let r = work();
-        results.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+        lock(&results).push(r);
     });
     results.into_inner().unwrap_or_else(|e| e.into_inner())
 }

@@ -35,7 +35,7 @@
 
 // Keys are hashed with the keyed index's MurmurHash3 finaliser (`mix`): the shard comes from
 // the high bits, the map position from the low bits.
-use crate::index::mix;
+use crate::util::hash::mix;
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};

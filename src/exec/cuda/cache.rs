@@ -23,6 +23,7 @@
 //! The host functions refer to the table: its [`Residency`](super::Residency) waits for them
 //! (and for background inserts) before the table is freed.
 
+use crate::util::lock::lock;
 use super::backend::{Backend, HostFn, Mem, grid};
 use super::params::{CacheParams, FILL_DEFAULTS, FILL_ROWS, WAYS};
 use super::residency::InFlight;
@@ -153,7 +154,7 @@ impl CacheState {
     }
 
     fn take_staging(&self, b: &dyn Backend, n: usize) -> Result<Staging> {
-        let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pool = lock(&self.pool);
         if let Some(i) = pool.iter().position(|s| s.capacity >= n) {
             return Ok(pool.swap_remove(i));
         }
@@ -258,7 +259,7 @@ impl CacheState {
             let mut resolved = 0u64;
             if background && m > 0 {
                 control[0] = FILL_DEFAULTS;
-                *bg.lock().unwrap_or_else(|e| e.into_inner()) = Some(keys.to_vec());
+                *lock(&bg) = Some(keys.to_vec());
             } else {
                 control[0] = FILL_ROWS;
                 let rows = unsafe { st2.rows.host_slice::<f32>(m * dim) };
@@ -295,9 +296,9 @@ impl CacheState {
         let finish: HostFn = Box::new(move || {
             let hc = unsafe { st3.host_counters.host_slice::<u64>(4) };
             if let Some(c) = counts {
-                *c.lock().unwrap_or_else(|e| e.into_inner()) = CacheCounts { hits: hc[2], misses: hc[3] };
+                *lock(&c) = CacheCounts { hits: hc[2], misses: hc[3] };
             }
-            let keys = background_rows.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let keys = lock(&background_rows).take();
             if let Some(keys) = keys {
                 let job_state = state.clone();
                 inf.start();
@@ -312,7 +313,7 @@ impl CacheState {
             }
             // Step 2 dropped its reference before this ran, so this is the last one.
             if let Ok(s) = Arc::try_unwrap(st3) {
-                state.pool.lock().unwrap_or_else(|e| e.into_inner()).push(s);
+                lock(&state.pool).push(s);
             }
             drop(state);
             inf.done();
@@ -352,7 +353,7 @@ impl CacheState {
             ..CacheParams::default()
         };
         let r = unsafe { b.launch_cache(name, grid(b.sms(), m as u64), &params) }.and_then(|_| b.synchronize());
-        self.pool.lock().unwrap_or_else(|e| e.into_inner()).push(staging);
+        lock(&self.pool).push(staging);
         r
     }
 }

@@ -4,6 +4,7 @@
 //! background cache inserts and shard launches. One [`Device`] per ordinal, made on first use
 //! and kept for the life of the process.
 
+use crate::util::lock::lock;
 use super::compile_gather_for;
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, sys};
@@ -55,7 +56,7 @@ impl Device {
                 msg: format!("CUDA device {ordinal} does not exist; this machine has {count}"),
             });
         }
-        let mut map = DEVICES.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = lock(DEVICES.get_or_init(Default::default));
         if let Some(d) = map.get(&ordinal) {
             return Ok(d.clone());
         }

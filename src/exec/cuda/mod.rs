@@ -25,6 +25,7 @@ pub(crate) mod run;
 
 pub use residency::Residency;
 
+use crate::util::lock::lock;
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -59,24 +60,7 @@ pub fn kernel_names() -> Vec<String> {
     v
 }
 
-/// Number of CUDA devices the driver reports; 0 when there is no driver (checked before any
-/// call, so a missing `libcuda` never panics).
-pub fn device_count() -> usize {
-    static COUNT: OnceLock<usize> = OnceLock::new();
-    *COUNT.get_or_init(|| {
-        // SAFETY: only probes whether the shared library can be loaded.
-        if !unsafe { cudarc::driver::sys::is_culib_present() } {
-            return 0;
-        }
-        std::panic::catch_unwind(|| {
-            cudarc::driver::result::init().ok()?;
-            cudarc::driver::result::device::get_count().ok()
-        })
-        .ok()
-        .flatten()
-        .map_or(0, |n| n.max(0) as usize)
-    })
-}
+pub use crate::util::cuda::{device_count, unsupported_reason};
 
 /// Whether NVRTC (`libnvrtc.so.12`) can be loaded.
 pub fn nvrtc_available() -> bool {
@@ -109,7 +93,7 @@ pub fn compile_gather(arch: &'static str) -> Result<String> {
 /// The kernels' PTX for compute capability `major.minor`, compiled once per process.
 pub(crate) fn compile_gather_for(major: i32, minor: i32) -> Result<String> {
     static PTX: OnceLock<Mutex<HashMap<(i32, i32), String>>> = OnceLock::new();
-    let mut cache = PTX.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    let mut cache = lock(PTX.get_or_init(Default::default));
     if let Some(p) = cache.get(&(major, minor)) {
         return Ok(p.clone());
     }
@@ -118,13 +102,4 @@ pub(crate) fn compile_gather_for(major: i32, minor: i32) -> Result<String> {
     let ptx = compile_gather(arch)?;
     cache.insert((major, minor), ptx.clone());
     Ok(ptx)
-}
-
-/// Why a CUDA tensor cannot be served here, for `STRATA_UNSUPPORTED_DEVICE` messages.
-pub fn unsupported_reason() -> &'static str {
-    if device_count() == 0 {
-        "no CUDA driver or device is present on this machine (strata_cuda_available() returns 0)"
-    } else {
-        "this tensor's device is not a CUDA device strata serves"
-    }
 }

@@ -14,6 +14,7 @@
 //! waits for queued work that still refers to the table (host functions and background cache
 //! inserts, counted by [`InFlight`]).
 
+use crate::util::lock::lock;
 use super::backend::{Backend, Mem};
 use super::cache::CacheState;
 use super::device::{Device, cuda_call};
@@ -36,11 +37,11 @@ pub(crate) struct InFlight {
 
 impl InFlight {
     pub(crate) fn start(&self) {
-        *self.n.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        *lock(&self.n) += 1;
     }
 
     pub(crate) fn done(&self) {
-        let mut n = self.n.lock().unwrap_or_else(|e| e.into_inner());
+        let mut n = lock(&self.n);
         *n -= 1;
         if *n == 0 {
             self.zero.notify_all();
@@ -48,7 +49,7 @@ impl InFlight {
     }
 
     fn wait(&self) {
-        let mut n = self.n.lock().unwrap_or_else(|e| e.into_inner());
+        let mut n = lock(&self.n);
         while *n != 0 {
             n = self.zero.wait(n).unwrap_or_else(|e| e.into_inner());
         }
@@ -228,7 +229,7 @@ fn upload_index_and_default(device: &Arc<Device>, st: &StaticTable) -> Result<(M
 impl Residency {
     /// How `device` serves `table`, made on first use. `backend` allocates cache memory.
     pub(crate) fn placed(&self, table: &Table, device: &Arc<Device>, backend: &dyn Backend) -> Result<Arc<Placed>> {
-        let mut map = self.placed.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = lock(&self.placed);
         if let Some(p) = map.get(&device.ordinal) {
             return Ok(p.clone());
         }
@@ -270,7 +271,7 @@ impl Residency {
             }
             GpuPlacement::Uvm => {
                 let reg = {
-                    let mut r = self.registration.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut r = lock(&self.registration);
                     match &*r {
                         Some(reg) => reg.clone(),
                         None => {
@@ -304,7 +305,7 @@ impl Residency {
 
 /// Which of `num_shards` shards owns keyed-table key `key` (as the gather kernel decides).
 pub(crate) fn key_owner(key: u64, num_shards: u32) -> u32 {
-    ((crate::index::mix(key) & 0xffff_ffff) % num_shards as u64) as u32
+    ((crate::util::hash::mix(key) & 0xffff_ffff) % num_shards as u64) as u32
 }
 
 /// One shard of a static table, on the host: the rows `[lo, hi)` of a dense table, or a keyed

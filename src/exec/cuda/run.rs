@@ -11,6 +11,7 @@
 //! - Stats, or a table whose missing keys are errors, make the call wait for the stream;
 //!   otherwise it returns once the work is queued.
 
+use crate::util::lock::lock;
 use super::backend::{Backend, Mem, Stream, grid};
 use super::cache::{CacheCounts, resolve_on_host};
 use super::device::{Device, cuda_call};
@@ -80,7 +81,7 @@ impl Counts {
                 Ok(Some((h, m)))
             }
             Counts::Cache(c) => {
-                let c = *c.lock().unwrap_or_else(|e| e.into_inner());
+                let c = *lock(&c);
                 Ok(Some((c.hits, c.misses)))
             }
         }

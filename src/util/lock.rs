@@ -1,0 +1,9 @@
+//! Locks that survive a panic: strata's shared state stays consistent across a panic in a
+//! caller's thread (every critical section leaves it valid), so a poisoned lock is used as is.
+
+use std::sync::{Mutex, MutexGuard};
+
+/// Locks `m`, ignoring poisoning.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
