@@ -99,6 +99,22 @@ impl FloatDtype {
             FloatDtype::BF16 => DLDataType { code: DLDataTypeCode::BFLOAT, bits: 16, lanes: 1 },
         }
     }
+
+    /// Reads the element at `p` as float32 (exactly: every float16 and bfloat16 value is one).
+    ///
+    /// # Safety
+    /// `p` must be valid for reading one aligned element of this dtype.
+    #[inline(always)]
+    pub unsafe fn load_f32(self, p: *const u8) -> f32 {
+        // SAFETY: the caller guarantees one readable, aligned element of this dtype at p.
+        unsafe {
+            match self {
+                FloatDtype::F32 => *(p as *const f32),
+                FloatDtype::F16 => (*(p as *const half::f16)).to_f32(),
+                FloatDtype::BF16 => (*(p as *const half::bf16)).to_f32(),
+            }
+        }
+    }
 }
 
 /// A human name for a DLPack dtype: `float32`, `int64`, `bfloat16`, `float32x4`, `code9:8`.

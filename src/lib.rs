@@ -19,15 +19,12 @@ pub mod dlpack;
 pub mod error;
 pub mod exec;
 pub mod ffi;
-mod hugectr;
-pub mod index;
 mod limits;
 pub mod lookup;
 pub mod partition;
 pub mod server;
-pub mod store;
+pub mod storage;
 pub mod table;
-pub mod tier;
 pub mod tiered;
 pub mod util;
 

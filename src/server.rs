@@ -10,8 +10,8 @@
 use crate::config::{self, OverflowPolicy, PersistentDbKind, PsConfig, VolatileDbKind};
 use crate::error::{Error, Result};
 use crate::table::{GpuOptions, MissingKey, StaticTable, Table, TableKind, TableOptions};
-use crate::tier::persistent::PersistentStore;
-use crate::tier::volatile::{EvictionPolicy, VolatileTier};
+use crate::storage::tier::persistent::PersistentStore;
+use crate::storage::tier::volatile::{EvictionPolicy, VolatileTier};
 use crate::tiered::TieredTable;
 use std::ffi::CString;
 use std::path::Path;
@@ -147,7 +147,7 @@ fn cstring(s: &str, what: &'static str) -> Result<CString> {
 
 /// Loads `rate` of a table's rows into its volatile tier at start (HPS `initial_cache_rate`):
 /// from the persistent tier when there is one, else from the sparse files.
-fn warm(v: &VolatileTier, persistent: Option<&crate::tier::persistent::PersistentTable>, sparse: &Path, dim: usize, rate: f64) -> Result<()> {
+fn warm(v: &VolatileTier, persistent: Option<&crate::storage::tier::persistent::PersistentTable>, sparse: &Path, dim: usize, rate: f64) -> Result<()> {
     const BATCH: usize = 4096;
     let mut keys = Vec::with_capacity(BATCH);
     let mut rows = Vec::with_capacity(BATCH * dim);

@@ -6,9 +6,9 @@
 
 use crate::dlpack::{FloatDtype, KeyDtype, TensorView, require_host};
 use crate::error::{Error, Result};
-use crate::index::KeyIndex;
-use crate::hugectr::SparseFolder;
-use crate::store::Store;
+use crate::storage::index::KeyIndex;
+use crate::storage::hugectr::SparseFolder;
+use crate::storage::store::Store;
 use dlpark::ManagedTensorBase;
 use dlpark::ffi::DLTensor;
 use std::path::Path;
@@ -493,7 +493,7 @@ impl StaticTable {
                 let src = self.store.row_ptr(r);
                 for (c, v) in rows[j * dim..(j + 1) * dim].iter_mut().enumerate() {
                     // SAFETY: r < rows; the row holds dim elements of dtype.
-                    *v = unsafe { crate::exec::cpu::load_f32(dtype, src.wrapping_add(c * dtype.size())) };
+                    *v = unsafe { dtype.load_f32(src.wrapping_add(c * dtype.size())) };
                 }
             }
         }
@@ -540,7 +540,7 @@ unsafe fn read_rows(vectors: &DLTensor, n: usize, dim: usize) -> Result<Vec<f32>
         for c in 0..dim {
             let p = v.at(r as isize * v.strides[0] + c as isize * v.strides[1]);
             // SAFETY: the view validated every element; p is aligned for dtype.
-            rows.push(unsafe { crate::exec::cpu::load_f32(dtype, p) });
+            rows.push(unsafe { dtype.load_f32(p) });
         }
     }
     Ok(rows)

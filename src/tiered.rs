@@ -10,8 +10,8 @@ use crate::error::{Error, Result};
 use crate::exec::pool;
 use crate::lookup::{LookupStats, Plan};
 use crate::table::MissingKey;
-use crate::tier::persistent::PersistentTable;
-use crate::tier::volatile::VolatileTier;
+use crate::storage::tier::persistent::PersistentTable;
+use crate::storage::tier::volatile::VolatileTier;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Keys per chunk of a tiered lookup.

@@ -28,7 +28,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use strata::tier::persistent::{PersistentStore, PersistentTable};
+use strata::storage::tier::persistent::{PersistentStore, PersistentTable};
 
 const CHILD_ENV: &str = "STRATA_CRASH_CHILD";
 /// Set in the child when it upserts through the C ABI of a parameter server.

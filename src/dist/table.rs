@@ -6,13 +6,13 @@ use super::comm::Comm;
 use super::lookup::Scratch;
 use crate::dlpack::{FloatDtype, dtype_name};
 use crate::error::{Error, Result};
-use crate::hugectr::SparseFolder;
-use crate::index::KeyIndex;
+use crate::storage::hugectr::SparseFolder;
+use crate::storage::index::KeyIndex;
 use crate::util::hash::mix;
 use crate::partition::{
     Described, Layout, OwnedPartitioned, Part, Partitioned, check_row_split, describe_parts, grid_name, table_from, validate,
 };
-use crate::store::Store;
+use crate::storage::store::Store;
 use crate::table::{MissingKey, StaticTable, TableInfo, TableOptions};
 use std::path::Path;
 use std::sync::Mutex;

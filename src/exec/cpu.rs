@@ -10,7 +10,7 @@
 use crate::dlpack::{FloatDtype, KeyDtype, Walk};
 use crate::exec::pool;
 use crate::util::prefetch;
-use crate::index::KeyIndex;
+use crate::storage::index::KeyIndex;
 use crate::table::{MissingKey, Rows, StaticTable};
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
@@ -257,19 +257,6 @@ unsafe fn bf16_to_f32(src: *const u8, dst: *mut u8, dim: usize, _: usize) {
     s.convert_to_f32_slice(d);
 }
 
-/// Reads one element of a float dtype at `p` as f32.
-///
-/// # Safety
-/// `p` must be valid for reading one aligned element of `dtype`.
-pub(crate) unsafe fn load_f32(dtype: FloatDtype, p: *const u8) -> f32 {
-    unsafe {
-        match dtype {
-            FloatDtype::F32 => *(p as *const f32),
-            FloatDtype::F16 => (*(p as *const f16)).to_f32(),
-            FloatDtype::BF16 => (*(p as *const bf16)).to_f32(),
-        }
-    }
-}
 
 /// The kernels of one lookup: for table rows, and for the (float32) default row.
 struct Kernels {
@@ -433,7 +420,7 @@ impl Resolve for KeyIndex {
 }
 
 #[inline(always)]
-fn prefetch_row(store: &crate::store::Store, row: usize, row_bytes: usize) {
+fn prefetch_row(store: &crate::storage::store::Store, row: usize, row_bytes: usize) {
     if row == NO_ROW {
         return;
     }

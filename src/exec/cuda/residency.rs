@@ -21,7 +21,7 @@ use super::device::{Device, cuda_call};
 use super::params::GatherParams;
 use crate::dlpack::FloatDtype;
 use crate::error::Result;
-use crate::index::KeyIndex;
+use crate::storage::index::KeyIndex;
 use crate::table::{GpuPlacement, GpuSharding, Rows, StaticTable, Table, TableKind};
 use cudarc::driver::sys;
 use std::collections::HashMap;

@@ -36,7 +36,7 @@ use crate::error::{Error, Result};
 use heed::types::Bytes;
 use heed::{Database, Env, EnvFlags, EnvOpenOptions, MdbError, PutFlags, RwTxn, WithoutTls};
 use std::collections::HashMap;
-use crate::hugectr::SparseFolder;
+use crate::storage::hugectr::SparseFolder;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -409,7 +409,7 @@ impl PersistentStore {
 
     fn table_with(&self, name: &str, dim: usize, init: Option<&Path>, params: LoadParams) -> Result<PersistentTable> {
         check_name(name)?;
-        crate::hugectr::check_dim(dim)?;
+        crate::storage::hugectr::check_dim(dim)?;
         let s = &self.inner;
         let mut tables = lock(&s.tables);
         if let Some(t) = tables.get(name).and_then(Weak::upgrade) {
