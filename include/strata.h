@@ -24,12 +24,29 @@
 #include "strata_features.h"
 #endif
 #endif
-/* ---- DLPack ABI (v1.x). Skipped when the host already included <dlpack/dlpack.h>; defining
- *      DLPACK_DLPACK_H_ makes a later include of the real header a no-op. ---- */
+/* ---- DLPack ABI (v1.3). Skipped when the host already included <dlpack/dlpack.h>; defining
+ *      DLPACK_DLPACK_H_ makes a later include of the real header a no-op, so everything that
+ *      header declares is declared here too. Producers of DLPack 1.2 and later never pass NULL
+ *      strides for ndim > 0; strata also accepts NULL strides (compact row-major) from older
+ *      ones. ---- */
 #ifndef DLPACK_DLPACK_H_
 #define DLPACK_DLPACK_H_
+#ifdef __cplusplus
+#define DLPACK_EXTERN_C extern "C"
+#else
+#define DLPACK_EXTERN_C
+#endif
 #define DLPACK_MAJOR_VERSION 1
-#define DLPACK_MINOR_VERSION 1
+#define DLPACK_MINOR_VERSION 3
+#ifdef _WIN32
+#ifdef DLPACK_EXPORTS
+#define DLPACK_DLL __declspec(dllexport)
+#else
+#define DLPACK_DLL __declspec(dllimport)
+#endif
+#else
+#define DLPACK_DLL
+#endif
 #define DLPACK_FLAG_BITMASK_READ_ONLY (1UL << 0UL)
 #define DLPACK_FLAG_BITMASK_IS_COPIED (1UL << 1UL)
 #define DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED (1UL << 2UL)
@@ -44,7 +61,7 @@ typedef enum {
 #endif
   kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, kDLOpenCL = 4, kDLVulkan = 7, kDLMetal = 8,
   kDLVPI = 9, kDLROCM = 10, kDLROCMHost = 11, kDLExtDev = 12, kDLCUDAManaged = 13,
-  kDLOneAPI = 14, kDLWebGPU = 15, kDLHexagon = 16, kDLMAIA = 17
+  kDLOneAPI = 14, kDLWebGPU = 15, kDLHexagon = 16, kDLMAIA = 17, kDLTrn = 18
 } DLDeviceType;
 typedef struct { DLDeviceType device_type; int32_t device_id; } DLDevice;
 typedef enum {
@@ -76,6 +93,25 @@ typedef struct DLManagedTensorVersioned {
   uint64_t flags;
   DLTensor dl_tensor;
 } DLManagedTensorVersioned;
+/* The `__dlpack_c_exchange_api__` function table of DLPack 1.2/1.3 (Python objects as void *). */
+typedef int (*DLPackManagedTensorAllocator)(DLTensor *, DLManagedTensorVersioned **, void *,
+                                            void (*)(void *, const char *, const char *));
+typedef int (*DLPackManagedTensorFromPyObjectNoSync)(void *, DLManagedTensorVersioned **);
+typedef int (*DLPackDLTensorFromPyObjectNoSync)(void *, DLTensor *);
+typedef int (*DLPackCurrentWorkStream)(DLDeviceType, int32_t, void **);
+typedef int (*DLPackManagedTensorToPyObjectNoSync)(DLManagedTensorVersioned *, void **);
+typedef struct DLPackExchangeAPIHeader {
+  DLPackVersion version;
+  struct DLPackExchangeAPIHeader *prev_api;
+} DLPackExchangeAPIHeader;
+typedef struct DLPackExchangeAPI {
+  DLPackExchangeAPIHeader header;
+  DLPackManagedTensorAllocator managed_tensor_allocator;
+  DLPackManagedTensorFromPyObjectNoSync managed_tensor_from_py_object_no_sync;
+  DLPackManagedTensorToPyObjectNoSync managed_tensor_to_py_object_no_sync;
+  DLPackDLTensorFromPyObjectNoSync dltensor_from_py_object_no_sync;
+  DLPackCurrentWorkStream current_work_stream;
+} DLPackExchangeAPI;
 #ifdef __cplusplus
 }
 #endif

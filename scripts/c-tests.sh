@@ -72,6 +72,19 @@ mkdir -p "$WORK"
 # ---- the library and the CMake project under sanitizers --------------------------------
 
 require "cargo build --release" cargo build --release
+
+# The SONAME (build.rs): libstrata.so.0.<minor> while the version is 0.x, else libstrata.so.<major>;
+# programs linked with -L target/release -lstrata find it through the symlink build.rs makes there.
+SONAME="$(sed -n 's/^version = "\([0-9]*\)\.\([0-9]*\)\..*/\1 \2/p' Cargo.toml | head -n 1 |
+    awk '{ print ($1 == 0) ? "libstrata.so.0." $2 : "libstrata.so." $1 }')"
+# needed FILE: the NEEDED entries of an ELF file, one a line.
+needed() { readelf -d "$1" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'; }
+soname_of_the_library() {
+    readelf -d "$LIBDIR/libstrata.so" | grep SONAME &&
+        [ "$(readelf -d "$LIBDIR/libstrata.so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')" = "$SONAME" ] &&
+        [ "$(readlink "$LIBDIR/$SONAME")" = libstrata.so ]
+}
+check "readelf -d: libstrata.so has SONAME $SONAME (and target/release/$SONAME -> libstrata.so)" soname_of_the_library
 check "cmake configure (build/c-asan, STRATA_SANITIZE=ON)" \
     cmake -S "$ROOT" -B "$ASAN_BUILD" -DCMAKE_BUILD_TYPE=Debug -DSTRATA_BUILD_EXAMPLES=ON -DSTRATA_SANITIZE=ON
 cmake_ok=$last_ok
@@ -185,22 +198,37 @@ install_strata() {
         [ -f "$PREFIX/include/strata_features.h" ]
 }
 check "cmake --install to a prefix" install_strata
+# libstrata.so -> libstrata.so.0.<minor> -> libstrata.so.<version> (the file), as ldconfig would.
+installed_symlink_chain() {
+    local lib version
+    lib="$(dirname "$(find "$PREFIX" -name libstrata.a | head -n 1)")"
+    version="$(sed -n 's/^version = "\([^"]*\)".*/\1/p' Cargo.toml | head -n 1)"
+    ls -l "$lib" | grep libstrata &&
+        [ "$(readlink "$lib/libstrata.so")" = "$SONAME" ] &&
+        [ "$(readlink "$lib/$SONAME")" = "libstrata.so.$version" ] &&
+        [ -f "$lib/libstrata.so.$version" ] && [ ! -L "$lib/libstrata.so.$version" ]
+}
+check "installed libstrata.so -> $SONAME -> libstrata.so.<version>" installed_symlink_chain
 consumer_cmake() {
     cmake -S "$ROOT/tests/consumer" -B "$WORK/consumer" -DCMAKE_PREFIX_PATH="$PREFIX" >/dev/null &&
         cmake --build "$WORK/consumer" >/dev/null &&
+        # it records the SONAME and loads the installed, versioned library
+        needed "$WORK/consumer/consumer" | grep -qx "$SONAME" &&
+        ldd "$WORK/consumer/consumer" | grep -F "$SONAME => $PREFIX/" &&
         LD_LIBRARY_PATH="$(dirname "$(find "$PREFIX" -name libstrata.so | head -n 1)")" "$WORK/consumer/consumer" &&
         "$WORK/consumer/consumer_static"
 }
-check "C++ consumer with find_package(strata) (shared and static)" consumer_cmake
+check "C++ consumer with find_package(strata) (shared, NEEDED $SONAME, and static)" consumer_cmake
 consumer_pkg_config() {
     local pc libdir
     pc="$(dirname "$(find "$PREFIX" -name strata.pc | head -n 1)")"
     libdir="$(PKG_CONFIG_PATH="$pc" pkg-config --variable=libdir strata)"
     # shellcheck disable=SC2046
     gcc -std=c11 "${WARN[@]}" "$ROOT/tests/consumer/consumer.c" $(PKG_CONFIG_PATH="$pc" pkg-config --cflags --libs strata) \
-        -Wl,-rpath,"$libdir" -o "$WORK/consumer_pc" && "$WORK/consumer_pc"
+        -Wl,-rpath,"$libdir" -o "$WORK/consumer_pc" && needed "$WORK/consumer_pc" | grep -qx "$SONAME" &&
+        "$WORK/consumer_pc"
 }
-check "C consumer with pkg-config --cflags --libs strata" consumer_pkg_config
+check "C consumer with pkg-config --cflags --libs strata (NEEDED $SONAME)" consumer_pkg_config
 
 # ---- the CUDA example -----------------------------------------------------------------------
 

@@ -79,6 +79,10 @@ run() {
     echo "== c_examples/cuda_lookup.c (built here against the CUDA toolkit and the carried libstrata.so)"
     local cuda_home="${CUDA_HOME:-/usr/local/cuda}"
     if [ -e "$cuda_home/include/cuda_runtime_api.h" ]; then
+        # The example's NEEDED entry is libstrata's SONAME: link that name to the carried library.
+        local soname
+        soname="$(readelf -d "$dest/libstrata.so" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')"
+        [ -z "$soname" ] || ln -sf libstrata.so "$dest/$soname"
         gcc -std=c11 -O2 -Wall -Wextra -Werror -Iinclude -I"$cuda_home/include" c_examples/cuda_lookup.c \
             -L"$dest" -lstrata -Wl,-rpath,"$PWD/$dest" -L"$cuda_home/lib64" -lcudart -o "$dest/cuda_lookup" &&
             for p in static uvm cache; do "$dest/cuda_lookup" "$p" || echo "cuda_lookup $p FAILED"; done

@@ -117,8 +117,27 @@ impl FloatDtype {
     }
 }
 
-/// A human name for a DLPack dtype: `float32`, `int64`, `bfloat16`, `float32x4`, `code9:8`.
+/// A human name for a DLPack dtype: `float32`, `int64`, `bfloat16`, `float32x4`,
+/// `float8_e4m3fn`, or `code200:8x1` for a code this DLPack (1.3) does not define.
 pub fn dtype_name(dt: DLDataType) -> String {
+    // The fp8/fp6/fp4 codes of DLPack 1.1+ name their width; other widths or lanes are spelled out.
+    let small_float = match dt.code {
+        DLDataTypeCode::FLOAT8_E3M4 => Some(("float8_e3m4", 8)),
+        DLDataTypeCode::FLOAT8_E4M3 => Some(("float8_e4m3", 8)),
+        DLDataTypeCode::FLOAT8_E4M3B11FNUZ => Some(("float8_e4m3b11fnuz", 8)),
+        DLDataTypeCode::FLOAT8_E4M3FN => Some(("float8_e4m3fn", 8)),
+        DLDataTypeCode::FLOAT8_E4M3FNUZ => Some(("float8_e4m3fnuz", 8)),
+        DLDataTypeCode::FLOAT8_E5M2 => Some(("float8_e5m2", 8)),
+        DLDataTypeCode::FLOAT8_E5M2FNUZ => Some(("float8_e5m2fnuz", 8)),
+        DLDataTypeCode::FLOAT8_E8M0FNU => Some(("float8_e8m0fnu", 8)),
+        DLDataTypeCode::FLOAT6_E2M3FN => Some(("float6_e2m3fn", 6)),
+        DLDataTypeCode::FLOAT6_E3M2FN => Some(("float6_e3m2fn", 6)),
+        DLDataTypeCode::FLOAT4_E2M1FN => Some(("float4_e2m1fn", 4)),
+        _ => None,
+    };
+    if let Some((name, bits)) = small_float {
+        return if dt.bits == bits && dt.lanes == 1 { name.into() } else { format!("{name}:{}x{}", dt.bits, dt.lanes) };
+    }
     let base = match dt.code {
         DLDataTypeCode::INT => "int",
         DLDataTypeCode::UINT => "uint",
@@ -145,6 +164,12 @@ pub fn device_name(d: DLDevice) -> String {
         DLDeviceType::ROCM => "kDLROCM",
         DLDeviceType::ROCMHOST => "kDLROCMHost",
         DLDeviceType::ONEAPI => "kDLOneAPI",
+        DLDeviceType::VPI => "kDLVPI",
+        DLDeviceType::EXTDEV => "kDLExtDev",
+        DLDeviceType::WEBGPU => "kDLWebGPU",
+        DLDeviceType::HEXAGON => "kDLHexagon",
+        DLDeviceType::MAIA => "kDLMAIA",
+        DLDeviceType::TRN => "kDLTrn",
         _ => return format!("device_type {}:{}", d.device_type.0, d.device_id),
     };
     format!("{name}:{}", d.device_id)
@@ -477,5 +502,33 @@ mod tests {
         assert_eq!(dtype_name(FloatDtype::BF16.dl()), "bfloat16");
         assert_eq!(dtype_name(DLDataType { code: DLDataTypeCode::FLOAT, bits: 32, lanes: 4 }), "float32x4");
         assert_eq!(KeyDtype::I32.value(unsafe { KeyDtype::I32.read((&-5i32 as *const i32).cast()) }), -5);
+        assert_eq!(dtype_name(DLDataType { code: DLDataTypeCode::FLOAT8_E4M3FN, bits: 8, lanes: 1 }), "float8_e4m3fn");
+        let padded = DLDataType { code: DLDataTypeCode::FLOAT4_E2M1FN, bits: 8, lanes: 2 };
+        assert_eq!(dtype_name(padded), "float4_e2m1fn:8x2");
+        assert_eq!(dtype_name(DLDataType { code: DLDataTypeCode(200), bits: 8, lanes: 1 }), "code200:8x1");
+    }
+
+    /// Every code DLPack 1.3 defines, and codes it does not, is refused with a message naming
+    /// the argument and the dtype; none panics.
+    #[test]
+    fn codes_beyond_the_accepted_dtypes_are_refused_by_name() {
+        for code in (7..=17).chain([18, 99, 255]) {
+            for bits in [4, 6, 8, 16, 32, 64] {
+                let dt = DLDataType { code: DLDataTypeCode(code), bits, lanes: 1 };
+                let k = KeyDtype::of(dt, "keys").unwrap_err().to_string();
+                assert!(k.starts_with("keys: dtype ") && k.ends_with("expected int32, int64, uint32 or uint64"), "{k}");
+                let f = FloatDtype::of(dt, "out").unwrap_err().to_string();
+                assert!(f.starts_with("out: dtype ") && f.contains(&dtype_name(dt)), "{f}");
+            }
+        }
+    }
+
+    #[test]
+    fn device_names_cover_dlpack_1_3() {
+        assert_eq!(device_name(DLDevice { device_type: DLDeviceType::TRN, device_id: 1 }), "kDLTrn:1");
+        assert_eq!(device_name(DLDevice { device_type: DLDeviceType(99), device_id: 0 }), "device_type 99:0");
+        let trn = DLDevice { device_type: DLDeviceType::TRN, device_id: 0 };
+        let e = require_host(trn, "keys").unwrap_err().to_string();
+        assert!(e.starts_with("keys: device kDLTrn:0; "), "{e}");
     }
 }

@@ -196,3 +196,57 @@ fn managed_lookups_borrow_and_refuse_read_only_out() {
     unsafe { ((*ov).deleter.unwrap())(ov) };
     assert_eq!(DELETED.load(Ordering::SeqCst), 4);
 }
+
+/// NULL strides in the managed lookup variants, by DLPack version: a legacy DLManagedTensor and a
+/// versioned tensor before 1.2 may pass them for compact row-major data (accepted); from 1.2 on
+/// a producer must give strides for ndim > 0, so NULL is refused with STRATA_INVALID_LAYOUT
+/// naming the tensor, and `out` is left untouched. NULL options and stats.
+#[test]
+fn managed_lookups_and_null_strides_by_dlpack_version() {
+    let vectors: Vec<f32> = (0..20).map(|i| i as f32).collect();
+    let v = Desc::compact(vectors.as_ptr().cast(), F32, &[5, 4]);
+    let mut t = null_mut();
+    ok(unsafe { strata_table_from_dlpack(&v.t, null(), null(), &mut t) });
+    let keys = [3i64, 0, 7]; // 7 is missing: default row (0)
+    let want = [12.0, 13.0, 14.0, 15.0, 0.0, 1.0, 2.0, 3.0, 0.0, 0.0, 0.0, 0.0];
+    let mut out = vec![-1.0f32; 12];
+    // the descriptions own the shapes and strides the tensors below point to
+    let kd = Desc::compact(keys.as_ptr().cast(), I64, &[3]);
+    let od = Desc::compact(out.as_mut_ptr().cast(), F32, &[3, 4]);
+    let (k_strided, o_strided) = (kd.t, od.t);
+    let k_null = DLTensor { strides: null_mut(), ..k_strided };
+    let o_null = DLTensor { strides: null_mut(), ..o_strided };
+    let managed = |dl_tensor: DLTensor, minor: u32| DLManagedTensorVersioned {
+        version: DLPackVersion { major: 1, minor },
+        manager_ctx: null_mut(),
+        deleter: None,
+        flags: dlpark::DlpackFlags::empty(),
+        dl_tensor,
+    };
+    let lookup = |k: &DLManagedTensorVersioned, mut o: DLManagedTensorVersioned| unsafe {
+        strata_lookup_managed_versioned(t, k, &mut o, null(), null_mut())
+    };
+
+    // legacy managed tensors carry no version: NULL strides are row-major
+    let kl = DLManagedTensor { dl_tensor: k_null, manager_ctx: null_mut(), deleter: None };
+    let mut ol = DLManagedTensor { dl_tensor: o_null, manager_ctx: null_mut(), deleter: None };
+    ok(unsafe { strata_lookup_managed(t, &kl, &mut ol, null(), null_mut()) });
+    assert_eq!(out, want);
+    for minor in [0, 1] {
+        out.fill(-1.0);
+        ok(lookup(&managed(k_null, minor), managed(o_null, minor)));
+        assert_eq!(out, want, "DLPack 1.{minor}, NULL strides");
+    }
+    for minor in [2, 3] {
+        out.fill(-1.0);
+        let s = lookup(&managed(k_null, minor), managed(o_strided, minor));
+        fails(s, Status::STRATA_INVALID_LAYOUT, &[&format!("keys: strides is NULL in a DLPack 1.{minor} tensor")]);
+        let s = lookup(&managed(k_strided, minor), managed(o_null, minor));
+        fails(s, Status::STRATA_INVALID_LAYOUT, &[&format!("out: strides is NULL in a DLPack 1.{minor} tensor")]);
+        assert!(out.iter().all(|&x| x == -1.0), "a refused lookup wrote out");
+        // with explicit strides the same versions are served
+        ok(lookup(&managed(k_strided, minor), managed(o_strided, minor)));
+        assert_eq!(out, want, "DLPack 1.{minor}, explicit strides");
+    }
+    unsafe { strata_table_free(t) };
+}

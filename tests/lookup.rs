@@ -408,3 +408,43 @@ fn empty_tables_miss_everything() {
         assert_eq!((s.hits, s.misses), (0, 3));
     }
 }
+
+/// A plain DLTensor carries no DLPack version, and producers before DLPack 1.2 may pass NULL
+/// strides for compact row-major data: keys, out (and the vectors a table is copied from) with
+/// NULL strides are read and written row-major, at any rank and with a byte_offset. NULL options
+/// and stats, so the test does not depend on their layout.
+#[test]
+fn null_strides_mean_row_major() {
+    use std::ptr::{null, null_mut};
+    let vectors: Vec<f32> = (0..12).map(|i| i as f32 + 0.5).collect();
+    let table_keys = [10i64, 20, 30, 40];
+    let mut v = Desc::compact(vectors.as_ptr().cast(), F32, &[4, 3]);
+    v.t.strides = null_mut();
+    let mut tk = Desc::compact(table_keys.as_ptr().cast(), I64, &[4]);
+    tk.t.strides = null_mut();
+    let mut t = null_mut();
+    ok(unsafe { strata_table_from_dlpack(&v.t, &tk.t, null(), &mut t) });
+    let row = |key: i32| match table_keys.iter().position(|&k| k == key as i64) {
+        Some(r) => vectors[r * 3..r * 3 + 3].to_vec(),
+        None => vec![0.0; 3],
+    };
+    // keys [2, 3] into out [2, 3, 3]
+    let keys = [40i32, 10, 99, 20, 30, 40];
+    let want: Vec<f32> = keys.iter().flat_map(|&k| row(k)).collect();
+    let mut out = vec![f32::NAN; 18];
+    let mut k = Desc::compact(keys.as_ptr().cast(), I32, &[2, 3]);
+    k.t.strides = null_mut();
+    let mut o = Desc::compact(out.as_mut_ptr().cast(), F32, &[2, 3, 3]);
+    o.t.strides = null_mut();
+    ok(unsafe { strata_lookup(t, &k.t, &mut o.t, null(), null_mut()) });
+    assert_eq!(out, want);
+    // the same keys into a flat out [6, 3] that starts one element in (byte_offset)
+    let mut out2 = vec![f32::NAN; 19];
+    let mut o2 = Desc::compact(out2.as_mut_ptr().cast(), F32, &[6, 3]);
+    o2.t.strides = null_mut();
+    o2.t.byte_offset = 4;
+    ok(unsafe { strata_lookup(t, &k.t, &mut o2.t, null(), null_mut()) });
+    assert!(out2[0].is_nan());
+    assert_eq!(out2[1..], want[..]);
+    unsafe { strata_table_free(t) };
+}

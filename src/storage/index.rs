@@ -120,6 +120,7 @@ impl KeyIndex {
 
     /// The buckets as raw memory: their address and count (64 bytes each). The CUDA executor
     /// copies them to the device unchanged and probes them with the same hash.
+    #[cfg(feature = "cuda")]
     pub(crate) fn raw_buckets(&self) -> (*const u8, usize) {
         (self.buckets().as_ptr() as *const u8, self.nb)
     }

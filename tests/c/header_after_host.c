@@ -8,7 +8,7 @@
 
 #include <stdio.h>
 
-#ifndef DLPACK_DLL
+#ifndef HOST_DLPACK_IN_EFFECT
 #error "host_dlpack.h was not the DLPack definition in effect"
 #endif
 

@@ -28,6 +28,12 @@ _Static_assert(sizeof(void *) != 8 || offsetof(DLManagedTensorVersioned, flags) 
 _Static_assert(sizeof(void *) != 8 || offsetof(DLManagedTensorVersioned, dl_tensor) == 32, "versioned (LP64)");
 _Static_assert(kDLCPU == 1 && kDLCUDA == 2 && kDLCUDAHost == 3, "DLDeviceType values");
 _Static_assert(kDLInt == 0 && kDLUInt == 1 && kDLFloat == 2 && kDLBfloat == 4, "DLDataTypeCode values");
+/* DLPack 1.3: kDLTrn, the fp8/fp6/fp4 codes and the exchange API table. */
+_Static_assert(DLPACK_MINOR_VERSION == 3 && kDLTrn == 18 && kDLMAIA == 17, "DLDeviceType values (1.3)");
+_Static_assert(kDLFloat8_e3m4 == 7 && kDLFloat8_e8m0fnu == 14 && kDLFloat4_e2m1fn == 17, "DLDataTypeCode values (1.1)");
+_Static_assert(DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED == 4, "DLPack flags");
+_Static_assert(sizeof(void *) != 8 || sizeof(DLPackExchangeAPIHeader) == 16, "DLPackExchangeAPIHeader (LP64)");
+_Static_assert(sizeof(void *) != 8 || offsetof(DLPackExchangeAPI, current_work_stream) == 48, "DLPackExchangeAPI (LP64)");
 
 /* Every export, with the type the documentation promises. */
 const char *(*const p_version)(void) = strata_version;

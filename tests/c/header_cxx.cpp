@@ -12,6 +12,8 @@ static_assert(STRATA_VERSION_NUMBER == STRATA_VERSION_MAJOR * 10000 + STRATA_VER
 static_assert(std::is_standard_layout<DLTensor>::value && std::is_trivially_copyable<DLTensor>::value, "DLTensor is POD");
 static_assert(sizeof(void *) != 8 || sizeof(DLTensor) == 48, "DLTensor (LP64)");
 static_assert(sizeof(void *) != 8 || offsetof(DLManagedTensorVersioned, dl_tensor) == 32, "versioned (LP64)");
+static_assert(DLPACK_MINOR_VERSION == 3 && kDLTrn == 18, "DLPack 1.3");
+static_assert(sizeof(void *) != 8 || offsetof(DLPackExchangeAPI, current_work_stream) == 48, "DLPackExchangeAPI (LP64)");
 static_assert(std::is_same<decltype(&strata_lookup),
                            strata_status (*)(strata_table *, const DLTensor *, DLTensor *,
                                              const strata_lookup_options *, strata_lookup_stats *)>::value,

@@ -1,7 +1,8 @@
 /*
- * A stand-in for the <dlpack/dlpack.h> a host framework ships (DLPack 1.1 types, same
+ * A stand-in for the <dlpack/dlpack.h> a host framework ships (DLPack 1.3 types, same
  * include guard, same C++ spellings such as `enum : int32_t`), written by hand for the header
  * tests: strata.h must compile after it, skip its own DLPack block, and accept these types.
+ * HOST_DLPACK_IN_EFFECT exists only here, so the tests can tell which definitions won.
  */
 #ifndef DLPACK_DLPACK_H_
 #define DLPACK_DLPACK_H_
@@ -13,8 +14,9 @@
 #endif
 
 #define DLPACK_MAJOR_VERSION 1
-#define DLPACK_MINOR_VERSION 1
+#define DLPACK_MINOR_VERSION 3
 #define DLPACK_DLL
+#define HOST_DLPACK_IN_EFFECT 1
 
 #include <stddef.h>
 #include <stdint.h>
@@ -48,6 +50,7 @@ typedef enum {
   kDLWebGPU = 15,
   kDLHexagon = 16,
   kDLMAIA = 17,
+  kDLTrn = 18,
 } DLDeviceType;
 
 typedef struct {
@@ -109,6 +112,27 @@ typedef struct DLManagedTensorVersioned {
   uint64_t flags;
   DLTensor dl_tensor;
 } DLManagedTensorVersioned;
+
+typedef int (*DLPackManagedTensorAllocator)(DLTensor* prototype, DLManagedTensorVersioned** out, void* error_ctx,
+                                            void (*SetError)(void* error_ctx, const char* kind, const char* message));
+typedef int (*DLPackManagedTensorFromPyObjectNoSync)(void* py_object, DLManagedTensorVersioned** out);
+typedef int (*DLPackDLTensorFromPyObjectNoSync)(void* py_object, DLTensor* out);
+typedef int (*DLPackCurrentWorkStream)(DLDeviceType device_type, int32_t device_id, void** out_current_stream);
+typedef int (*DLPackManagedTensorToPyObjectNoSync)(DLManagedTensorVersioned* tensor, void** out_py_object);
+
+typedef struct DLPackExchangeAPIHeader {
+  DLPackVersion version;
+  struct DLPackExchangeAPIHeader* prev_api;
+} DLPackExchangeAPIHeader;
+
+typedef struct DLPackExchangeAPI {
+  DLPackExchangeAPIHeader header;
+  DLPackManagedTensorAllocator managed_tensor_allocator;
+  DLPackManagedTensorFromPyObjectNoSync managed_tensor_from_py_object_no_sync;
+  DLPackManagedTensorToPyObjectNoSync managed_tensor_to_py_object_no_sync;
+  DLPackDLTensorFromPyObjectNoSync dltensor_from_py_object_no_sync;
+  DLPackCurrentWorkStream current_work_stream;
+} DLPackExchangeAPI;
 
 #ifdef __cplusplus
 }  // DLPACK_EXTERN_C
