@@ -255,11 +255,6 @@ typedef int32_t strata_gpu_sharding;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
-// What kind of failure an [`Error`] is. The FFI layer reports each kind as the
-// `strata_status` of the same number; [`ErrorKind::code`] is that number, which is also what
-// distributed calls send to the other ranks.
-typedef struct ErrorKind ErrorKind;
-
 // The tables of every model of a configuration, and a `strata_table` handle for each, which
 // the server owns (`strata_server_table` lends them; `strata_table_free` on them is a no-op).
 //
@@ -433,8 +428,6 @@ typedef struct strata_table_info {
   // Bytes of the vectors (rows * dim * element size).
   uint64_t vector_bytes;
 } strata_table_info;
-
-
 
 // Every status, in value order.
 #define strata_status_ALL { STRATA_OK, STRATA_NULL_ARGUMENT, STRATA_INVALID_ARGUMENT, STRATA_UNSUPPORTED_DTYPE, STRATA_UNSUPPORTED_DEVICE, STRATA_INVALID_LAYOUT, STRATA_READ_ONLY, STRATA_KEY_NOT_FOUND, STRATA_DUPLICATE_KEY, STRATA_IO_ERROR, STRATA_INVALID_FILE, STRATA_OUT_OF_MEMORY, STRATA_INTERNAL, STRATA_CONFIG_ERROR, STRATA_STORE_ERROR, STRATA_CUDA_ERROR, }

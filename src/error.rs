@@ -46,7 +46,7 @@ pub enum ErrorKind {
 
 impl ErrorKind {
     /// Every kind, in code order (codes 1..=15).
-    pub const ALL: [ErrorKind; 15] = [
+    pub(crate) const ALL: [ErrorKind; 15] = [
         ErrorKind::NullArgument,
         ErrorKind::InvalidArgument,
         ErrorKind::UnsupportedDtype,
