@@ -83,7 +83,7 @@ pub extern "C" fn strata_mpi_available() -> i32 {
 /// set, else the CPUs in the process's affinity mask (read once, at first use).
 #[unsafe(no_mangle)]
 pub extern "C" fn strata_default_num_threads() -> i32 {
-    let n: i32 = boundary(|| Ok(crate::exec::pool::default_threads().min(i32::MAX as usize) as i32));
+    let n: i32 = boundary(|| Ok(crate::util::threads::default_threads().min(i32::MAX as usize) as i32));
     n.max(1)
 }
 
