@@ -23,7 +23,7 @@
 //! against the folder of the `ps.json` (`base_dir`), not the process's working directory.
 
 use crate::error::{Error, Result};
-use crate::table::STRATA_MAX_DIM;
+use crate::limits::MAX_DIM as STRATA_MAX_DIM;
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 

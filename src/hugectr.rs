@@ -5,13 +5,13 @@
 //! every reader of the format reports (`strata_table_open`, the persistent tier's first load).
 
 use crate::error::{Error, Result};
-use crate::table::STRATA_MAX_DIM;
+use crate::limits::MAX_DIM;
 use std::path::Path;
 
-/// Fails unless `1 <= dim <= STRATA_MAX_DIM`.
+/// Fails unless `1 <= dim <= MAX_DIM`.
 pub(crate) fn check_dim(dim: usize) -> Result<()> {
-    if dim == 0 || dim > STRATA_MAX_DIM {
-        return Err(Error::invalid("dim", format!("{dim}; expected 1 <= dim <= {STRATA_MAX_DIM}")));
+    if dim == 0 || dim > MAX_DIM {
+        return Err(Error::invalid("dim", format!("{dim}; expected 1 <= dim <= {MAX_DIM}")));
     }
     Ok(())
 }

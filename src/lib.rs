@@ -21,6 +21,7 @@ pub mod exec;
 pub mod ffi;
 mod hugectr;
 pub mod index;
+mod limits;
 pub mod lookup;
 pub mod partition;
 pub mod server;

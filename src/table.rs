@@ -327,6 +327,8 @@ impl Table {
 /// Largest `dim` (elements per row) a table may have: far above any embedding, and small
 /// enough that a row's byte size never overflows.
 pub const STRATA_MAX_DIM: usize = 1 << 24;
+// A literal above so that cbindgen exports it; the crate's lower layers use `limits::MAX_DIM`.
+const _: () = assert!(STRATA_MAX_DIM == crate::limits::MAX_DIM);
 
 /// How keys map to rows.
 pub(crate) enum Rows {
