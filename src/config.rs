@@ -24,6 +24,7 @@
 
 use crate::error::{Error, Result};
 use crate::limits::MAX_DIM as STRATA_MAX_DIM;
+pub use crate::tier::volatile::OverflowPolicy;
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 
@@ -147,17 +148,6 @@ pub enum VolatileDbKind {
     ParallelHashMap,
 }
 
-/// HPS `volatile_db.overflow_policy`: which rows a full partition evicts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum OverflowPolicy {
-    /// `"evict_random"` (default): rows chosen at random.
-    EvictRandom,
-    /// `"evict_least_used"`: the least frequently used rows.
-    EvictLeastUsed,
-    /// `"evict_oldest"`: the least recently used rows.
-    EvictOldest,
-}
-
 /// HPS `persistent_db.type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PersistentDbKind {
@@ -190,17 +180,6 @@ impl VolatileDbKind {
     }
 }
 
-impl OverflowPolicy {
-    /// HPS's name for the value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OverflowPolicy::EvictRandom => "evict_random",
-            OverflowPolicy::EvictLeastUsed => "evict_least_used",
-            OverflowPolicy::EvictOldest => "evict_oldest",
-        }
-    }
-}
-
 impl PersistentDbKind {
     /// HPS's name for the value.
     pub fn as_str(self) -> &'static str {
@@ -220,7 +199,7 @@ macro_rules! display_as_str {
         }
     )*};
 }
-display_as_str!(EmbeddingCacheType, VolatileDbKind, OverflowPolicy, PersistentDbKind);
+display_as_str!(EmbeddingCacheType, VolatileDbKind, PersistentDbKind);
 
 /// HPS `volatile_db`: the host-memory tier in front of the persistent one. The whole section
 /// is optional; [`Default`] gives HPS's defaults.
