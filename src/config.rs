@@ -23,6 +23,7 @@
 //! against the folder of the `ps.json` (`base_dir`), not the process's working directory.
 
 use crate::error::{Error, Result};
+use crate::hugectr::{self, FolderProblem, SizeMismatch};
 use crate::limits::MAX_DIM as STRATA_MAX_DIM;
 pub use crate::tier::volatile::OverflowPolicy;
 use serde_json::{Map, Value};
@@ -1034,51 +1035,26 @@ impl<'a> Parser<'a> {
     }
 
     /// Checks that `dir` is a HugeCTR sparse model folder whose `key` and `emb_vector` agree
-    /// with `dim`: `key` a whole number of int64 keys, `emb_vector` exactly rows x dim float32.
+    /// with `dim` (see [`hugectr::inspect`]).
     fn check_sparse_folder(&self, dir: &Path, dim: usize, model: usize, table: usize) -> Result<()> {
-        let at = format!("models[{model}].sparse_files[{table}]");
         const WHAT: &str = "a HugeCTR sparse model folder holds `key` and `emb_vector`";
-        let meta = std::fs::metadata(dir).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => self.err(&at, format!("{}: folder does not exist; {WHAT}", dir.display())),
-            _ => self.err(&at, format!("{}: {e}", dir.display())),
-        })?;
-        if !meta.is_dir() {
-            return Err(self.err(&at, format!("{}: is not a folder; {WHAT}", dir.display())));
-        }
-        let mut sizes = [0u64; 2];
-        for (size, name) in sizes.iter_mut().zip(["key", "emb_vector"]) {
-            let f = dir.join(name);
-            let m = std::fs::metadata(&f).map_err(|e| match e.kind() {
-                std::io::ErrorKind::NotFound => self.err(&at, format!("{}: lacks `{name}`; {WHAT}", dir.display())),
-                _ => self.err(&at, format!("{}: {e}", f.display())),
-            })?;
-            if !m.is_file() {
-                return Err(self.err(&at, format!("{}: is not a file; {WHAT}", f.display())));
-            }
-            *size = m.len();
-        }
-        let [key_bytes, vec_bytes] = sizes;
-        if key_bytes % 8 != 0 {
-            return Err(self.err(
-                &at,
-                format!(
-                    "{}: {key_bytes} bytes is not a whole number of int64 keys (8 bytes each)",
-                    dir.join("key").display()
-                ),
-            ));
-        }
-        let rows = key_bytes / 8;
-        let expected = (rows as u128) * (dim as u128) * 4;
-        if vec_bytes as u128 != expected {
-            return Err(self.err(
-                &at,
-                format!(
-                    "{}: {vec_bytes} bytes; expected {expected} ({rows} keys in `key` x {dim} float32 per row from models[{model}].embedding_vecsize_per_table[{table}])",
-                    dir.join("emb_vector").display()
-                ),
-            ));
-        }
-        Ok(())
+        let Err(problem) = hugectr::inspect(dir, dim) else { return Ok(()) };
+        let msg = match problem {
+            FolderProblem::Missing => format!("{}: folder does not exist; {WHAT}", dir.display()),
+            FolderProblem::NotAFolder => format!("{}: is not a folder; {WHAT}", dir.display()),
+            FolderProblem::Lacks(name) => format!("{}: lacks `{name}`; {WHAT}", dir.display()),
+            FolderProblem::NotAFile(f) => format!("{}: is not a file; {WHAT}", f.display()),
+            FolderProblem::Io(f, e) => format!("{}: {e}", f.display()),
+            FolderProblem::Sizes(SizeMismatch::PartialKey { key_bytes }) => format!(
+                "{}: {key_bytes} bytes is not a whole number of int64 keys (8 bytes each)",
+                dir.join("key").display()
+            ),
+            FolderProblem::Sizes(SizeMismatch::Vectors { rows, vec_bytes, expected }) => format!(
+                "{}: {vec_bytes} bytes; expected {expected} ({rows} keys in `key` x {dim} float32 per row from models[{model}].embedding_vecsize_per_table[{table}])",
+                dir.join("emb_vector").display()
+            ),
+        };
+        Err(self.err(&format!("models[{model}].sparse_files[{table}]"), msg))
     }
 }
 
