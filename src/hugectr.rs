@@ -31,7 +31,7 @@ pub(crate) enum SizeMismatch {
 /// The number of rows of a sparse folder whose `key` holds `key_bytes` and whose `emb_vector`
 /// holds `vec_bytes`, with `dim` float32 values per row.
 pub(crate) fn check_sizes(key_bytes: u64, vec_bytes: u64, dim: usize) -> std::result::Result<u64, SizeMismatch> {
-    if key_bytes % 8 != 0 {
+    if !key_bytes.is_multiple_of(8) {
         return Err(SizeMismatch::PartialKey { key_bytes });
     }
     let rows = key_bytes / 8;
@@ -116,7 +116,7 @@ impl SparseFolder {
                     ),
                 ));
             }
-            Err(SizeMismatch::Vectors { .. }) if vec_len % row_bytes != 0 => {
+            Err(SizeMismatch::Vectors { .. }) if !vec_len.is_multiple_of(row_bytes) => {
                 return Err(Error::file(
                     "dim",
                     format!(

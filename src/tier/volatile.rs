@@ -55,15 +55,20 @@ const MIN_TABLE: usize = 16;
 const USE_SATURATION: u32 = u32::MAX - (1 << 16);
 
 /// Which rows a full shard evicts: HPS's `volatile_db.overflow_policy`, also the parsed
-/// configuration's value (`config::VolatileDbConfig::overflow_policy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// configuration's value (`config::VolatileDbConfig::overflow_policy`). Deserialises from HPS's
+/// names and its parser's aliases (`random`, `least_used`, `oldest`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum OverflowPolicy {
     /// `"evict_random"` (HPS's default): uniformly random rows.
+    #[serde(alias = "random")]
     EvictRandom,
     /// `"evict_least_used"`: the rows looked up the fewest times since they were inserted (an
     /// overwrite keeps the count); ties go to the oldest row.
+    #[serde(alias = "least_used")]
     EvictLeastUsed,
     /// `"evict_oldest"`: the rows inserted or last overwritten earliest.
+    #[serde(alias = "oldest")]
     EvictOldest,
 }
 
