@@ -7,11 +7,11 @@
 //! disabled a table is served straight from its memory-mapped sparse files and is immutable.
 //! A [`Server`] is `Send + Sync`; its tables live as long as it does.
 
-use crate::config::{self, OverflowPolicy, PersistentDbKind, PsConfig, VolatileDbKind};
+use crate::config::{self, PersistentDbKind, PsConfig, VolatileDbKind};
 use crate::error::{Error, Result};
 use crate::table::{GpuOptions, MissingKey, StaticTable, Table, TableKind, TableOptions};
 use crate::storage::tier::persistent::PersistentStore;
-use crate::storage::tier::volatile::{EvictionPolicy, VolatileTier};
+use crate::storage::tier::volatile::VolatileTier;
 use crate::tiered::TieredTable;
 use std::ffi::CString;
 use std::path::Path;
@@ -68,11 +68,7 @@ impl Server {
                         dim,
                         v.num_partitions,
                         v.overflow_margin,
-                        match v.overflow_policy {
-                            OverflowPolicy::EvictRandom => EvictionPolicy::Random,
-                            OverflowPolicy::EvictLeastUsed => EvictionPolicy::LeastUsed,
-                            OverflowPolicy::EvictOldest => EvictionPolicy::Oldest,
-                        },
+                        v.overflow_policy,
                         v.overflow_resolution_target,
                     )?),
                 };

@@ -3,7 +3,7 @@
 //! HPS's `volatile_db` of type `hash_map`: embedding rows (`dim` float32 values) keyed by
 //! canonical 64-bit keys, spread over `num_partitions` shards by a hash of the key. A shard
 //! holds at most `overflow_margin` rows; inserting a new key into a full shard first evicts
-//! rows by the [`EvictionPolicy`] until the shard holds `overflow_resolution_target *
+//! rows by the [`OverflowPolicy`] until the shard holds `overflow_resolution_target *
 //! overflow_margin` rows (rounded down, and at most `overflow_margin - 1`), then inserts the
 //! key, so a row always survives its own insert.
 //!
@@ -13,8 +13,8 @@
 //!   slot number; the slots of erased or evicted rows go on a free list and are reused before
 //!   the slab grows. Chunks are never moved, so growing costs no copy.
 //! - Per slot: its key (`u64`), its insertion sequence (`u64`, 0 = free slot; for
-//!   [`EvictionPolicy::Oldest`]) and its lookup count (`AtomicU32`, for
-//!   [`EvictionPolicy::LeastUsed`]).
+//!   [`OverflowPolicy::EvictOldest`]) and its lookup count (`AtomicU32`, for
+//!   [`OverflowPolicy::EvictLeastUsed`]).
 //! - A key -> slot map: open addressing with linear probing over 12-byte entries (key,
 //!   slot + 1), a power-of-two table kept at most 3/4 full, with backward-shift deletion (no
 //!   tombstones).
@@ -54,37 +54,38 @@ const MIN_TABLE: usize = 16;
 /// Lookup counters stop counting here (so concurrent increments can never wrap).
 const USE_SATURATION: u32 = u32::MAX - (1 << 16);
 
-/// Which rows a full shard evicts (HPS `overflow_policy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum EvictionPolicy {
-    /// `evict_random`: uniformly random rows.
-    Random,
-    /// `evict_least_used`: the rows looked up the fewest times since they were inserted (an
+/// Which rows a full shard evicts: HPS's `volatile_db.overflow_policy`, also the parsed
+/// configuration's value (`config::VolatileDbConfig::overflow_policy`). Deserialises from HPS's
+/// names and its parser's aliases (`random`, `least_used`, `oldest`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OverflowPolicy {
+    /// `"evict_random"` (HPS's default): uniformly random rows.
+    #[serde(alias = "random")]
+    EvictRandom,
+    /// `"evict_least_used"`: the rows looked up the fewest times since they were inserted (an
     /// overwrite keeps the count); ties go to the oldest row.
-    LeastUsed,
-    /// `evict_oldest`: the rows inserted or last overwritten earliest.
-    Oldest,
+    #[serde(alias = "least_used")]
+    EvictLeastUsed,
+    /// `"evict_oldest"`: the rows inserted or last overwritten earliest.
+    #[serde(alias = "oldest")]
+    EvictOldest,
 }
 
-impl EvictionPolicy {
-    /// The policy for an HPS `overflow_policy` value (`evict_random`, `evict_least_used`,
-    /// `evict_oldest`), or `None`.
-    pub fn from_hps_name(name: &str) -> Option<Self> {
-        match name {
-            "evict_random" => Some(EvictionPolicy::Random),
-            "evict_least_used" => Some(EvictionPolicy::LeastUsed),
-            "evict_oldest" => Some(EvictionPolicy::Oldest),
-            _ => None,
+impl OverflowPolicy {
+    /// HPS's name for the policy.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OverflowPolicy::EvictRandom => "evict_random",
+            OverflowPolicy::EvictLeastUsed => "evict_least_used",
+            OverflowPolicy::EvictOldest => "evict_oldest",
         }
     }
+}
 
-    /// The HPS `overflow_policy` name of this policy.
-    pub fn hps_name(self) -> &'static str {
-        match self {
-            EvictionPolicy::Random => "evict_random",
-            EvictionPolicy::LeastUsed => "evict_least_used",
-            EvictionPolicy::Oldest => "evict_oldest",
-        }
+impl std::fmt::Display for OverflowPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -254,7 +255,7 @@ struct Geometry {
     margin: usize,
     /// Rows a full shard evicts down to before inserting a new key (< margin).
     resolve_to: usize,
-    policy: EvictionPolicy,
+    policy: OverflowPolicy,
 }
 
 /// The contents of one shard (behind its lock).
@@ -271,7 +272,7 @@ struct Slots {
     /// Free slots below the high-water mark.
     free: Vec<u32>,
     next_seq: u64,
-    /// splitmix64 state for [`EvictionPolicy::Random`].
+    /// splitmix64 state for [`OverflowPolicy::EvictRandom`].
     rng: u64,
 }
 
@@ -379,7 +380,7 @@ impl Slots {
         let mut cand: Vec<u32> = (0..self.keys.len() as u32).filter(|&s| self.seq[s as usize] != 0).collect();
         debug_assert_eq!(cand.len(), live);
         match g.policy {
-            EvictionPolicy::Random => {
+            OverflowPolicy::EvictRandom => {
                 // Partial Fisher-Yates: the first k candidates become a uniform sample.
                 for i in 0..k {
                     let n = (cand.len() - i) as u64;
@@ -387,13 +388,13 @@ impl Slots {
                     cand.swap(i, j);
                 }
             }
-            EvictionPolicy::Oldest => {
+            OverflowPolicy::EvictOldest => {
                 if k < cand.len() {
                     let seq = &self.seq;
                     cand.select_nth_unstable_by_key(k - 1, |&s| seq[s as usize]);
                 }
             }
-            EvictionPolicy::LeastUsed => {
+            OverflowPolicy::EvictLeastUsed => {
                 if k < cand.len() {
                     let (seq, uses) = (&self.seq, &self.uses);
                     cand.select_nth_unstable_by_key(k - 1, |&s| (uses[s as usize].load(Relaxed), seq[s as usize]));
@@ -501,7 +502,7 @@ impl VolatileTier {
         dim: usize,
         num_partitions: usize,
         overflow_margin: usize,
-        policy: EvictionPolicy,
+        policy: OverflowPolicy,
         resolution_target: f64,
     ) -> Result<Self> {
         if dim == 0 {
@@ -562,7 +563,7 @@ impl VolatileTier {
     }
 
     /// The eviction policy.
-    pub fn policy(&self) -> EvictionPolicy {
+    pub fn policy(&self) -> OverflowPolicy {
         self.geo.policy
     }
 
@@ -613,7 +614,7 @@ impl VolatileTier {
     }
 
     /// Copies the row of `key` into `dst` and returns true (a hit, and one use of the row for
-    /// [`EvictionPolicy::LeastUsed`]), or returns false (a miss) and leaves `dst` alone.
+    /// [`OverflowPolicy::EvictLeastUsed`]), or returns false (a miss) and leaves `dst` alone.
     ///
     /// Safe with concurrent inserts and erases: the copy is made under the shard's read
     /// lock, so it is the whole old row or the whole new row. Panics if `dst.len() != dim`.
@@ -840,7 +841,7 @@ mod tests {
 
     #[test]
     fn new_rejects_bad_parameters() {
-        let p = EvictionPolicy::Random;
+        let p = OverflowPolicy::EvictRandom;
         let cases: [(Result<VolatileTier>, &str); 8] = [
             (VolatileTier::new(0, 1, 1, p, 0.5), "dim"),
             (VolatileTier::new(8, 0, 1, p, 0.5), "num_partitions"),
@@ -858,17 +859,13 @@ mod tests {
         }
         assert!(VolatileTier::new(8, 1, 1, p, 1.0).is_ok());
         assert!(VolatileTier::new(8, 1, usize::MAX, p, 0.8).is_ok());
-        assert_eq!(EvictionPolicy::from_hps_name("evict_least_used"), Some(EvictionPolicy::LeastUsed));
-        for pol in [EvictionPolicy::Random, EvictionPolicy::LeastUsed, EvictionPolicy::Oldest] {
-            assert_eq!(EvictionPolicy::from_hps_name(pol.hps_name()), Some(pol));
-        }
-        assert_eq!(EvictionPolicy::from_hps_name("lru"), None);
+        assert_eq!(OverflowPolicy::EvictLeastUsed.to_string(), "evict_least_used");
     }
 
     #[test]
     fn get_after_insert_returns_exact_row() {
         let dim = 37;
-        let t = VolatileTier::new(dim, 7, 100_000, EvictionPolicy::Oldest, 0.8).unwrap();
+        let t = VolatileTier::new(dim, 7, 100_000, OverflowPolicy::EvictOldest, 0.8).unwrap();
         let n = 20_000;
         let keys = random_keys(n, 1);
         let rows = random_rows(n, dim, 2);
@@ -895,7 +892,7 @@ mod tests {
     #[test]
     fn overwrite_replaces_row_and_last_duplicate_wins() {
         let dim = 16;
-        let t = VolatileTier::new(dim, 4, 1000, EvictionPolicy::Random, 0.5).unwrap();
+        let t = VolatileTier::new(dim, 4, 1000, OverflowPolicy::EvictRandom, 0.5).unwrap();
         let keys = random_keys(500, 4);
         let a = random_rows(500, dim, 5);
         let b = random_rows(500, dim, 6);
@@ -920,7 +917,7 @@ mod tests {
     #[test]
     fn erase_removes_rows_and_reuses_their_memory() {
         let dim = 8;
-        let t = VolatileTier::new(dim, 3, 10_000, EvictionPolicy::Oldest, 0.8).unwrap();
+        let t = VolatileTier::new(dim, 3, 10_000, OverflowPolicy::EvictOldest, 0.8).unwrap();
         let keys = random_keys(3000, 8);
         let rows = random_rows(3000, dim, 9);
         t.insert_many(&keys, &rows);
@@ -954,7 +951,7 @@ mod tests {
     #[test]
     fn misses_are_counted() {
         let dim = 4;
-        let t = VolatileTier::new(dim, 2, 100, EvictionPolicy::LeastUsed, 0.5).unwrap();
+        let t = VolatileTier::new(dim, 2, 100, OverflowPolicy::EvictLeastUsed, 0.5).unwrap();
         let mut v = [7.0f32; 4];
         assert!(!t.get(42, &mut v));
         assert_eq!(v, [7.0; 4], "a miss leaves dst alone");
@@ -973,7 +970,7 @@ mod tests {
     #[test]
     fn least_used_evicts_the_unused() {
         let dim = 8;
-        let t = VolatileTier::new(dim, 1, 100, EvictionPolicy::LeastUsed, 0.5).unwrap();
+        let t = VolatileTier::new(dim, 1, 100, OverflowPolicy::EvictLeastUsed, 0.5).unwrap();
         let keys = random_keys(101, 12);
         let rows = random_rows(101, dim, 13);
         assert_eq!(t.insert_many(&keys[..100], &rows[..100 * dim]), 0);
@@ -1003,7 +1000,7 @@ mod tests {
         }
 
         // Graded counts: key i looked up i times; resolving to 70 evicts keys 0..30.
-        let t = VolatileTier::new(dim, 1, 100, EvictionPolicy::LeastUsed, 0.7).unwrap();
+        let t = VolatileTier::new(dim, 1, 100, OverflowPolicy::EvictLeastUsed, 0.7).unwrap();
         t.insert_many(&keys[..100], &rows[..100 * dim]);
         for (i, &k) in keys[..100].iter().enumerate() {
             let batch = vec![k; i];
@@ -1020,7 +1017,7 @@ mod tests {
     #[test]
     fn oldest_evicts_in_insertion_order() {
         let dim = 4;
-        let t = VolatileTier::new(dim, 1, 100, EvictionPolicy::Oldest, 0.75).unwrap();
+        let t = VolatileTier::new(dim, 1, 100, OverflowPolicy::EvictOldest, 0.75).unwrap();
         let keys = random_keys(140, 15);
         let rows = random_rows(140, dim, 16);
         // Insert in four batches, then overwrite keys 0..10 (making them the newest) and
@@ -1053,7 +1050,7 @@ mod tests {
     fn random_evicts_the_right_count_and_keeps_survivors_intact() {
         let dim = 12;
         let n = 1000;
-        let t = VolatileTier::new(dim, 1, n, EvictionPolicy::Random, 0.6).unwrap();
+        let t = VolatileTier::new(dim, 1, n, OverflowPolicy::EvictRandom, 0.6).unwrap();
         let keys = random_keys(n + 1, 17);
         let rows = random_rows(n + 1, dim, 18);
         assert_eq!(t.insert_many(&keys[..n], &rows[..n * dim]), 0);
@@ -1078,11 +1075,11 @@ mod tests {
     #[test]
     fn eviction_resolves_down_to_the_target() {
         for (np, margin, target, policy) in [
-            (4, 50, 0.6, EvictionPolicy::Random),
-            (3, 10, 1.0, EvictionPolicy::Oldest),
-            (2, 10, 0.3, EvictionPolicy::LeastUsed),
-            (1, 1, 0.5, EvictionPolicy::Oldest),
-            (5, 7, 0.99, EvictionPolicy::Random),
+            (4, 50, 0.6, OverflowPolicy::EvictRandom),
+            (3, 10, 1.0, OverflowPolicy::EvictOldest),
+            (2, 10, 0.3, OverflowPolicy::EvictLeastUsed),
+            (1, 1, 0.5, OverflowPolicy::EvictOldest),
+            (5, 7, 0.99, OverflowPolicy::EvictRandom),
         ] {
             let dim = 3;
             let t = VolatileTier::new(dim, np, margin, policy, target).unwrap();
@@ -1121,7 +1118,7 @@ mod tests {
     #[test]
     fn stats_are_exact() {
         let dim = 5;
-        let t = VolatileTier::new(dim, 4, 1000, EvictionPolicy::Oldest, 0.8).unwrap();
+        let t = VolatileTier::new(dim, 4, 1000, OverflowPolicy::EvictOldest, 0.8).unwrap();
         assert_eq!(t.stats(), VolatileStats { bytes: t.bytes() as u64, ..Default::default() });
         let keys: Vec<u64> = (0..200).collect();
         let rows = random_rows(200, dim, 23);
@@ -1158,7 +1155,7 @@ mod tests {
         let dim = 128;
         let (np, margin) = (4, 10_000);
         let raw = |rows: usize| (rows * dim * 4) as f64;
-        let t = VolatileTier::new(dim, np, margin, EvictionPolicy::Oldest, 1.0).unwrap();
+        let t = VolatileTier::new(dim, np, margin, OverflowPolicy::EvictOldest, 1.0).unwrap();
         let mut s = 24u64;
         let batch = 4096;
         let mut keys = vec![0u64; batch];
@@ -1183,7 +1180,7 @@ mod tests {
         assert!(half <= 1.25, "{half}");
 
         // Churn with a resolution target below 1: memory stays bounded by the capacity.
-        let t = VolatileTier::new(dim, np, margin, EvictionPolicy::LeastUsed, 0.8).unwrap();
+        let t = VolatileTier::new(dim, np, margin, OverflowPolicy::EvictLeastUsed, 0.8).unwrap();
         for _ in 0..30 {
             for k in keys.iter_mut() {
                 *k = splitmix(&mut s);
@@ -1228,7 +1225,7 @@ mod tests {
     #[test]
     fn tier_matches_a_model_under_random_operations() {
         let dim = 6;
-        let t = VolatileTier::new(dim, 3, 1 << 20, EvictionPolicy::Random, 0.5).unwrap();
+        let t = VolatileTier::new(dim, 3, 1 << 20, OverflowPolicy::EvictRandom, 0.5).unwrap();
         let mut model: HashMap<u64, Vec<f32>> = HashMap::new();
         let mut s = 25u64;
         for round in 0..400 {
@@ -1262,7 +1259,7 @@ mod tests {
         const DIM: usize = 64;
         const KEYS: u64 = 256;
         let (np, margin) = (4, 40);
-        let t = VolatileTier::new(DIM, np, margin, EvictionPolicy::Random, 0.75).unwrap();
+        let t = VolatileTier::new(DIM, np, margin, OverflowPolicy::EvictRandom, 0.75).unwrap();
         // Bits 22..30: key (< 256, so never an inf or NaN pattern); 6..22: version; 0..6: j.
         let encode = |key: u64, v: u32, j: usize| f32::from_bits((key as u32) << 22 | (v & 0xffff) << 6 | j as u32);
         let check = |key: u64, r: &[f32]| {
