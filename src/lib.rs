@@ -20,18 +20,17 @@ pub mod error;
 pub mod exec;
 pub mod ffi;
 mod limits;
-pub mod lookup;
+pub mod model;
 pub mod partition;
 pub mod server;
 pub mod storage;
 pub mod table;
-pub mod tiered;
 pub mod util;
 
 pub use error::{Error, ErrorKind, Result};
 pub use ffi::Status;
-pub use lookup::{LookupOptions, LookupStats};
-pub use table::{MissingKey, Table, TableInfo, TableOptions};
+pub use model::{LookupOptions, LookupStats, MissingKey, TableInfo, TableOptions};
+pub use table::Table;
 
 #[cfg(test)]
 mod header_tests {

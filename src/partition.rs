@@ -10,7 +10,7 @@
 use crate::dlpack::{FloatDtype, TensorView, dtype_name, require_host};
 use crate::error::{Error, Result};
 use crate::storage::store::Store;
-use crate::table::{StaticTable, TableOptions};
+use crate::model::{StaticTable, TableOptions};
 use dlpark::ffi::{DLDataType, DLDevice, DLDeviceType, DLTensor};
 use std::ffi::{c_char, c_void};
 

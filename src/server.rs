@@ -9,10 +9,11 @@
 
 use crate::config::{self, PersistentDbKind, PsConfig, VolatileDbKind};
 use crate::error::{Error, Result};
-use crate::table::{GpuOptions, MissingKey, StaticTable, Table, TableKind, TableOptions};
+use crate::table::{Table, TableKind};
+use crate::model::{GpuOptions, MissingKey, StaticTable, TableOptions};
 use crate::storage::tier::persistent::PersistentStore;
 use crate::storage::tier::volatile::VolatileTier;
-use crate::tiered::TieredTable;
+use crate::model::TieredTable;
 use std::ffi::CString;
 use std::path::Path;
 
@@ -187,7 +188,7 @@ fn warm(v: &VolatileTier, persistent: Option<&crate::storage::tier::persistent::
 /// no flat copy to place: static and uvm become a cache of every row.
 fn gpu_options(m: &crate::config::ModelConfig) -> TableOptions {
     use crate::config::EmbeddingCacheType;
-    use crate::table::GpuPlacement::*;
+    use crate::model::GpuPlacement::*;
     let (placement, cache_fraction) = if m.use_static_table {
         (Static, 1.0)
     } else if !m.gpucache {

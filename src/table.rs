@@ -1,121 +1,16 @@
-//! Embedding tables: vectors (a [`Store`]) plus how keys find rows (dense or a [`KeyIndex`]),
-//! the default row for missing keys and what a missing key means.
+//! The table behind a `strata_table*` handle: a static table, a tiered table of a parameter
+//! server, or a table spread over MPI ranks, with its CUDA residency. Lookups are dispatched
+//! here to the executor for the table's kind and the tensors' device.
 //!
-//! A [`Table`] is immutable after construction and `Send + Sync`: any number of threads may
-//! look it up at once (see [`crate::lookup`]).
+//! A [`Table`] is immutable or internally synchronised, and `Send + Sync`: any number of
+//! threads may look it up at once.
 
-use crate::dlpack::{FloatDtype, KeyDtype, TensorView, require_host};
 use crate::error::{Error, Result};
-use crate::storage::index::KeyIndex;
-use crate::storage::hugectr::SparseFolder;
-use crate::storage::store::Store;
+use crate::model::{RowSource, GpuOptions, LookupOptions, LookupStats, StaticTable, TableInfo, TableOptions, plan, read_keys, read_rows};
+use crate::dlpack::FloatDtype;
 use dlpark::ManagedTensorBase;
 use dlpark::ffi::DLTensor;
 use std::path::Path;
-
-/// What a lookup does with a key the table does not hold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum MissingKey {
-    /// Write the table's default row into the key's output row and count a miss.
-    #[default]
-    Fill,
-    /// Fail the lookup with [`Error::KeyNotFound`]; `out` is then unspecified.
-    Error,
-}
-
-/// Where a table's rows live for lookups on CUDA tensors (HPS `use_static_table` /
-/// `embedding_cache_type`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum GpuPlacement {
-    /// The whole table is copied to each device that looks it up (on its first lookup there).
-    #[default]
-    Static,
-    /// The table stays in host memory, page-locked and mapped: the GPU gathers rows over the
-    /// bus without a copy (for tables larger than the GPU).
-    Uvm,
-    /// A fixed-capacity GPU cache of hot rows (`cache_fraction` of the table) in front of the
-    /// host table or tiers; misses are resolved on the host in stream order.
-    Cache,
-}
-
-/// How a table is spread over several GPUs of one process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum GpuSharding {
-    /// Each device that looks the table up holds its own copy (HPS's behaviour).
-    #[default]
-    Replicate,
-    /// The rows are split over every visible device (static placement only).
-    Shard,
-}
-
-/// Options for building a table. Plain Rust values; the C layer checks the C struct's enum
-/// values and converts it into this.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct TableOptions {
-    /// Value written to every element of a missing key's row (HPS
-    /// `default_value_for_each_table`). Default 0.
-    pub default_value: f32,
-    /// Whether a missing key is filled with `default_value` or is an error. Default fill.
-    pub missing: MissingKey,
-    /// Where lookups on CUDA tensors find rows.
-    pub gpu: GpuOptions,
-}
-
-impl Default for TableOptions {
-    fn default() -> Self {
-        TableOptions { default_value: 0.0, missing: MissingKey::Fill, gpu: GpuOptions::default() }
-    }
-}
-
-/// A table's GPU options. [`GpuOptions::check`] holds the rules they obey.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct GpuOptions {
-    /// Where the rows live for lookups on CUDA tensors. Default static.
-    pub placement: GpuPlacement,
-    /// With [`GpuPlacement::Cache`]: the fraction of the table's rows the GPU cache holds, in
-    /// [0, 1] (HPS `gpucacheper`). Default 0.5.
-    pub cache_fraction: f32,
-    /// With [`GpuPlacement::Cache`]: when the last completed lookup's hit rate is at least
-    /// this, misses get the default row at once and are inserted in the background; below it,
-    /// misses are resolved before the lookup's rows are final (HPS `hit_rate_threshold`).
-    /// Default 0.9; above 1 means always resolve.
-    pub hit_rate_threshold: f32,
-    /// Replicated or sharded over the process's GPUs. Default replicated.
-    pub sharding: GpuSharding,
-}
-
-impl Default for GpuOptions {
-    fn default() -> Self {
-        GpuOptions {
-            placement: GpuPlacement::Static,
-            cache_fraction: 0.5,
-            hit_rate_threshold: 0.9,
-            sharding: GpuSharding::Replicate,
-        }
-    }
-}
-
-impl GpuOptions {
-    /// Checks the values against each other and their ranges; errors name the C field
-    /// (`opts->gpu_cache_fraction`).
-    pub fn check(&self) -> Result<()> {
-        let f = self.cache_fraction;
-        if !(0.0..=1.0).contains(&f) {
-            return Err(Error::invalid("opts->gpu_cache_fraction", format!("{f}; expected a fraction in [0, 1]")));
-        }
-        let t = self.hit_rate_threshold;
-        if t.is_nan() || t < 0.0 {
-            return Err(Error::invalid("opts->hit_rate_threshold", format!("{t}; expected a number >= 0")));
-        }
-        if self.sharding == GpuSharding::Shard && self.placement != GpuPlacement::Static {
-            return Err(Error::invalid(
-                "opts->gpu_sharding",
-                "STRATA_GPU_SHARD; sharding over GPUs needs gpu_placement = STRATA_GPU_STATIC",
-            ));
-        }
-        Ok(())
-    }
-}
 
 /// The table behind a `strata_table*` handle: a static table or (from a parameter server) a
 /// tiered one. Immutable or internally synchronised: `Send + Sync`, many threads may look it
@@ -134,7 +29,7 @@ pub struct Table {
 /// What a [`Table`] is.
 pub(crate) enum TableKind {
     Static(StaticTable),
-    Tiered(crate::tiered::TieredTable),
+    Tiered(crate::model::TieredTable),
     /// Spread over MPI ranks (feature `mpi`; without it this variant has no values).
     Dist(Box<crate::dist::DistTable>),
 }
@@ -221,9 +116,9 @@ impl Table {
 
     /// Cumulative counters of a server table's tiers (all zero for static tables, which keep
     /// no counters).
-    pub fn stats(&self) -> crate::tiered::TableStats {
+    pub fn stats(&self) -> crate::model::TableStats {
         match &self.kind {
-            TableKind::Static(_) | TableKind::Dist(_) => crate::tiered::TableStats::default(),
+            TableKind::Static(_) | TableKind::Dist(_) => crate::model::TableStats::default(),
             TableKind::Tiered(t) => t.stats(),
         }
     }
@@ -252,7 +147,7 @@ impl Table {
         t.erase(&k)
     }
 
-    fn tiered(&self, op: &str) -> Result<&crate::tiered::TieredTable> {
+    fn tiered(&self, op: &str) -> Result<&crate::model::TieredTable> {
         match &self.kind {
             TableKind::Tiered(t) => Ok(t),
             TableKind::Static(_) | TableKind::Dist(_) => Err(Error::Immutable {
@@ -265,345 +160,52 @@ impl Table {
         }
     }
 
-    /// Whether a missing key fails a lookup (`STRATA_MISSING_ERROR`).
-    pub(crate) fn missing_is_error(&self) -> bool {
+    /// The table as a source of rows on the host: static and tiered tables; `None` for a
+    /// distributed table, whose rows are spread over ranks.
+    pub fn source(&self) -> Option<&dyn RowSource> {
         match &self.kind {
-            TableKind::Static(t) => t.missing == MissingKey::Error,
-            TableKind::Tiered(t) => t.missing_is_error(),
-            TableKind::Dist(_) => false,
+            TableKind::Static(t) => Some(t),
+            TableKind::Tiered(t) => Some(t),
+            TableKind::Dist(_) => None,
         }
     }
 }
 
-/// Largest `dim` (elements per row) a table may have: far above any embedding, and small
-/// enough that a row's byte size never overflows.
-pub const STRATA_MAX_DIM: usize = 1 << 24;
-// A literal above so that cbindgen exports it; the crate's lower layers use `limits::MAX_DIM`.
-const _: () = assert!(STRATA_MAX_DIM == crate::limits::MAX_DIM);
-
-/// How keys map to rows.
-pub(crate) enum Rows {
-    /// Key `k` is row `k` for `0 <= k < rows`.
-    Dense,
-    /// Arbitrary 64-bit keys.
-    Keyed(KeyIndex),
-}
-
-/// An immutable embedding table: vectors in a [`Store`] and dense or keyed rows. Built by
-/// copy, by adoption or from a HugeCTR folder; any number of threads may look it up at once.
-pub struct StaticTable {
-    pub(crate) store: Store,
-    pub(crate) rows: Rows,
-    /// The default row: `dim` copies of `options.default_value`, in float32 whatever the
-    /// table's dtype, so a missing key gets exactly the value asked for.
-    default_row: Vec<f32>,
-    pub(crate) missing: MissingKey,
-    /// Where lookups on CUDA tensors find rows (kept for [`Table`]).
-    pub(crate) gpu: GpuOptions,
-}
-
-impl StaticTable {
-    fn assemble(store: Store, rows: Rows, options: TableOptions) -> Result<Self> {
-        options.gpu.check()?;
-        let default_row = vec![options.default_value; store.dim()];
-        Ok(StaticTable { store, rows, default_row, missing: options.missing, gpu: options.gpu })
-    }
-
-    /// A dense table (key = row number) over `store`.
-    pub(crate) fn dense_over(store: Store, options: TableOptions) -> Result<Self> {
-        StaticTable::assemble(store, Rows::Dense, options)
-    }
-
-    /// A keyed table over `store`, row `r` holding the key `index` maps to `r`.
-    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
-    pub(crate) fn keyed_over(store: Store, index: KeyIndex, options: TableOptions) -> Result<Self> {
-        StaticTable::assemble(store, Rows::Keyed(index), options)
-    }
-
-    /// Copies `vectors` ([rows, dim], float32/float16/bfloat16, any strides, host memory) into
-    /// a new table. `keys` is `None` for a dense table, else a 1-D tensor of
-    /// `rows` unique integer keys. The caller's tensors are only read during the call.
+impl Table {
+    /// Looks up `keys` (int32/int64/uint32/uint64, any shape and strides) into `out`
+    /// (float32/float16/bfloat16, shape `[*keys.shape, dim]` or `[numel(keys), dim]`,
+    /// non-negative, non-overlapping strides). Both are borrowed for the call only. Missing keys
+    /// get the default row, or fail the call with `STRATA_KEY_NOT_FOUND` when the table's
+    /// options say so (then `out` is unspecified). Safe to call from many threads at once.
     ///
     /// # Safety
-    /// The tensors must describe readable host memory as DLPack requires.
-    pub unsafe fn from_dlpack(vectors: &DLTensor, keys: Option<&DLTensor>, options: TableOptions) -> Result<Self> {
-        options.gpu.check()?;
-        let v = unsafe { TensorView::new(vectors, "vectors") }?;
-        let (dtype, rows, dim) = check_vectors(&v)?;
-        let index = unsafe { build_rows(keys, rows) }?;
-        let (rs, cs) = (v.strides[0], v.strides[1]);
-        let size = dtype.size();
-        let store = Store::alloc(dtype, rows, dim, |buf| {
-            for r in 0..rows {
-                let dst = &mut buf[r * dim * size..(r + 1) * dim * size];
-                let row = r as isize * rs;
-                if cs == 1 {
-                    // SAFETY: the view validated that every element is addressable.
-                    let src = unsafe { std::slice::from_raw_parts(v.at(row), dim * size) };
-                    dst.copy_from_slice(src);
-                } else {
-                    for c in 0..dim {
-                        let src = unsafe { std::slice::from_raw_parts(v.at(row + c as isize * cs), size) };
-                        dst[c * size..(c + 1) * size].copy_from_slice(src);
-                    }
-                }
-            }
-        })?;
-        StaticTable::assemble(store, index, options)
+    /// The tensors must describe memory that is valid as DLPack requires: `keys` readable,
+    /// `out` writable, for every element their shape and strides reach.
+    pub unsafe fn lookup(&self, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions) -> Result<LookupStats> {
+        unsafe { self.lookup_with(keys, out, opts, true) }
     }
 
-    /// Builds a table over the vectors of a managed DLPack tensor without copying them. On
-    /// success the table owns `managed` and calls its deleter exactly once when dropped; on
-    /// failure the caller still owns it (the deleter is not called). The rows must have unit
-    /// element stride; `keys` is read during the call only.
+    /// [`Table::lookup`], saying whether the caller wants the stats: on CUDA tensors, only
+    /// stats (or a table whose missing keys are errors) make the call wait for the stream.
     ///
     /// # Safety
-    /// `managed` must point to a valid managed tensor whose memory stays readable until its
-    /// deleter runs, with a deleter callable once from any thread.
-    pub unsafe fn adopt<M: ManagedTensorBase>(
-        managed: *mut M,
-        keys: Option<&DLTensor>,
-        options: TableOptions,
-    ) -> Result<Self> {
-        options.gpu.check()?;
-        let m = unsafe { &*managed };
-        let v = unsafe { TensorView::new(m.tensor(), "vectors") }?;
-        let (dtype, rows, dim) = check_vectors(&v)?;
-        v.require_non_negative_strides()?;
-        let (rs, cs) = (v.strides[0] as usize, v.strides[1] as usize);
-        if rows > 0 && dim > 1 && cs != 1 {
-            return Err(Error::layout(
-                "vectors",
-                format!("strides[1] = {cs}; adopting without a copy needs unit element stride (use strata_table_from_dlpack to copy)"),
-            ));
+    /// As for [`Table::lookup`].
+    pub unsafe fn lookup_with(&self, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions, want_stats: bool) -> Result<LookupStats> {
+        // Distributed tables validate devices collectively (so every rank fails together).
+        #[cfg(feature = "cuda")]
+        if let Some(source) = self.source()
+            && (crate::exec::cuda::run::is_cuda(keys) || crate::exec::cuda::run::is_cuda(out))
+        {
+            return unsafe { crate::exec::cuda::run::lookup(source, &self.gpu, &self.resident, keys, out, opts, want_stats) };
         }
-        if rows > 1 && rs < dim {
-            return Err(Error::layout(
-                "vectors",
-                format!("strides[0] = {rs} is less than dim = {dim}; rows overlap"),
-            ));
-        }
-        let index = unsafe { build_rows(keys, rows) }?;
-        let default_row = vec![options.default_value; dim];
-        // SAFETY: validated above. Ownership moves into the store only now, when nothing after
-        // it can fail: on every error above the caller still owns `managed`.
-        let owned = unsafe { dlpark::Managed::<M>::from_raw(managed) }
-            .map_err(|e| Error::invalid("vectors", e.to_string()))?;
-        let store = unsafe { Store::adopted(v.ptr, dtype, rows, dim, rs.max(dim), owned.into_deleter()) };
-        Ok(StaticTable { store, rows: index, default_row, missing: options.missing, gpu: options.gpu })
-    }
-
-    /// Opens a table in HugeCTR's sparse format: `dir/key` (little-endian int64, one per row)
-    /// and `dir/emb_vector` (float32, rows x `dim`, same order), no headers. The vectors are
-    /// memory-mapped, not copied; the keys are read into the index and the key file is
-    /// unmapped. The files must not be truncated while the table is open.
-    pub fn open(dir: &Path, dim: i64, options: TableOptions) -> Result<Self> {
-        options.gpu.check()?;
-        let dim = usize::try_from(dim).map_err(|_| Error::invalid("dim", format!("{dim}; expected 1 <= dim <= {STRATA_MAX_DIM}")))?;
-        let folder = SparseFolder::open(dir, dim)?;
-        let rows = folder.rows;
-        let index = KeyIndex::build((0..rows).map(|r| folder.key(r)), |k| k as i64 as i128, "dir/key")?;
-        let store = match folder.into_vectors() {
-            Some(m) => {
-                #[cfg(unix)]
-                let _ = m.advise(memmap2::Advice::Random);
-                Store::mapped(m, rows, dim)
-            }
-            None => Store::alloc(FloatDtype::F32, 0, dim, |_| {})?,
-        };
-        StaticTable::assemble(store, Rows::Keyed(index), options)
-    }
-
-    /// Elements per row.
-    pub fn dim(&self) -> usize {
-        self.store.dim()
-    }
-
-    /// Number of rows (keys).
-    pub fn len(&self) -> usize {
-        self.store.rows()
-    }
-
-    /// Whether the table has no rows.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Dtype of the stored vectors.
-    pub fn dtype(&self) -> FloatDtype {
-        self.store.dtype()
-    }
-
-    /// Whether keys are arbitrary (hash index) rather than row numbers.
-    pub fn is_keyed(&self) -> bool {
-        matches!(self.rows, Rows::Keyed(_))
-    }
-
-    /// Bytes the keyed index takes (0 for dense tables).
-    pub fn index_bytes(&self) -> usize {
-        match &self.rows {
-            Rows::Dense => 0,
-            Rows::Keyed(ix) => ix.bytes(),
-        }
-    }
-
-
-    /// Every (key, float32 row) in row order (the order of a HugeCTR folder's files). Keyed
-    /// float32 tables only (what `strata_table_open` builds); others yield nothing.
-    pub fn rows_in_file_order(&self) -> impl Iterator<Item = (u64, &[f32])> + '_ {
-        let mut pairs: Vec<(usize, u64)> = match (&self.rows, self.store.dtype()) {
-            (Rows::Keyed(ix), FloatDtype::F32) => ix.iter().map(|(k, r)| (r, k)).collect(),
-            _ => Vec::new(),
-        };
-        pairs.sort_unstable();
-        let dim = self.dim();
-        pairs.into_iter().map(move |(r, k)| {
-            // SAFETY: r < rows; the store holds dim aligned f32 values per row.
-            (k, unsafe { std::slice::from_raw_parts(self.store.row_ptr(r) as *const f32, dim) })
-        })
-    }
-
-    /// The vector store.
-    pub fn store(&self) -> &Store {
-        &self.store
-    }
-
-    /// The default row (`dim` float32 values), as bytes.
-    pub(crate) fn default_row_ptr(&self) -> *const u8 {
-        self.default_row.as_ptr() as *const u8
-    }
-
-    /// The default row.
-    pub(crate) fn default_row(&self) -> &[f32] {
-        &self.default_row
-    }
-
-    /// Resolves canonical `keys` on the host: float32 rows into `rows` (`keys.len() * dim`)
-    /// and whether each was found into `found`. Missing keys' rows are left as they are.
-    pub(crate) fn resolve(&self, keys: &[u64], rows: &mut [f32], found: &mut [bool]) {
-        let dim = self.dim();
-        let dtype = self.dtype();
-        for (j, &key) in keys.iter().enumerate() {
-            let r = match &self.rows {
-                Rows::Dense => (key < self.len() as u64).then_some(key as usize),
-                Rows::Keyed(ix) => ix.get(key),
-            };
-            found[j] = r.is_some();
-            if let Some(r) = r {
-                let src = self.store.row_ptr(r);
-                for (c, v) in rows[j * dim..(j + 1) * dim].iter_mut().enumerate() {
-                    // SAFETY: r < rows; the row holds dim elements of dtype.
-                    *v = unsafe { dtype.load_f32(src.wrapping_add(c * dtype.size())) };
-                }
-            }
-        }
-    }
-}
-
-/// Checks `keys` is a 1-D host tensor of integer keys (`expected` describes the shape wanted).
-unsafe fn keys_1d(keys: &DLTensor, expected: &str) -> Result<(TensorView, KeyDtype)> {
-    let k = unsafe { TensorView::new(keys, "keys") }?;
-    require_host(k.device, "keys")?;
-    let kd = KeyDtype::of(k.dtype, "keys")?;
-    if k.shape.len() != 1 {
-        return Err(Error::invalid("keys", format!("shape {:?}; expected {expected}", k.shape)));
-    }
-    Ok((k, kd))
-}
-
-/// The keys of a 1-D view from [`keys_1d`], in canonical 64-bit form.
-fn canonical_keys(k: &TensorView, kd: KeyDtype) -> impl ExactSizeIterator<Item = u64> + '_ {
-    let stride = if k.numel > 1 { k.strides[0] } else { 0 };
-    // SAFETY: the view validated that every key is addressable.
-    (0..k.numel).map(move |i| unsafe { kd.read(k.at(i as isize * stride)) })
-}
-
-/// Reads a 1-D host tensor of integer keys into canonical 64-bit form.
-unsafe fn read_keys(keys: &DLTensor) -> Result<Vec<u64>> {
-    let (k, kd) = unsafe { keys_1d(keys, "a 1-D tensor of keys") }?;
-    Ok(canonical_keys(&k, kd).collect())
-}
-
-/// Reads `[n, dim]` host float vectors as float32 rows.
-unsafe fn read_rows(vectors: &DLTensor, n: usize, dim: usize) -> Result<Vec<f32>> {
-    let v = unsafe { TensorView::new(vectors, "vectors") }?;
-    require_host(v.device, "vectors")?;
-    let dtype = FloatDtype::of(v.dtype, "vectors")?;
-    if v.shape != [n, dim] {
-        return Err(Error::invalid(
-            "vectors",
-            format!("shape {:?}; expected [{n}, {dim}] (one row of the table's dim per key)", v.shape),
-        ));
-    }
-    let mut rows = Vec::with_capacity(n * dim);
-    for r in 0..n {
-        for c in 0..dim {
-            let p = v.at(r as isize * v.strides[0] + c as isize * v.strides[1]);
-            // SAFETY: the view validated every element; p is aligned for dtype.
-            rows.push(unsafe { dtype.load_f32(p) });
-        }
-    }
-    Ok(rows)
-}
-
-/// Checks `vectors` is a host [rows, dim >= 1] float tensor.
-fn check_vectors(v: &TensorView) -> Result<(FloatDtype, usize, usize)> {
-    require_host(v.device, "vectors")?;
-    let dtype = FloatDtype::of(v.dtype, "vectors")?;
-    if v.shape.len() != 2 {
-        return Err(Error::invalid("vectors", format!("ndim = {}; expected 2 ([rows, dim])", v.shape.len())));
-    }
-    let (rows, dim) = (v.shape[0], v.shape[1]);
-    if dim == 0 || dim > STRATA_MAX_DIM {
-        return Err(Error::invalid("vectors", format!("shape[1] = {dim}; expected 1 <= dim <= {STRATA_MAX_DIM}")));
-    }
-    Ok((dtype, rows, dim))
-}
-
-/// Builds the row mapping: dense when `keys` is `None`, else an index over the 1-D `keys`.
-unsafe fn build_rows(keys: Option<&DLTensor>, rows: usize) -> Result<Rows> {
-    let Some(keys) = keys else { return Ok(Rows::Dense) };
-    let (k, kd) = unsafe { keys_1d(keys, &format!("[{rows}] (one key per row of vectors)")) }?;
-    if k.numel != rows {
-        return Err(Error::invalid("keys", format!("shape {:?}; expected [{rows}] (one key per row of vectors)", k.shape)));
-    }
-    Ok(Rows::Keyed(KeyIndex::build(canonical_keys(&k, kd), |c| kd.value(c), "keys")?))
-}
-
-/// A summary of a table, for hosts and reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TableInfo {
-    /// Number of rows.
-    pub rows: i64,
-    /// Elements per row.
-    pub dim: i64,
-    /// Dtype of the stored vectors.
-    pub dtype: FloatDtype,
-    /// Whether keys are arbitrary 64-bit values (hash index) rather than row numbers.
-    pub keyed: bool,
-    /// Whether the vectors are a memory-mapped file (`strata_table_open`).
-    pub mapped: bool,
-    /// Whether the vectors are an adopted caller tensor.
-    pub adopted: bool,
-    /// Bytes of the keyed index (0 for dense tables and server tables, whose volatile tier
-    /// is counted by `strata_table_get_stats`).
-    pub index_bytes: u64,
-    /// Bytes of the vectors (rows * dim * element size).
-    pub vector_bytes: u64,
-}
-
-impl StaticTable {
-    /// A summary of the table.
-    pub fn info(&self) -> TableInfo {
-        TableInfo {
-            rows: self.len() as i64,
-            dim: self.dim() as i64,
-            dtype: self.dtype(),
-            keyed: self.is_keyed(),
-            mapped: self.store.is_mapped(),
-            adopted: self.store.is_adopted(),
-            index_bytes: self.index_bytes() as u64,
-            vector_bytes: self.store.vector_bytes() as u64,
+        let _ = want_stats;
+        match &self.kind {
+            TableKind::Static(t) => unsafe { t.lookup(keys, out, opts) },
+            TableKind::Tiered(t) => match unsafe { plan(t.dim(), (0, 0), keys, out, opts) }? {
+                Some(p) => t.lookup(&p),
+                None => Ok(LookupStats::default()),
+            },
+            TableKind::Dist(t) => unsafe { t.lookup(keys, out, opts) },
         }
     }
 }

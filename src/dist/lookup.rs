@@ -15,8 +15,8 @@ use crate::dlpack::{FloatDtype, KeyDtype, Walk};
 use crate::error::{Error, Result};
 use crate::exec::cpu::{Found, Gather, KeySource, OutTarget};
 use crate::exec::pool;
-use crate::lookup::{LookupOptions, LookupStats, Plan, plan};
-use crate::table::{MissingKey, Rows, StaticTable};
+use crate::model::{LookupOptions, LookupStats, Plan, plan};
+use crate::model::{MissingKey, Rows, StaticTable};
 use dlpark::ffi::DLTensor;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
@@ -109,7 +109,7 @@ impl DistTable {
         let ranges: Vec<(usize, usize)> = self.local.iter().map(|p| p.table.store().byte_range()).collect();
         let plan = unsafe { plan(self.dim, ranges.first().copied().unwrap_or((0, 0)), keys, out, opts) }?;
         for r in ranges.iter().skip(1) {
-            unsafe { crate::lookup::plan(self.dim, *r, keys, out, opts) }?;
+            unsafe { crate::model::plan(self.dim, *r, keys, out, opts) }?;
         }
         let mut counts = vec![0i32; self.size];
         let n = plan.as_ref().map_or(0, |p| p.n);

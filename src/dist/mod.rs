@@ -24,7 +24,7 @@ use crate::table::{Table, TableKind};
 use crate::{
     error::{Error, Result},
     partition::Partitioned,
-    table::TableOptions,
+    model::TableOptions,
 };
 #[cfg(not(feature = "mpi"))]
 use std::path::Path;
@@ -46,7 +46,7 @@ pub struct DistTiming {
 impl From<DistTable> for Table {
     fn from(t: DistTable) -> Self {
         // Distributed lookups take host tensors only, so the GPU options stay the defaults.
-        Table::new(TableKind::Dist(Box::new(t)), crate::table::GpuOptions::default())
+        Table::new(TableKind::Dist(Box::new(t)), crate::model::GpuOptions::default())
     }
 }
 
@@ -104,7 +104,7 @@ impl DistTable {
         match *self {}
     }
 
-    pub fn info(&self) -> crate::table::TableInfo {
+    pub fn info(&self) -> crate::model::TableInfo {
         match *self {}
     }
 
@@ -118,8 +118,8 @@ impl DistTable {
         &self,
         _keys: &dlpark::ffi::DLTensor,
         _out: &dlpark::ffi::DLTensor,
-        _opts: &crate::lookup::LookupOptions,
-    ) -> Result<crate::lookup::LookupStats> {
+        _opts: &crate::model::LookupOptions,
+    ) -> Result<crate::model::LookupStats> {
         match *self {}
     }
 

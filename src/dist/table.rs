@@ -13,7 +13,7 @@ use crate::partition::{
     Described, Layout, OwnedPartitioned, Part, Partitioned, check_row_split, describe_parts, grid_name, table_from, validate,
 };
 use crate::storage::store::Store;
-use crate::table::{MissingKey, StaticTable, TableInfo, TableOptions};
+use crate::model::{MissingKey, StaticTable, TableInfo, TableOptions};
 use std::path::Path;
 use std::sync::Mutex;
 

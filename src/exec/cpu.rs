@@ -7,11 +7,13 @@
 //! of one call go to distinct places in `out` (checked by the caller), so participants never
 //! write the same bytes.
 
-use crate::dlpack::{FloatDtype, KeyDtype, Walk};
+use crate::dlpack::FloatDtype;
 use crate::exec::pool;
 use crate::util::prefetch;
 use crate::storage::index::KeyIndex;
-use crate::table::{MissingKey, Rows, StaticTable};
+use crate::error::{Error, Result};
+use crate::model::{KeySource, LookupOptions, LookupStats, MissingKey, OutTarget, Rows, StaticTable, plan};
+use dlpark::ffi::DLTensor;
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -28,41 +30,6 @@ const STREAM_BYTES: usize = 4 << 20;
 /// How many keys ahead rows are prefetched.
 const AHEAD: usize = 6;
 const NO_ROW: usize = usize::MAX;
-
-/// Where keys are read from.
-pub struct KeySource {
-    pub ptr: *const u8,
-    pub dtype: KeyDtype,
-    /// Element offsets of flat key indices.
-    pub walk: Walk,
-    pub elem: usize,
-}
-
-impl KeySource {
-    #[inline(always)]
-    fn at(&self, off: isize) -> *const u8 {
-        self.ptr.wrapping_offset(off * self.elem as isize)
-    }
-
-    /// Reads keys `start .. start + keys.len()` in canonical form (`offs` is scratch).
-    #[inline(always)]
-    pub(crate) fn read(&self, start: usize, keys: &mut [u64], offs: &mut [isize]) {
-        match self.walk.linear_stride() {
-            Some(s) => {
-                for (i, key) in keys.iter_mut().enumerate() {
-                    // SAFETY: validated by the planner: every key index below n is addressable.
-                    *key = unsafe { self.dtype.read(self.at((start + i) as isize * s)) };
-                }
-            }
-            None => {
-                self.walk.fill(start, offs);
-                for (key, &o) in keys.iter_mut().zip(offs.iter()) {
-                    *key = unsafe { self.dtype.read(self.at(o)) };
-                }
-            }
-        }
-    }
-}
 
 impl OutTarget {
     /// Writes float32 rows into the output rows of flat key indices `start ..`: row `i` from
@@ -91,16 +58,6 @@ impl OutTarget {
             unsafe { kernel(src as *const u8, self.ptr.wrapping_offset(offs[i] * size), dim, self.col_stride) };
         }
     }
-}
-
-/// Where rows are written.
-pub struct OutTarget {
-    pub ptr: *mut u8,
-    pub dtype: FloatDtype,
-    /// Element offsets of each key's output row start.
-    pub walk: Walk,
-    /// Element stride between consecutive values of a row.
-    pub col_stride: usize,
 }
 
 /// One lookup, validated by the caller.
@@ -429,5 +386,23 @@ fn prefetch_row(store: &crate::storage::store::Store, row: usize, row_bytes: usi
     while off < row_bytes.min(1024) {
         prefetch(p.wrapping_add(off));
         off += 64;
+    }
+}
+
+impl StaticTable {
+    /// Looks up `keys` into `out` on the CPU (see `strata_lookup`): plans the call, then gathers.
+    ///
+    /// # Safety
+    /// As for `Table::lookup`: the tensors must describe memory valid as DLPack requires.
+    pub unsafe fn lookup(&self, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions) -> Result<LookupStats> {
+        let Some(p) = (unsafe { plan(self.dim(), self.store().byte_range(), keys, out, opts) })? else {
+            return Ok(LookupStats::default());
+        };
+        let gather = Gather { table: self, keys: p.keys, out: p.out, n: p.n, threads: p.threads };
+        let found = gather.run();
+        if let Some((index, key)) = found.first_miss {
+            return Err(Error::KeyNotFound { key: p.key_dtype.value(key), index });
+        }
+        Ok(LookupStats { hits: found.hits, misses: found.misses, ..LookupStats::default() })
     }
 }

@@ -6,7 +6,7 @@ use super::table::{strata_table, table_arg};
 use super::tensor::check_managed;
 use super::types::{Status, strata_lookup_options, strata_lookup_stats};
 use crate::error::Result;
-use crate::lookup::LookupOptions;
+use crate::model::LookupOptions;
 use dlpark::ManagedTensorBase;
 use dlpark::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLTensor};
 

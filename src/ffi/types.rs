@@ -5,9 +5,9 @@
 
 use super::sized::Extensible;
 use crate::error::{Error, ErrorKind, Result};
-use crate::lookup::{LookupOptions, LookupStats};
-use crate::table::{GpuOptions, GpuPlacement, GpuSharding, MissingKey, TableInfo, TableOptions};
-use crate::tiered::TableStats;
+use crate::model::{LookupOptions, LookupStats};
+use crate::model::{GpuOptions, GpuPlacement, GpuSharding, MissingKey, TableInfo, TableOptions};
+use crate::model::TableStats;
 use dlpark::ffi::DLDataType;
 use std::ffi::{CStr, c_void};
 use std::mem::size_of;

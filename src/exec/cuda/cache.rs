@@ -30,7 +30,7 @@ use super::residency::InFlight;
 use super::run::{Io, float_name, key_name};
 use crate::dlpack::FloatDtype;
 use crate::error::Result;
-use crate::table::{Table, TableKind};
+use crate::model::RowSource;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -93,17 +93,25 @@ pub(crate) struct CacheCounts {
     pub misses: u64,
 }
 
-/// A pointer to the table for host functions. The table's residency waits for every host
-/// function that holds one (through [`InFlight`]) before the table is freed.
+/// A pointer to the table's rows for host functions. The table's residency waits for every
+/// host function that holds one (through [`InFlight`]) before the table is freed.
 #[derive(Clone, Copy)]
-struct TablePtr(*const Table);
-// SAFETY: Table is Sync; see above for the lifetime.
+struct TablePtr(*const (dyn RowSource + 'static));
+// SAFETY: RowSource is Sync; see above for the lifetime.
 unsafe impl Send for TablePtr {}
 
 impl TablePtr {
+    fn new(source: &dyn RowSource) -> Self {
+        let p: *const (dyn RowSource + '_) = source;
+        // SAFETY: only the lifetime bound is erased; the residency keeps the table alive for
+        // as long as any work holding the pointer is in flight (see above).
+        TablePtr(unsafe { std::mem::transmute::<*const (dyn RowSource + '_), *const (dyn RowSource + 'static)>(p) })
+    }
+
     /// # Safety
     /// The table's residency must still be waiting for the work holding this pointer.
-    unsafe fn get<'a>(self) -> &'a Table {
+    unsafe fn get<'a>(self) -> &'a dyn RowSource {
+        // SAFETY: the caller guarantees the table is still alive.
         unsafe { &*self.0 }
     }
 }
@@ -173,11 +181,8 @@ impl CacheState {
 
     /// Empties the cache when the table changed since its rows were cached (queued on `b`'s
     /// stream).
-    fn prepare(&self, b: &dyn Backend, table: &Table) -> Result<()> {
-        let generation = match &table.kind {
-            TableKind::Tiered(t) => t.generation(),
-            _ => 0,
-        };
+    fn prepare(&self, b: &dyn Backend, table: &dyn RowSource) -> Result<()> {
+        let generation = table.generation();
         if self.generation.swap(generation, Ordering::Relaxed) != generation
             && let Some(used) = &self.slot_used
         {
@@ -199,7 +204,7 @@ impl CacheState {
     pub(crate) unsafe fn lookup(
         self: &Arc<Self>,
         b: &dyn Backend,
-        table: &Table,
+        table: &dyn RowSource,
         inflight: &Arc<InFlight>,
         io: &Io,
         counts: Option<Arc<Mutex<CacheCounts>>>,
@@ -243,7 +248,7 @@ impl CacheState {
 
         // Step 2: resolve the misses on the host, in stream order.
         let staging = Arc::new(staging);
-        let (state, st2, tp, inf) = (self.clone(), staging.clone(), TablePtr(table), inflight.clone());
+        let (state, st2, tp, inf) = (self.clone(), staging.clone(), TablePtr::new(table), inflight.clone());
         let dim = self.dim;
         let background_rows = Arc::new(Mutex::new(None::<Vec<u64>>));
         let bg = background_rows.clone();
@@ -266,7 +271,7 @@ impl CacheState {
                 let mut present = vec![false; m];
                 // SAFETY: the residency waits for this function before the table is freed.
                 let table = unsafe { tp.get() };
-                if resolve_on_host(table, keys, rows, &mut present).is_err() {
+                if table.resolve(keys, rows, &mut present).is_err() {
                     present.fill(false);
                 }
                 for (f, &p) in found.iter_mut().zip(&present) {
@@ -290,7 +295,7 @@ impl CacheState {
         unsafe { b.launch_cache(&fill, g, &params)? };
 
         // Step 4: hand back the staging; start the background insert if step 2 asked for one.
-        let (state, st3, tp, inf) = (self.clone(), staging, TablePtr(table), inflight.clone());
+        let (state, st3, tp, inf) = (self.clone(), staging, TablePtr::new(table), inflight.clone());
         let insert_name = format!("strata_cache_insert_{table_dtype}");
         let spawn = b.spawner();
         let finish: HostFn = Box::new(move || {
@@ -323,7 +328,7 @@ impl CacheState {
 
     /// Resolves `keys` on the host and inserts the found rows (background job; `b` is the
     /// device's internal stream, synchronised before returning).
-    fn insert_in_background(&self, b: &dyn Backend, table: &Table, keys: &[u64], name: &str) -> Result<()> {
+    fn insert_in_background(&self, b: &dyn Backend, table: &dyn RowSource, keys: &[u64], name: &str) -> Result<()> {
         if self.sets == 0 || keys.is_empty() {
             return Ok(());
         }
@@ -331,7 +336,7 @@ impl CacheState {
         let staging = self.take_staging(b, m)?;
         let rows = unsafe { staging.rows.host_slice::<f32>(m * self.dim) };
         let mut present = vec![false; m];
-        resolve_on_host(table, keys, rows, &mut present)?;
+        table.resolve(keys, rows, &mut present)?;
         unsafe { staging.miss_keys.host_slice::<u64>(m) }.copy_from_slice(keys);
         for (f, &p) in unsafe { staging.found.host_slice::<u32>(m) }.iter_mut().zip(&present) {
             *f = p as u32;
@@ -363,16 +368,4 @@ impl CacheState {
 fn queue(b: &dyn Backend, inflight: &InFlight, f: HostFn) -> Result<()> {
     inflight.start();
     b.host_fn(f).inspect_err(|_| inflight.done())
-}
-
-/// Resolves canonical keys on the host (static table or tiers) into float32 rows.
-pub(crate) fn resolve_on_host(table: &Table, keys: &[u64], rows: &mut [f32], present: &mut [bool]) -> Result<()> {
-    match &table.kind {
-        TableKind::Static(st) => {
-            st.resolve(keys, rows, present);
-            Ok(())
-        }
-        TableKind::Tiered(t) => t.fetch(keys, rows, present, &mut Default::default()).map(|_| ()),
-        TableKind::Dist(_) => Err(crate::error::Error::Internal("distributed tables have no GPU cache".into())),
-    }
 }

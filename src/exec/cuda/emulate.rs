@@ -13,8 +13,9 @@ use super::params::{CacheParams, GatherParams};
 use super::residency::{GatherSource, InFlight, Placed, shard_params, split};
 use super::run::lookup_on;
 use crate::error::{Error, Result};
-use crate::lookup::{LookupStats, check};
-use crate::table::{Rows, Table, TableKind};
+use crate::model::{LookupStats, check};
+use crate::model::RowSource;
+use crate::model::Rows;
 use dlpark::ffi::DLTensor;
 use std::ffi::{CString, c_void};
 use std::sync::Arc;
@@ -145,10 +146,10 @@ pub struct Emulated {
 
 impl Emulated {
     /// Places `table` as `placement` in host memory.
-    pub fn place(emu: &Emulator, table: &Table, placement: Placement) -> Result<Self> {
+    pub fn place(emu: &Emulator, table: &dyn RowSource, placement: Placement) -> Result<Self> {
         let mut shards_host = Vec::new();
-        let placed = match (placement, &table.kind) {
-            (Placement::Gather, TableKind::Static(st)) => {
+        let placed = match (placement, table.as_static()) {
+            (Placement::Gather, Some(st)) => {
                 let buckets = match &st.rows {
                     Rows::Keyed(ix) => ix.raw_buckets().0 as u64,
                     Rows::Dense => 0,
@@ -156,7 +157,7 @@ impl Emulated {
                 let src = GatherSource::new(st, st.store().row_ptr_or_base() as u64, buckets, st.default_row().as_ptr() as u64, Vec::new(), None);
                 Placed::Gather(src)
             }
-            (Placement::Shards { count }, TableKind::Static(st)) => {
+            (Placement::Shards { count }, Some(st)) => {
                 shards_host = split(st, count)?;
                 let mut v = Vec::new();
                 for (s, h) in shards_host.iter().enumerate() {
@@ -169,12 +170,9 @@ impl Emulated {
                 }
                 return Ok(Emulated { placed: Placed::EmulatedShards(v), inflight: Default::default(), _shards: shards_host });
             }
-            (Placement::Cache { fraction, threshold }, kind) => {
-                let (rows, dim, dtype, default) = match kind {
-                    TableKind::Static(st) => (st.len(), st.dim(), st.dtype(), st.default_row()),
-                    TableKind::Tiered(t) => (t.len(), t.dim(), crate::dlpack::FloatDtype::F32, t.default_row()),
-                    TableKind::Dist(_) => return Err(Error::invalid("placement", "distributed tables have no GPU placement")),
-                };
+            (Placement::Cache { fraction, threshold }, st) => {
+                let dtype = st.map_or(crate::dlpack::FloatDtype::F32, |st| st.dtype());
+                let (rows, dim, default) = (table.len(), table.dim(), table.default_row());
                 Placed::Cache(Arc::new(CacheState::new(emu, rows, dim, dtype, fraction, threshold, default)?))
             }
             _ => return Err(Error::invalid("placement", "gather and shard placements need a static table")),
@@ -194,8 +192,8 @@ impl Emulated {
     /// placement on the emulator, with stats.
     ///
     /// # Safety
-    /// As for [`Table::lookup`].
-    pub unsafe fn lookup(&self, emu: &Emulator, table: &Table, keys: &DLTensor, out: &DLTensor) -> Result<LookupStats> {
+    /// As for `Table::lookup`.
+    pub unsafe fn lookup(&self, emu: &Emulator, table: &dyn RowSource, keys: &DLTensor, out: &DLTensor) -> Result<LookupStats> {
         let Some(c) = check(table.dim(), unsafe { crate::dlpack::TensorView::new(keys, "keys") }?, unsafe { crate::dlpack::TensorView::new(out, "out") }?)? else {
             return Ok(LookupStats::default());
         };

@@ -10,7 +10,7 @@
 //! - shards: the rows split over every visible device, each holding its rows and (keyed
 //!   tables) an index of its keys; every device's kernels may read and write its peers' memory.
 //!
-//! A [`Residency`] belongs to one [`Table`] and is dropped before the table's rows. Dropping it
+//! A [`Residency`] belongs to one table (the table layer's `Table`) and is dropped before the table's rows. Dropping it
 //! waits for queued work that still refers to the table (host functions and background cache
 //! inserts, counted by [`InFlight`]).
 
@@ -22,7 +22,7 @@ use super::params::GatherParams;
 use crate::dlpack::FloatDtype;
 use crate::error::Result;
 use crate::storage::index::KeyIndex;
-use crate::table::{GpuPlacement, GpuSharding, Rows, StaticTable, Table, TableKind};
+use crate::model::{GpuOptions, GpuPlacement, GpuSharding, RowSource, Rows, StaticTable};
 use cudarc::driver::sys;
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -228,12 +228,12 @@ fn upload_index_and_default(device: &Arc<Device>, st: &StaticTable) -> Result<(M
 
 impl Residency {
     /// How `device` serves `table`, made on first use. `backend` allocates cache memory.
-    pub(crate) fn placed(&self, table: &Table, device: &Arc<Device>, backend: &dyn Backend) -> Result<Arc<Placed>> {
+    pub(crate) fn placed(&self, table: &dyn RowSource, gpu: &GpuOptions, device: &Arc<Device>, backend: &dyn Backend) -> Result<Arc<Placed>> {
         let mut map = lock(&self.placed);
         if let Some(p) = map.get(&device.ordinal) {
             return Ok(p.clone());
         }
-        let p = Arc::new(self.place(table, device, backend)?);
+        let p = Arc::new(self.place(table, *gpu, device, backend)?);
         if let Placed::Shards(shards) = &*p {
             for (d, _) in shards {
                 map.insert(d.ordinal, p.clone());
@@ -243,21 +243,12 @@ impl Residency {
         Ok(p)
     }
 
-    fn place(&self, table: &Table, device: &Arc<Device>, backend: &dyn Backend) -> Result<Placed> {
-        let gpu = table.gpu;
-        let st = match &table.kind {
-            TableKind::Static(st) => st,
-            TableKind::Dist(_) => {
-                return Err(crate::error::Error::Device {
-                    arg: "keys",
-                    msg: "a distributed (MPI) table serves host tensors only".into(),
-                });
-            }
-            TableKind::Tiered(t) => {
-                let fraction = if gpu.placement == GpuPlacement::Cache { gpu.cache_fraction } else { 1.0 };
-                let c = CacheState::new(backend, t.len(), t.dim(), FloatDtype::F32, fraction, gpu.hit_rate_threshold, t.default_row())?;
-                return Ok(Placed::Cache(Arc::new(c)));
-            }
+    fn place(&self, table: &dyn RowSource, gpu: GpuOptions, device: &Arc<Device>, backend: &dyn Backend) -> Result<Placed> {
+        let Some(st) = table.as_static() else {
+            // Tiers have no flat copy to place: static and uvm become a cache of every row.
+            let fraction = if gpu.placement == GpuPlacement::Cache { gpu.cache_fraction } else { 1.0 };
+            let c = CacheState::new(backend, table.len(), table.dim(), FloatDtype::F32, fraction, gpu.hit_rate_threshold, table.default_row())?;
+            return Ok(Placed::Cache(Arc::new(c)));
         };
         if gpu.sharding == GpuSharding::Shard && super::device_count() > 1 {
             return Ok(Placed::Shards(shard(st)?));

@@ -13,14 +13,15 @@
 
 use crate::util::lock::lock;
 use super::backend::{Backend, Mem, Stream, grid};
-use super::cache::{CacheCounts, resolve_on_host};
+use super::cache::CacheCounts;
 use super::device::{Device, cuda_call};
 use super::params::GatherParams;
 use super::residency::{GatherSource, InFlight, Placed};
 use crate::dlpack::{FloatDtype, KeyDtype, TensorView, Walk, device_name};
 use crate::error::{Error, Result};
-use crate::lookup::{Checked, LookupOptions, LookupStats, check};
-use crate::table::Table;
+use crate::model::{Checked, LookupOptions, LookupStats, check};
+use crate::model::{GpuOptions, RowSource};
+use super::residency::Residency;
 use cudarc::driver::sys;
 use dlpark::ffi::{DLDeviceType, DLTensor};
 use std::sync::{Arc, Mutex};
@@ -94,7 +95,7 @@ impl Counts {
 /// `io` must describe device-visible memory valid until the stream has run this work.
 pub(crate) unsafe fn execute(
     b: &dyn Backend,
-    table: &Table,
+    table: &dyn RowSource,
     inflight: &Arc<InFlight>,
     placed: &Placed,
     io: &Io,
@@ -267,11 +268,20 @@ pub(crate) fn is_cuda(t: &DLTensor) -> bool {
 /// call wait for the stream and count hits and misses.
 ///
 /// # Safety
-/// As for [`Table::lookup`]; device tensors must be valid on their device until the stream has
+/// As for `Table::lookup`; device tensors must be valid on their device until the stream has
 /// run the lookup, and `opts.stream` must be NULL or a stream of that device's primary context.
-pub(crate) unsafe fn lookup(table: &Table, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions, want_stats: bool) -> Result<LookupStats> {
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn lookup(
+    table: &dyn RowSource,
+    gpu: &GpuOptions,
+    resident: &Residency,
+    keys: &DLTensor,
+    out: &DLTensor,
+    opts: &LookupOptions,
+    want_stats: bool,
+) -> Result<LookupStats> {
     let dim = table.dim();
-    crate::exec::pool::resolve_threads(opts.num_threads)?;
+    crate::util::threads::resolve_threads(opts.num_threads)?;
     let Some(c) = check(dim, unsafe { TensorView::new(keys, "keys") }?, unsafe { TensorView::new(out, "out") }?)? else {
         return Ok(LookupStats::default());
     };
@@ -304,8 +314,8 @@ pub(crate) unsafe fn lookup(table: &Table, keys: &DLTensor, out: &DLTensor, opts
     if keys_visible && out_visible && ranges_overlap(c.o.byte_range(), c.k.byte_range()) {
         return Err(Error::layout("out", "overlaps the memory of keys; expected separate buffers"));
     }
-    let placed = table.resident.placed(table, &device, &s)?;
-    unsafe { lookup_on(&s, table, &table.resident.inflight, &placed, &c, keys_visible, out_visible, want_stats) }
+    let placed = resident.placed(table, gpu, &device, &s)?;
+    unsafe { lookup_on(&s, table, &resident.inflight, &placed, &c, keys_visible, out_visible, want_stats) }
 }
 
 /// Runs a checked lookup through `placed` on `b`: keys and out the kernels address in place
@@ -317,7 +327,7 @@ pub(crate) unsafe fn lookup(table: &Table, keys: &DLTensor, out: &DLTensor, opts
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn lookup_on(
     b: &dyn Backend,
-    table: &Table,
+    table: &dyn RowSource,
     inflight: &Arc<InFlight>,
     placed: &Placed,
     c: &Checked,
@@ -382,7 +392,7 @@ fn ranges_overlap(a: (usize, usize), b: (usize, usize)) -> bool {
 /// The error for the first key the table lacks (keys read back from the device when needed).
 #[allow(clippy::too_many_arguments)]
 fn first_missing(
-    table: &Table,
+    table: &dyn RowSource,
     c: &Checked,
     s: &dyn Backend,
     keys_in_place: bool,
@@ -411,7 +421,7 @@ fn first_missing(
     };
     let mut rows = vec![0f32; canonical.len() * table.dim()];
     let mut found = vec![false; canonical.len()];
-    if resolve_on_host(table, &canonical, &mut rows, &mut found).is_ok()
+    if table.resolve(&canonical, &mut rows, &mut found).is_ok()
         && let Some(i) = found.iter().position(|&f| !f)
     {
         return Error::KeyNotFound { key: c.kd.value(canonical[i]), index: i };

@@ -7,15 +7,10 @@
 //! upsert survives a crash; readers may see the new row in the volatile tier only after that.
 
 use crate::error::{Error, Result};
-use crate::exec::pool;
-use crate::lookup::{LookupStats, Plan};
-use crate::table::MissingKey;
+use super::options::MissingKey;
 use crate::storage::tier::persistent::PersistentTable;
 use crate::storage::tier::volatile::VolatileTier;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-
-/// Keys per chunk of a tiered lookup.
-const CHUNK: usize = 512;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Cumulative counters of one table, all tiers (`strata_table_get_stats`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -69,15 +64,6 @@ struct Counters {
     misses: AtomicU64,
     upserts: AtomicU64,
     erases: AtomicU64,
-}
-
-/// What one participant of a lookup found.
-#[derive(Default)]
-struct Found {
-    volatile_hits: u64,
-    persistent_hits: u64,
-    misses: u64,
-    first_miss: Option<(usize, u64)>,
 }
 
 impl TieredTable {
@@ -138,72 +124,6 @@ impl TieredTable {
         }
     }
 
-    /// Runs a validated lookup: volatile tier, then persistent tier, then the default row.
-    pub(crate) fn lookup(&self, p: &Plan) -> Result<LookupStats> {
-        let by_tasks = p.n.div_ceil(CHUNK * 4).max(1);
-        let threads = p.threads.min(by_tasks).max(1);
-        let next = AtomicUsize::new(0);
-        let parts = pool::run(threads, || {
-            let mut found = Found::default();
-            let mut scratch = Scratch::new(self.dim);
-            loop {
-                let lo = next.fetch_add(CHUNK, Ordering::Relaxed);
-                if lo >= p.n {
-                    break;
-                }
-                self.chunk(p, lo, (lo + CHUNK).min(p.n), &mut scratch, &mut found)?
-            }
-            Ok(found)
-        });
-        let mut total = Found::default();
-        for part in parts {
-            let f = part?;
-            total.volatile_hits += f.volatile_hits;
-            total.persistent_hits += f.persistent_hits;
-            total.misses += f.misses;
-            total.first_miss = match (total.first_miss, f.first_miss) {
-                (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
-                (a, b) => a.or(b),
-            };
-        }
-        if let Some((index, key)) = total.first_miss {
-            return Err(Error::KeyNotFound { key: p.key_dtype.value(key), index });
-        }
-        let c = &self.counters;
-        c.lookups.fetch_add(1, Ordering::Relaxed);
-        c.keys.fetch_add(p.n as u64, Ordering::Relaxed);
-        c.volatile_hits.fetch_add(total.volatile_hits, Ordering::Relaxed);
-        c.persistent_hits.fetch_add(total.persistent_hits, Ordering::Relaxed);
-        c.misses.fetch_add(total.misses, Ordering::Relaxed);
-        Ok(LookupStats {
-            hits: total.volatile_hits + total.persistent_hits,
-            misses: total.misses,
-            volatile_hits: total.volatile_hits,
-            persistent_hits: total.persistent_hits,
-        })
-    }
-
-    /// Looks up flat key indices `lo..hi` into `out`.
-    fn chunk(&self, p: &Plan, lo: usize, hi: usize, s: &mut Scratch, found: &mut Found) -> Result<()> {
-        let n = hi - lo;
-        let dim = self.dim;
-        p.keys.read(lo, &mut s.keys[..n], &mut s.offs[..n]);
-        let (vh, ph) = self.fetch(&s.keys[..n], &mut s.rows[..n * dim], &mut s.present[..n], &mut s.tiers)?;
-        found.volatile_hits += vh;
-        found.persistent_hits += ph;
-        for i in 0..n {
-            if !s.present[i] {
-                found.misses += 1;
-                if self.missing == MissingKey::Error && found.first_miss.is_none_or(|(j, _)| lo + i < j) {
-                    found.first_miss = Some((lo + i, s.keys[i]));
-                }
-            }
-        }
-        // SAFETY: the plan validated out for every key index below p.n; hi <= p.n.
-        unsafe { p.out.write_f32_rows(lo, dim, &s.rows[..n * dim], &s.present[..n], &self.default_row, &mut s.offs) };
-        Ok(())
-    }
-
     /// Resolves canonical `keys` through the tiers: float32 rows into `rows`
     /// (`keys.len() * dim`), whether each was found into `present`; promotes persistent hits
     /// to the volatile tier when the configuration asks. Returns (volatile hits, persistent
@@ -262,6 +182,16 @@ impl TieredTable {
         &self.default_row
     }
 
+    /// Counts one successful lookup of `keys` keys.
+    pub(crate) fn record_lookup(&self, keys: u64, volatile_hits: u64, persistent_hits: u64, misses: u64) {
+        let c = &self.counters;
+        c.lookups.fetch_add(1, Ordering::Relaxed);
+        c.keys.fetch_add(keys, Ordering::Relaxed);
+        c.volatile_hits.fetch_add(volatile_hits, Ordering::Relaxed);
+        c.persistent_hits.fetch_add(persistent_hits, Ordering::Relaxed);
+        c.misses.fetch_add(misses, Ordering::Relaxed);
+    }
+
     /// Changes when rows are written or erased (GPU caches compare it to drop stale rows).
     pub(crate) fn generation(&self) -> u64 {
         self.counters.upserts.load(Ordering::Relaxed) + self.counters.erases.load(Ordering::Relaxed)
@@ -302,27 +232,6 @@ impl TieredTable {
             });
         }
         Ok(())
-    }
-}
-
-/// Per-participant buffers of a tiered lookup, reused across chunks.
-struct Scratch {
-    keys: Vec<u64>,
-    offs: Vec<isize>,
-    rows: Vec<f32>,
-    present: Vec<bool>,
-    tiers: TierScratch,
-}
-
-impl Scratch {
-    fn new(dim: usize) -> Self {
-        Scratch {
-            keys: vec![0; CHUNK],
-            offs: vec![0; CHUNK],
-            rows: vec![0.0; CHUNK * dim],
-            present: vec![false; CHUNK],
-            tiers: TierScratch::default(),
-        }
     }
 }
 

@@ -1,10 +1,9 @@
-//! Lookups: validates keys and out against a table, then runs the executor for its kind.
+//! A lookup, checked: the options and stats of one call, `keys` and `out` validated against a
+//! table's `dim`, and the [`Plan`] the executors run (where keys are read and rows written).
 
 use crate::dlpack::{FloatDtype, KeyDtype, TensorView, Walk, require_host};
 use crate::error::{Error, Result};
-use crate::exec::cpu::{Gather, KeySource, OutTarget};
-use crate::exec::pool;
-use crate::table::{StaticTable, Table, TableKind};
+use crate::util::threads::resolve_threads;
 use dlpark::ffi::DLTensor;
 use std::ffi::c_void;
 
@@ -159,7 +158,7 @@ pub(crate) unsafe fn plan(
     out: &DLTensor,
     opts: &LookupOptions,
 ) -> Result<Option<Plan>> {
-    let threads = pool::resolve_threads(opts.num_threads)?;
+    let threads = resolve_threads(opts.num_threads)?;
     let k = unsafe { TensorView::new(keys, "keys") }?;
     let o = unsafe { TensorView::new(out, "out") }?;
     require_host(k.device, "keys")?;
@@ -182,59 +181,47 @@ pub(crate) unsafe fn plan(
     }))
 }
 
-impl Table {
-    /// Looks up `keys` (int32/int64/uint32/uint64, any shape and strides) into `out`
-    /// (float32/float16/bfloat16, shape `[*keys.shape, dim]` or `[numel(keys), dim]`,
-    /// non-negative, non-overlapping strides). Both are borrowed for the call only. Missing keys
-    /// get the default row, or fail the call with `STRATA_KEY_NOT_FOUND` when the table's
-    /// options say so (then `out` is unspecified). Safe to call from many threads at once.
-    ///
-    /// # Safety
-    /// The tensors must describe memory that is valid as DLPack requires: `keys` readable,
-    /// `out` writable, for every element their shape and strides reach.
-    pub unsafe fn lookup(&self, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions) -> Result<LookupStats> {
-        unsafe { self.lookup_with(keys, out, opts, true) }
+/// Where keys are read from.
+pub struct KeySource {
+    pub ptr: *const u8,
+    pub dtype: KeyDtype,
+    /// Element offsets of flat key indices.
+    pub walk: Walk,
+    pub elem: usize,
+}
+
+impl KeySource {
+    #[inline(always)]
+    fn at(&self, off: isize) -> *const u8 {
+        self.ptr.wrapping_offset(off * self.elem as isize)
     }
 
-    /// [`Table::lookup`], saying whether the caller wants the stats: on CUDA tensors, only
-    /// stats (or a table whose missing keys are errors) make the call wait for the stream.
-    ///
-    /// # Safety
-    /// As for [`Table::lookup`].
-    pub unsafe fn lookup_with(&self, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions, want_stats: bool) -> Result<LookupStats> {
-        // Distributed tables validate devices collectively (so every rank fails together).
-        #[cfg(feature = "cuda")]
-        if !matches!(self.kind, TableKind::Dist(_))
-            && (crate::exec::cuda::run::is_cuda(keys) || crate::exec::cuda::run::is_cuda(out))
-        {
-            return unsafe { crate::exec::cuda::run::lookup(self, keys, out, opts, want_stats) };
-        }
-        let _ = want_stats;
-        match &self.kind {
-            TableKind::Static(t) => unsafe { t.lookup(keys, out, opts) },
-            TableKind::Tiered(t) => match unsafe { plan(t.dim(), (0, 0), keys, out, opts) }? {
-                Some(p) => t.lookup(&p),
-                None => Ok(LookupStats::default()),
-            },
-            TableKind::Dist(t) => unsafe { t.lookup(keys, out, opts) },
+    /// Reads keys `start .. start + keys.len()` in canonical form (`offs` is scratch).
+    #[inline(always)]
+    pub(crate) fn read(&self, start: usize, keys: &mut [u64], offs: &mut [isize]) {
+        match self.walk.linear_stride() {
+            Some(s) => {
+                for (i, key) in keys.iter_mut().enumerate() {
+                    // SAFETY: validated by the planner: every key index below n is addressable.
+                    *key = unsafe { self.dtype.read(self.at((start + i) as isize * s)) };
+                }
+            }
+            None => {
+                self.walk.fill(start, offs);
+                for (key, &o) in keys.iter_mut().zip(offs.iter()) {
+                    *key = unsafe { self.dtype.read(self.at(o)) };
+                }
+            }
         }
     }
 }
 
-impl StaticTable {
-    /// [`Table::lookup`] on a static table.
-    ///
-    /// # Safety
-    /// As for [`Table::lookup`].
-    pub unsafe fn lookup(&self, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions) -> Result<LookupStats> {
-        let Some(p) = (unsafe { plan(self.dim(), self.store().byte_range(), keys, out, opts) })? else {
-            return Ok(LookupStats::default());
-        };
-        let gather = Gather { table: self, keys: p.keys, out: p.out, n: p.n, threads: p.threads };
-        let found = gather.run();
-        if let Some((index, key)) = found.first_miss {
-            return Err(Error::KeyNotFound { key: p.key_dtype.value(key), index });
-        }
-        Ok(LookupStats { hits: found.hits, misses: found.misses, ..LookupStats::default() })
-    }
+/// Where rows are written.
+pub struct OutTarget {
+    pub ptr: *mut u8,
+    pub dtype: FloatDtype,
+    /// Element offsets of each key's output row start.
+    pub walk: Walk,
+    /// Element stride between consecutive values of a row.
+    pub col_stride: usize,
 }

@@ -1,0 +1,341 @@
+//! Static tables: vectors in a [`Store`] plus how keys find rows (dense, or a [`KeyIndex`]),
+//! the default row for missing keys and what a missing key means. Built by copy, by adoption or
+//! from a HugeCTR folder, then immutable: any number of threads may look one up at once.
+
+use super::options::{GpuOptions, MissingKey, TableOptions};
+use crate::dlpack::{FloatDtype, KeyDtype, TensorView, require_host};
+use crate::error::{Error, Result};
+use crate::limits::MAX_DIM;
+use crate::storage::hugectr::SparseFolder;
+use crate::storage::index::KeyIndex;
+use crate::storage::store::Store;
+use dlpark::ManagedTensorBase;
+use dlpark::ffi::DLTensor;
+use std::path::Path;
+
+/// How keys map to rows.
+pub(crate) enum Rows {
+    /// Key `k` is row `k` for `0 <= k < rows`.
+    Dense,
+    /// Arbitrary 64-bit keys.
+    Keyed(KeyIndex),
+}
+
+/// An immutable embedding table: vectors in a [`Store`] and dense or keyed rows. Built by
+/// copy, by adoption or from a HugeCTR folder; any number of threads may look it up at once.
+pub struct StaticTable {
+    pub(crate) store: Store,
+    pub(crate) rows: Rows,
+    /// The default row: `dim` copies of `options.default_value`, in float32 whatever the
+    /// table's dtype, so a missing key gets exactly the value asked for.
+    default_row: Vec<f32>,
+    pub(crate) missing: MissingKey,
+    /// Where lookups on CUDA tensors find rows (kept for [`Table`]).
+    pub(crate) gpu: GpuOptions,
+}
+
+impl StaticTable {
+    fn assemble(store: Store, rows: Rows, options: TableOptions) -> Result<Self> {
+        options.gpu.check()?;
+        let default_row = vec![options.default_value; store.dim()];
+        Ok(StaticTable { store, rows, default_row, missing: options.missing, gpu: options.gpu })
+    }
+
+    /// A dense table (key = row number) over `store`.
+    pub(crate) fn dense_over(store: Store, options: TableOptions) -> Result<Self> {
+        StaticTable::assemble(store, Rows::Dense, options)
+    }
+
+    /// A keyed table over `store`, row `r` holding the key `index` maps to `r`.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn keyed_over(store: Store, index: KeyIndex, options: TableOptions) -> Result<Self> {
+        StaticTable::assemble(store, Rows::Keyed(index), options)
+    }
+
+    /// Copies `vectors` ([rows, dim], float32/float16/bfloat16, any strides, host memory) into
+    /// a new table. `keys` is `None` for a dense table, else a 1-D tensor of
+    /// `rows` unique integer keys. The caller's tensors are only read during the call.
+    ///
+    /// # Safety
+    /// The tensors must describe readable host memory as DLPack requires.
+    pub unsafe fn from_dlpack(vectors: &DLTensor, keys: Option<&DLTensor>, options: TableOptions) -> Result<Self> {
+        options.gpu.check()?;
+        let v = unsafe { TensorView::new(vectors, "vectors") }?;
+        let (dtype, rows, dim) = check_vectors(&v)?;
+        let index = unsafe { build_rows(keys, rows) }?;
+        let (rs, cs) = (v.strides[0], v.strides[1]);
+        let size = dtype.size();
+        let store = Store::alloc(dtype, rows, dim, |buf| {
+            for r in 0..rows {
+                let dst = &mut buf[r * dim * size..(r + 1) * dim * size];
+                let row = r as isize * rs;
+                if cs == 1 {
+                    // SAFETY: the view validated that every element is addressable.
+                    let src = unsafe { std::slice::from_raw_parts(v.at(row), dim * size) };
+                    dst.copy_from_slice(src);
+                } else {
+                    for c in 0..dim {
+                        let src = unsafe { std::slice::from_raw_parts(v.at(row + c as isize * cs), size) };
+                        dst[c * size..(c + 1) * size].copy_from_slice(src);
+                    }
+                }
+            }
+        })?;
+        StaticTable::assemble(store, index, options)
+    }
+
+    /// Builds a table over the vectors of a managed DLPack tensor without copying them. On
+    /// success the table owns `managed` and calls its deleter exactly once when dropped; on
+    /// failure the caller still owns it (the deleter is not called). The rows must have unit
+    /// element stride; `keys` is read during the call only.
+    ///
+    /// # Safety
+    /// `managed` must point to a valid managed tensor whose memory stays readable until its
+    /// deleter runs, with a deleter callable once from any thread.
+    pub unsafe fn adopt<M: ManagedTensorBase>(
+        managed: *mut M,
+        keys: Option<&DLTensor>,
+        options: TableOptions,
+    ) -> Result<Self> {
+        options.gpu.check()?;
+        let m = unsafe { &*managed };
+        let v = unsafe { TensorView::new(m.tensor(), "vectors") }?;
+        let (dtype, rows, dim) = check_vectors(&v)?;
+        v.require_non_negative_strides()?;
+        let (rs, cs) = (v.strides[0] as usize, v.strides[1] as usize);
+        if rows > 0 && dim > 1 && cs != 1 {
+            return Err(Error::layout(
+                "vectors",
+                format!("strides[1] = {cs}; adopting without a copy needs unit element stride (use strata_table_from_dlpack to copy)"),
+            ));
+        }
+        if rows > 1 && rs < dim {
+            return Err(Error::layout(
+                "vectors",
+                format!("strides[0] = {rs} is less than dim = {dim}; rows overlap"),
+            ));
+        }
+        let index = unsafe { build_rows(keys, rows) }?;
+        let default_row = vec![options.default_value; dim];
+        // SAFETY: validated above. Ownership moves into the store only now, when nothing after
+        // it can fail: on every error above the caller still owns `managed`.
+        let owned = unsafe { dlpark::Managed::<M>::from_raw(managed) }
+            .map_err(|e| Error::invalid("vectors", e.to_string()))?;
+        let store = unsafe { Store::adopted(v.ptr, dtype, rows, dim, rs.max(dim), owned.into_deleter()) };
+        Ok(StaticTable { store, rows: index, default_row, missing: options.missing, gpu: options.gpu })
+    }
+
+    /// Opens a table in HugeCTR's sparse format: `dir/key` (little-endian int64, one per row)
+    /// and `dir/emb_vector` (float32, rows x `dim`, same order), no headers. The vectors are
+    /// memory-mapped, not copied; the keys are read into the index and the key file is
+    /// unmapped. The files must not be truncated while the table is open.
+    pub fn open(dir: &Path, dim: i64, options: TableOptions) -> Result<Self> {
+        options.gpu.check()?;
+        let dim = usize::try_from(dim).map_err(|_| Error::invalid("dim", format!("{dim}; expected 1 <= dim <= {MAX_DIM}")))?;
+        let folder = SparseFolder::open(dir, dim)?;
+        let rows = folder.rows;
+        let index = KeyIndex::build((0..rows).map(|r| folder.key(r)), |k| k as i64 as i128, "dir/key")?;
+        let store = match folder.into_vectors() {
+            Some(m) => {
+                #[cfg(unix)]
+                let _ = m.advise(memmap2::Advice::Random);
+                Store::mapped(m, rows, dim)
+            }
+            None => Store::alloc(FloatDtype::F32, 0, dim, |_| {})?,
+        };
+        StaticTable::assemble(store, Rows::Keyed(index), options)
+    }
+
+    /// Elements per row.
+    pub fn dim(&self) -> usize {
+        self.store.dim()
+    }
+
+    /// Number of rows (keys).
+    pub fn len(&self) -> usize {
+        self.store.rows()
+    }
+
+    /// Whether the table has no rows.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Dtype of the stored vectors.
+    pub fn dtype(&self) -> FloatDtype {
+        self.store.dtype()
+    }
+
+    /// Whether keys are arbitrary (hash index) rather than row numbers.
+    pub fn is_keyed(&self) -> bool {
+        matches!(self.rows, Rows::Keyed(_))
+    }
+
+    /// Bytes the keyed index takes (0 for dense tables).
+    pub fn index_bytes(&self) -> usize {
+        match &self.rows {
+            Rows::Dense => 0,
+            Rows::Keyed(ix) => ix.bytes(),
+        }
+    }
+
+
+    /// Every (key, float32 row) in row order (the order of a HugeCTR folder's files). Keyed
+    /// float32 tables only (what `strata_table_open` builds); others yield nothing.
+    pub fn rows_in_file_order(&self) -> impl Iterator<Item = (u64, &[f32])> + '_ {
+        let mut pairs: Vec<(usize, u64)> = match (&self.rows, self.store.dtype()) {
+            (Rows::Keyed(ix), FloatDtype::F32) => ix.iter().map(|(k, r)| (r, k)).collect(),
+            _ => Vec::new(),
+        };
+        pairs.sort_unstable();
+        let dim = self.dim();
+        pairs.into_iter().map(move |(r, k)| {
+            // SAFETY: r < rows; the store holds dim aligned f32 values per row.
+            (k, unsafe { std::slice::from_raw_parts(self.store.row_ptr(r) as *const f32, dim) })
+        })
+    }
+
+    /// The vector store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The default row (`dim` float32 values), as bytes.
+    pub(crate) fn default_row_ptr(&self) -> *const u8 {
+        self.default_row.as_ptr() as *const u8
+    }
+
+    /// The default row.
+    pub(crate) fn default_row(&self) -> &[f32] {
+        &self.default_row
+    }
+
+    /// Resolves canonical `keys` on the host: float32 rows into `rows` (`keys.len() * dim`)
+    /// and whether each was found into `found`. Missing keys' rows are left as they are.
+    pub(crate) fn resolve(&self, keys: &[u64], rows: &mut [f32], found: &mut [bool]) {
+        let dim = self.dim();
+        let dtype = self.dtype();
+        for (j, &key) in keys.iter().enumerate() {
+            let r = match &self.rows {
+                Rows::Dense => (key < self.len() as u64).then_some(key as usize),
+                Rows::Keyed(ix) => ix.get(key),
+            };
+            found[j] = r.is_some();
+            if let Some(r) = r {
+                let src = self.store.row_ptr(r);
+                for (c, v) in rows[j * dim..(j + 1) * dim].iter_mut().enumerate() {
+                    // SAFETY: r < rows; the row holds dim elements of dtype.
+                    *v = unsafe { dtype.load_f32(src.wrapping_add(c * dtype.size())) };
+                }
+            }
+        }
+    }
+}
+
+/// Checks `keys` is a 1-D host tensor of integer keys (`expected` describes the shape wanted).
+unsafe fn keys_1d(keys: &DLTensor, expected: &str) -> Result<(TensorView, KeyDtype)> {
+    let k = unsafe { TensorView::new(keys, "keys") }?;
+    require_host(k.device, "keys")?;
+    let kd = KeyDtype::of(k.dtype, "keys")?;
+    if k.shape.len() != 1 {
+        return Err(Error::invalid("keys", format!("shape {:?}; expected {expected}", k.shape)));
+    }
+    Ok((k, kd))
+}
+
+/// The keys of a 1-D view from [`keys_1d`], in canonical 64-bit form.
+fn canonical_keys(k: &TensorView, kd: KeyDtype) -> impl ExactSizeIterator<Item = u64> + '_ {
+    let stride = if k.numel > 1 { k.strides[0] } else { 0 };
+    // SAFETY: the view validated that every key is addressable.
+    (0..k.numel).map(move |i| unsafe { kd.read(k.at(i as isize * stride)) })
+}
+
+/// Reads a 1-D host tensor of integer keys into canonical 64-bit form.
+pub(crate) unsafe fn read_keys(keys: &DLTensor) -> Result<Vec<u64>> {
+    let (k, kd) = unsafe { keys_1d(keys, "a 1-D tensor of keys") }?;
+    Ok(canonical_keys(&k, kd).collect())
+}
+
+/// Reads `[n, dim]` host float vectors as float32 rows.
+pub(crate) unsafe fn read_rows(vectors: &DLTensor, n: usize, dim: usize) -> Result<Vec<f32>> {
+    let v = unsafe { TensorView::new(vectors, "vectors") }?;
+    require_host(v.device, "vectors")?;
+    let dtype = FloatDtype::of(v.dtype, "vectors")?;
+    if v.shape != [n, dim] {
+        return Err(Error::invalid(
+            "vectors",
+            format!("shape {:?}; expected [{n}, {dim}] (one row of the table's dim per key)", v.shape),
+        ));
+    }
+    let mut rows = Vec::with_capacity(n * dim);
+    for r in 0..n {
+        for c in 0..dim {
+            let p = v.at(r as isize * v.strides[0] + c as isize * v.strides[1]);
+            // SAFETY: the view validated every element; p is aligned for dtype.
+            rows.push(unsafe { dtype.load_f32(p) });
+        }
+    }
+    Ok(rows)
+}
+
+/// Checks `vectors` is a host [rows, dim >= 1] float tensor.
+fn check_vectors(v: &TensorView) -> Result<(FloatDtype, usize, usize)> {
+    require_host(v.device, "vectors")?;
+    let dtype = FloatDtype::of(v.dtype, "vectors")?;
+    if v.shape.len() != 2 {
+        return Err(Error::invalid("vectors", format!("ndim = {}; expected 2 ([rows, dim])", v.shape.len())));
+    }
+    let (rows, dim) = (v.shape[0], v.shape[1]);
+    if dim == 0 || dim > MAX_DIM {
+        return Err(Error::invalid("vectors", format!("shape[1] = {dim}; expected 1 <= dim <= {MAX_DIM}")));
+    }
+    Ok((dtype, rows, dim))
+}
+
+/// Builds the row mapping: dense when `keys` is `None`, else an index over the 1-D `keys`.
+unsafe fn build_rows(keys: Option<&DLTensor>, rows: usize) -> Result<Rows> {
+    let Some(keys) = keys else { return Ok(Rows::Dense) };
+    let (k, kd) = unsafe { keys_1d(keys, &format!("[{rows}] (one key per row of vectors)")) }?;
+    if k.numel != rows {
+        return Err(Error::invalid("keys", format!("shape {:?}; expected [{rows}] (one key per row of vectors)", k.shape)));
+    }
+    Ok(Rows::Keyed(KeyIndex::build(canonical_keys(&k, kd), |c| kd.value(c), "keys")?))
+}
+
+/// A summary of a table, for hosts and reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableInfo {
+    /// Number of rows.
+    pub rows: i64,
+    /// Elements per row.
+    pub dim: i64,
+    /// Dtype of the stored vectors.
+    pub dtype: FloatDtype,
+    /// Whether keys are arbitrary 64-bit values (hash index) rather than row numbers.
+    pub keyed: bool,
+    /// Whether the vectors are a memory-mapped file (`strata_table_open`).
+    pub mapped: bool,
+    /// Whether the vectors are an adopted caller tensor.
+    pub adopted: bool,
+    /// Bytes of the keyed index (0 for dense tables and server tables, whose volatile tier
+    /// is counted by `strata_table_get_stats`).
+    pub index_bytes: u64,
+    /// Bytes of the vectors (rows * dim * element size).
+    pub vector_bytes: u64,
+}
+
+impl StaticTable {
+    /// A summary of the table.
+    pub fn info(&self) -> TableInfo {
+        TableInfo {
+            rows: self.len() as i64,
+            dim: self.dim() as i64,
+            dtype: self.dtype(),
+            keyed: self.is_keyed(),
+            mapped: self.store.is_mapped(),
+            adopted: self.store.is_adopted(),
+            index_bytes: self.index_bytes() as u64,
+            vector_bytes: self.store.vector_bytes() as u64,
+        }
+    }
+}
