@@ -148,6 +148,7 @@ class strata_table_options(Structure):
     see _header_fields for the by-value return of strata_table_options_default()."""
 
     _fields_ = [
+        ("struct_size", ctypes.c_size_t),
         ("default_value", c_float),
         ("missing_key", c_int32),
         ("gpu_placement", c_int32),
@@ -178,15 +179,17 @@ class _returned_table_options(Structure):
 
 
 class strata_lookup_options(Structure):
-    _fields_ = [("stream", c_void_p), ("num_threads", c_int32)]
+    _fields_ = [("struct_size", ctypes.c_size_t), ("stream", c_void_p), ("num_threads", c_int32)]
 
 
 class strata_lookup_stats(Structure):
-    _fields_ = [("hits", c_uint64), ("misses", c_uint64), ("volatile_hits", c_uint64), ("persistent_hits", c_uint64)]
+    _fields_ = [("struct_size", ctypes.c_size_t), ("hits", c_uint64), ("misses", c_uint64),
+                ("volatile_hits", c_uint64), ("persistent_hits", c_uint64)]
 
 
 class strata_table_info(Structure):
     _fields_ = [
+        ("struct_size", ctypes.c_size_t),
         ("rows", c_int64),
         ("dim", c_int64),
         ("dtype", DLDataType),
@@ -380,7 +383,7 @@ def bf16_to_f32(u16) -> np.ndarray:
 
 
 def table_options(default_value=0.0, missing=STRATA_MISSING_FILL):
-    o = strata_table_options(**TABLE_OPTION_DEFAULTS)
+    o = strata_table_options(ctypes.sizeof(strata_table_options), **TABLE_OPTION_DEFAULTS)
     o.default_value = default_value
     o.missing_key = missing
     return o
@@ -410,7 +413,7 @@ class Table:
         return strata_table_len(self.h)
 
     def info(self):
-        i = strata_table_info()
+        i = strata_table_info(ctypes.sizeof(strata_table_info))
         assert strata_table_get_info(self.h, byref(i)) == STRATA_OK
         return i
 
@@ -466,7 +469,7 @@ def lookup(table, keys, out, *, mode="plain", num_threads=None, stats=True, stat
     if num_threads is not None:
         opts = strata_lookup_options_default()
         opts.num_threads = num_threads
-    st = strata_lookup_stats(0xDEAD, 0xBEEF) if stats else None
+    st = strata_lookup_stats(ctypes.sizeof(strata_lookup_stats), 0xDEAD, 0xBEEF) if stats else None
     alive = []
     if mode == "plain":
         kt = keys if isinstance(keys, HandTensor) else Tensor(keys)
