@@ -157,7 +157,7 @@ int main(int argc, char **argv) {
     int64_t key_shape[1] = {batch}, out_shape[2] = {batch, dim};
     DLTensor key_t = {keys, {kDLCPU, 0}, 1, {kDLInt, 64, 1}, key_shape, NULL, 0};
     DLTensor out_t = {out, {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, out_shape, NULL, 0};
-    strata_lookup_stats stats = {0};
+    strata_lookup_stats stats = strata_lookup_stats_default();
     check(strata_lookup(table, &key_t, &out_t, NULL, &stats), "strata_lookup");
     long bad = 0;
     for (int64_t i = 0; i < batch; i++) {
