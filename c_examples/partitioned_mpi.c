@@ -113,31 +113,27 @@ int main(int argc, char **argv) {
         .strides = block_strides,
         .byte_offset = 0,
     };
+    /* Every struct starts with struct_size: start from the _default() initialisers, which set it
+     * (and the other fields to "not given"), then fill in what this description says. */
     strata_partition_location *owners = xmalloc(sizeof(strata_partition_location) * (size_t)size);
     strata_partition *parts = xmalloc(sizeof(strata_partition) * (size_t)size);
     for (int p = 0; p < size; p++) {
-        owners[p] = (strata_partition_location){.rank = p, .device_id = -1, .pid = 0, .host = NULL};
-        parts[p] = (strata_partition){
-            .start = &starts[2 * p],
-            .shape = &shapes[2 * p],
-            .data = p == g_rank ? &local : NULL,
-            .handle = NULL,
-            .locations = &owners[p],
-            .num_locations = 1,
-        };
+        owners[p] = strata_partition_location_default();
+        owners[p].rank = p;
+        parts[p] = strata_partition_default();
+        parts[p].start = &starts[2 * p];
+        parts[p].shape = &shapes[2 * p];
+        parts[p].data = p == g_rank ? &local : NULL;
+        parts[p].locations = &owners[p];
+        parts[p].num_locations = 1;
     }
     int64_t global_shape[2] = {rows, dim};
     int64_t tiling[2] = {size, 1};
-    strata_partitioned desc = {
-        .ndim = 2,
-        .shape = global_shape,
-        .partition_tiling = tiling,
-        .partitions = parts,
-        .locals = NULL,
-        .num_locals = 0,
-        .get = NULL,
-        .get_user = NULL,
-    };
+    strata_partitioned desc = strata_partitioned_default();
+    desc.ndim = 2;
+    desc.shape = global_shape;
+    desc.partition_tiling = tiling;
+    desc.partitions = parts;
     check(strata_partitioned_validate(&desc), "strata_partitioned_validate");
     strata_table_options opts = strata_table_options_default();
     opts.default_value = DEFAULT_VALUE;

@@ -130,6 +130,10 @@ typedef struct DLPackExchangeAPI {
 // `MAJOR * 10000 + MINOR * 100 + PATCH`, for `#if STRATA_VERSION_NUMBER >= ...` checks.
 #define STRATA_VERSION_NUMBER (((STRATA_VERSION_MAJOR * 10000) + (STRATA_VERSION_MINOR * 100)) + STRATA_VERSION_PATCH)
 
+// Largest `dim` (elements per row) a table may have: far above any embedding, and small
+// enough that a row's byte size never overflows.
+#define STRATA_MAX_DIM (1 << 24)
+
 // Bit of `strata_build_features()`: this library was built with CUDA support (cargo feature
 // `cuda`, CMake option `STRATA_CUDA`). Whether a device is present is `strata_cuda_available()`.
 #define STRATA_FEATURE_CUDA (1 << 0)
@@ -137,10 +141,6 @@ typedef struct DLPackExchangeAPI {
 // Bit of `strata_build_features()`: this library was built with MPI support (cargo feature
 // `mpi`, CMake option `STRATA_MPI`).
 #define STRATA_FEATURE_MPI (1 << 1)
-
-// Largest `dim` (elements per row) a table may have: far above any embedding, and small
-// enough that a row's byte size never overflows.
-#define STRATA_MAX_DIM (1 << 24)
 
 // Status code returned by every fallible C function. `STRATA_OK` is zero.
 //
@@ -299,21 +299,28 @@ typedef struct strata_lookup_stats {
   uint64_t persistent_hits;
 } strata_lookup_stats;
 
-// Where a partition lives: an MPI rank (Heat's `location`), and optionally the host, process
-// and device of the latest draft's `(ip, pid, device)` tuples.
+// Where a partition lives (an in-struct, and an out-struct of `strata_table_partitioned`): an
+// MPI rank (Heat's `location`), and optionally the host, process and device of the latest
+// draft's `(ip, pid, device)` tuples. Initialise with `strata_partition_location_default()`.
 typedef struct strata_partition_location {
-  // MPI rank in the communicator the description belongs to; -1 when not given.
+  // `sizeof(strata_partition_location)`, set by `strata_partition_location_default()`; the
+  // same in every element of one `locations` array (its stride).
+  size_t struct_size;
+  // MPI rank in the communicator the description belongs to; -1 (the default) when not given.
   int32_t rank;
-  // Device ordinal, or -1 for host memory.
+  // Device ordinal, or -1 (the default) for host memory.
   int32_t device_id;
-  // Process id, or 0 when not given.
+  // Process id, or 0 (the default) when not given.
   int64_t pid;
-  // Host name or address (NUL-terminated), or NULL.
+  // Host name or address (NUL-terminated), or NULL (the default).
   const char *host;
 } strata_partition_location;
 
-// One grid position of a [`Partitioned`].
+// One grid position of a `strata_partitioned`. Initialise with `strata_partition_default()`.
 typedef struct strata_partition {
+  // `sizeof(strata_partition)`, set by `strata_partition_default()`; the same in every
+  // element of `partitions` (its stride).
+  size_t struct_size;
   // `ndim` offsets of the partition in the global array.
   const int64_t *start;
   // `ndim` sizes of the partition.
@@ -323,7 +330,8 @@ typedef struct strata_partition {
   // An opaque handle resolved through the description's `get` when `data` is NULL (may be NULL
   // for partitions that are not local).
   void *handle;
-  // Owners of the partition: one for a plain partition, several for a replicated one.
+  // Owners of the partition: one for a plain partition, several for a replicated one; an
+  // array of `num_locations` elements strided by their `struct_size`.
   const struct strata_partition_location *locations;
   int32_t num_locations;
 } strata_partition;
@@ -331,14 +339,17 @@ typedef struct strata_partition {
 // Resolves a partition's `handle` into its local data, or NULL when it is not local.
 typedef const DLTensor *(*strata_partition_get_fn)(void *user, void *handle);
 
-// A `__partitioned__` description.
+// A `__partitioned__` description. Initialise with `strata_partitioned_default()`.
 typedef struct strata_partitioned {
+  // `sizeof(strata_partitioned)`, set by `strata_partitioned_default()`.
+  size_t struct_size;
   int32_t ndim;
   // The global shape, `ndim` sizes.
   const int64_t *shape;
   // Partitions per dimension, `ndim` counts (each >= 1).
   const int64_t *partition_tiling;
-  // One entry per grid position, row-major over the grid (`prod(partition_tiling)` entries).
+  // One entry per grid position, row-major over the grid (`prod(partition_tiling)` entries),
+  // strided by their `struct_size`, which every entry must carry alike.
   const struct strata_partition *partitions;
   // Grid positions owned by this process (SPMD): `num_locals * ndim` indices, or NULL when
   // every partition with data is local.
@@ -528,6 +539,21 @@ strata_status strata_lookup_managed_versioned(struct strata_table *table,
                                               const struct strata_lookup_options *opts,
                                               struct strata_lookup_stats *stats);
 
+// A `strata_partitioned` with `struct_size = sizeof(strata_partitioned)` and every other field
+// 0 or NULL: fill in `ndim`, `shape`, `partition_tiling` and `partitions` (and `locals`, `get`
+// as needed).
+struct strata_partitioned strata_partitioned_default(void);
+
+// A `strata_partition` with `struct_size = sizeof(strata_partition)` and every other field 0
+// or NULL. Every element of one `partitions` array must carry the same `struct_size` (the
+// array's stride): initialise each with this function.
+struct strata_partition strata_partition_default(void);
+
+// A `strata_partition_location` with `struct_size = sizeof(strata_partition_location)`, `rank`
+// -1 (not given), `device_id` -1 (host memory), `pid` 0 and `host` NULL. Every element of one
+// `locations` array must carry the same `struct_size`: initialise each with this function.
+struct strata_partition_location strata_partition_location_default(void);
+
 // Checks a `__partitioned__` description against every rule of the protocol: at least one
 // partition per dimension, one partition per grid position, starts and shapes inside the global
 // shape, partitions that tile it exactly (no gap, no overlap; replication is one partition with
@@ -535,8 +561,10 @@ strata_status strata_lookup_managed_versioned(struct strata_table *table,
 // `get` callback when they are handles), `locals` inside the grid and holding data, and local
 // data agreeing with its partition's shape and with the other partitions' dtype. A violation is
 // `STRATA_INVALID_ARGUMENT` naming the grid position and the rule, e.g.
-// "partition (2,0): start[0]+shape[0] = 31 exceeds shape[0] = 27". Borrows `desc` for the call;
-// calls `get` on local handles.
+// "partition (2,0): start[0]+shape[0] = 31 exceeds shape[0] = 27". Every struct's `struct_size`
+// is checked too (an older size reads defaults for the fields it lacks); the elements of
+// `partitions`, and those of each `locations`, are `struct_size` bytes apart and must all carry
+// the same one. Borrows `desc` for the call; calls `get` on local handles.
 strata_status strata_partitioned_validate(const struct strata_partitioned *desc);
 
 // Builds a dense table (key = global row number) from a [rows, dim] description split along

@@ -1,81 +1,86 @@
-//! The `__partitioned__` protocol (IntelPython DPPY-Spec, as Heat implements it) in C: a global
-//! shape split into a grid of partitions, each with its start, shape, owners and (where local)
-//! data. strata validates such a description, builds tables from it, and describes its own
-//! tables with it.
+//! The `__partitioned__` protocol (IntelPython DPPY-Spec, as Heat implements it), in plain Rust:
+//! a [`Description`] of a global shape split into a grid of partitions, each with its start,
+//! shape, owners and (where local) data. strata validates such a description, builds tables
+//! from it, and describes its own tables with a [`TableDescription`].
 //!
-//! The C structs borrow everything: a [`Partitioned`] and what it points to must stay valid for
-//! the call it is passed to. Descriptions strata produces (`strata_table_partitioned`) are owned
-//! by strata and freed with `strata_partitioned_free`.
+//! The C structs (`strata_partitioned` and the rest) live in `ffi`, which converts a C
+//! description into a [`Description`] and lays a [`TableDescription`] out in C.
 
 use crate::dlpack::{FloatDtype, TensorView, dtype_name, require_host};
 use crate::error::{Error, Result};
 use crate::storage::store::Store;
 use crate::model::{StaticTable, TableOptions};
 use dlpark::ffi::{DLDataType, DLDevice, DLDeviceType, DLTensor};
-use std::ffi::{c_char, c_void};
+use std::ffi::c_void;
 
 /// Where a partition lives: an MPI rank (Heat's `location`), and optionally the host, process
 /// and device of the latest draft's `(ip, pid, device)` tuples.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct PartitionLocation {
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Location {
     /// MPI rank in the communicator the description belongs to; -1 when not given.
     pub rank: i32,
     /// Device ordinal, or -1 for host memory.
     pub device_id: i32,
     /// Process id, or 0 when not given.
     pub pid: i64,
-    /// Host name or address (NUL-terminated), or NULL.
-    pub host: *const c_char,
+    /// Host name or address.
+    pub host: Option<String>,
 }
 
-/// One grid position of a [`Partitioned`].
-#[repr(C)]
+impl Location {
+    /// Owned by MPI rank `rank`, in host memory, nothing else given.
+    pub fn rank(rank: i32) -> Self {
+        Location { rank, device_id: -1, pid: 0, host: None }
+    }
+}
+
+/// A partition's data, as a description gives it.
 #[derive(Debug, Clone, Copy)]
-pub struct Partition {
+pub enum PartData<'a> {
+    /// No data here (the partition is not local).
+    Absent,
+    /// The data as a DLPack tensor.
+    Tensor(&'a DLTensor),
+    /// An opaque handle the description's `get` resolves into the data when the partition is
+    /// local.
+    Handle(*mut c_void),
+}
+
+/// One grid position of a [`Description`].
+#[derive(Debug, Clone)]
+pub struct PartDesc<'a> {
     /// `ndim` offsets of the partition in the global array.
-    pub start: *const i64,
+    pub start: Vec<i64>,
     /// `ndim` sizes of the partition.
-    pub shape: *const i64,
-    /// The partition's data when it is local and given as a DLPack tensor; else NULL.
-    pub data: *const DLTensor,
-    /// An opaque handle resolved through the description's `get` when `data` is NULL (may be NULL
-    /// for partitions that are not local).
-    pub handle: *mut c_void,
-    /// Owners of the partition: one for a plain partition, several for a replicated one.
-    pub locations: *const PartitionLocation,
-    pub num_locations: i32,
+    pub shape: Vec<i64>,
+    pub data: PartData<'a>,
+    /// Owners: one for a plain partition, several for a replicated one.
+    pub locations: Vec<Location>,
 }
 
-/// Resolves a partition's `handle` into its local data, or NULL when it is not local.
-pub type PartitionGet = Option<unsafe extern "C" fn(user: *mut c_void, handle: *mut c_void) -> *const DLTensor>;
+/// Resolves a partition's handle into its local data, or `None` when it is not local.
+pub type Resolve<'a> = dyn Fn(*mut c_void) -> Option<&'a DLTensor> + 'a;
 
-/// A `__partitioned__` description.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct Partitioned {
-    pub ndim: i32,
-    /// The global shape, `ndim` sizes.
-    pub shape: *const i64,
-    /// Partitions per dimension, `ndim` counts (each >= 1).
-    pub partition_tiling: *const i64,
-    /// One entry per grid position, row-major over the grid (`prod(partition_tiling)` entries).
-    pub partitions: *const Partition,
-    /// Grid positions owned by this process (SPMD): `num_locals * ndim` indices, or NULL when
-    /// every partition with data is local.
-    pub locals: *const i64,
-    pub num_locals: i32,
-    /// Turns a partition's `handle` into its data; may be NULL when every `data` is given.
-    pub get: PartitionGet,
-    /// Passed to `get` as `user`.
-    pub get_user: *mut c_void,
+/// A `__partitioned__` description, as given: nothing is checked until [`validate`].
+pub struct Description<'a> {
+    /// The global shape (`ndim` sizes).
+    pub shape: Vec<i64>,
+    /// Partitions per dimension (`ndim` counts, each >= 1).
+    pub tiling: Vec<i64>,
+    /// One entry per grid position, row-major over the grid (`prod(tiling)` entries).
+    pub parts: Vec<PartDesc<'a>>,
+    /// Grid positions owned by this process (SPMD), or `None` when every partition with data
+    /// is local.
+    pub locals: Option<Vec<Vec<i64>>>,
+    /// Turns a partition's handle into its data; may be `None` when no entry is a handle.
+    pub get: Option<Box<Resolve<'a>>>,
 }
 
 /// A validated description, in plain Rust.
 pub(crate) struct Layout {
     pub shape: Vec<usize>,
     pub tiling: Vec<usize>,
-    /// Per grid position: start, shape and its local data (if resolved).
+    /// Per grid position: start, shape, owners and its local data (if resolved).
     pub parts: Vec<Part>,
 }
 
@@ -83,6 +88,9 @@ pub(crate) struct Part {
     pub grid: Vec<usize>,
     pub start: Vec<usize>,
     pub shape: Vec<usize>,
+    /// Read by distributed tables only.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub locations: Vec<Location>,
     pub data: Option<TensorView>,
 }
 
@@ -90,6 +98,23 @@ pub(crate) struct Part {
 pub(crate) fn grid_name(g: &[usize]) -> String {
     let inner: Vec<String> = g.iter().map(|x| x.to_string()).collect();
     format!("partition ({})", inner.join(","))
+}
+
+/// The grid position of entry `idx` of a row-major grid `tiling`.
+fn grid_position(idx: usize, tiling: &[usize]) -> Vec<usize> {
+    let mut grid = vec![0usize; tiling.len()];
+    let mut rem = idx;
+    for d in (0..tiling.len()).rev() {
+        grid[d] = rem % tiling[d];
+        rem /= tiling[d];
+    }
+    grid
+}
+
+/// How messages name entry `idx` of a description whose tiling [`grid_len`] accepted.
+pub(crate) fn part_name(idx: usize, tiling: &[i64]) -> String {
+    let tiling: Vec<usize> = tiling.iter().map(|&t| t.max(1) as usize).collect();
+    grid_name(&grid_position(idx, &tiling))
 }
 
 /// Puts a partition's name before an error about its data, keeping the error's status.
@@ -103,57 +128,73 @@ fn in_partition(e: Error, name: &str) -> Error {
     }
 }
 
-/// Reads `n` i64 values at `p` as sizes or offsets; `what` names them in errors.
-unsafe fn sizes(p: *const i64, n: usize, what: &str) -> Result<Vec<usize>> {
-    if n > 0 && p.is_null() {
-        return Err(Error::invalid("desc", format!("{what} is NULL; expected {n} values")));
+/// Checks `n` values as sizes or offsets; `what` names them in errors.
+fn sizes(v: &[i64], n: usize, what: &str) -> Result<Vec<usize>> {
+    if v.len() != n {
+        return Err(Error::invalid("desc", format!("{what} has {} values; expected {n}", v.len())));
     }
-    let mut v = Vec::with_capacity(n);
-    for i in 0..n {
-        let x = unsafe { *p.add(i) };
-        if x < 0 {
-            return Err(Error::invalid("desc", format!("{what}[{i}] = {x}; expected a non-negative value")));
-        }
-        v.push(x as usize);
-    }
-    Ok(v)
+    v.iter()
+        .enumerate()
+        .map(|(i, &x)| {
+            usize::try_from(x).map_err(|_| Error::invalid("desc", format!("{what}[{i}] = {x}; expected a non-negative value")))
+        })
+        .collect()
 }
 
-/// Checks every rule of the protocol and resolves local data: see `strata_partitioned_validate`.
-///
-/// # Safety
-/// `d` and everything it points to must be readable as documented on [`Partitioned`].
-pub(crate) unsafe fn validate(d: &Partitioned) -> Result<Layout> {
-    if d.ndim < 1 {
-        return Err(Error::invalid("desc", format!("ndim = {}; expected at least 1", d.ndim)));
+/// The global shape and tiling, checked (ndim >= 1, non-negative sizes, at least one and not
+/// too many partitions), and the number of grid positions.
+fn dims(shape: &[i64], tiling: &[i64]) -> Result<(Vec<usize>, Vec<usize>, usize)> {
+    if shape.is_empty() {
+        return Err(Error::invalid("desc", "ndim = 0; expected at least 1"));
     }
-    let nd = d.ndim as usize;
-    let shape = unsafe { sizes(d.shape, nd, "shape") }?;
-    let tiling = unsafe { sizes(d.partition_tiling, nd, "partition_tiling") }?;
+    let nd = shape.len();
+    let shape = sizes(shape, nd, "shape")?;
+    let tiling = sizes(tiling, nd, "partition_tiling")?;
     if let Some(i) = tiling.iter().position(|&t| t == 0) {
         return Err(Error::invalid("desc", format!("partition_tiling[{i}] = 0; expected at least 1 partition per dimension")));
     }
     let count = tiling.iter().try_fold(1usize, |a, &t| a.checked_mul(t)).filter(|&c| c <= 1 << 24).ok_or_else(|| {
         Error::invalid("desc", format!("partition_tiling {tiling:?} has too many partitions"))
     })?;
-    if d.partitions.is_null() {
-        return Err(Error::Null { arg: "desc->partitions" });
+    Ok((shape, tiling, count))
+}
+
+/// The number of grid positions of a description with this global shape and tiling (how many
+/// partitions it has), after the checks of the protocol that concern them alone.
+pub(crate) fn grid_len(shape: &[i64], tiling: &[i64]) -> Result<usize> {
+    Ok(dims(shape, tiling)?.2)
+}
+
+/// Checks every rule of the protocol and resolves local data: see `strata_partitioned_validate`.
+///
+/// # Safety
+/// Every tensor of `d`, and every tensor its `get` returns, must be a valid DLPack tensor whose
+/// memory stays readable while the result is used.
+pub(crate) unsafe fn validate(d: Description<'_>) -> Result<Layout> {
+    let (shape, tiling, count) = dims(&d.shape, &d.tiling)?;
+    let nd = shape.len();
+    if d.parts.len() != count {
+        return Err(Error::invalid(
+            "desc",
+            format!("{} partitions; expected one per grid position of partition_tiling {tiling:?} ({count})", d.parts.len()),
+        ));
+    }
+    struct Checked<'a> {
+        grid: Vec<usize>,
+        start: Vec<usize>,
+        shape: Vec<usize>,
+        locations: Vec<Location>,
+        data: PartData<'a>,
     }
     let mut parts = Vec::with_capacity(count);
     // entries with data, with a handle: (count, first grid position)
     type Kind = (usize, Option<Vec<usize>>);
     let mut kinds: (Kind, Kind) = ((0, None), (0, None));
-    for idx in 0..count {
-        let mut grid = vec![0usize; nd];
-        let mut rem = idx;
-        for dd in (0..nd).rev() {
-            grid[dd] = rem % tiling[dd];
-            rem /= tiling[dd];
-        }
+    for (idx, p) in d.parts.into_iter().enumerate() {
+        let grid = grid_position(idx, &tiling);
         let name = grid_name(&grid);
-        let p = unsafe { &*d.partitions.add(idx) };
-        let start = unsafe { sizes(p.start, nd, &format!("{name}: start")) }?;
-        let pshape = unsafe { sizes(p.shape, nd, &format!("{name}: shape")) }?;
+        let start = sizes(&p.start, nd, &format!("{name}: start"))?;
+        let pshape = sizes(&p.shape, nd, &format!("{name}: shape"))?;
         for dd in 0..nd {
             let end = start[dd] as u128 + pshape[dd] as u128;
             if end > shape[dd] as u128 {
@@ -163,17 +204,21 @@ pub(crate) unsafe fn validate(d: &Partitioned) -> Result<Layout> {
                 ));
             }
         }
-        if p.num_locations < 1 || p.locations.is_null() {
+        if p.locations.is_empty() {
             return Err(Error::invalid("desc", format!("{name}: location is empty; expected at least one owner")));
         }
-        if !p.data.is_null() {
-            kinds.0.0 += 1;
-            kinds.0.1.get_or_insert_with(|| grid.clone());
-        } else if !p.handle.is_null() {
-            kinds.1.0 += 1;
-            kinds.1.1.get_or_insert_with(|| grid.clone());
+        match p.data {
+            PartData::Tensor(_) => {
+                kinds.0.0 += 1;
+                kinds.0.1.get_or_insert_with(|| grid.clone());
+            }
+            PartData::Handle(_) => {
+                kinds.1.0 += 1;
+                kinds.1.1.get_or_insert_with(|| grid.clone());
+            }
+            PartData::Absent => {}
         }
-        parts.push((grid, start, pshape, p.data, p.handle));
+        parts.push(Checked { grid, start, shape: pshape, locations: p.locations, data: p.data });
     }
     if let ((nd_, Some(first_data)), (nh, Some(first_handle))) = (&kinds.0, &kinds.1) {
         // name the first entry of the less common kind
@@ -205,17 +250,17 @@ pub(crate) unsafe fn validate(d: &Partitioned) -> Result<Layout> {
         let mut expect_start = 0usize;
         for i in 0..tiling[dd] {
             let mut first: Option<(usize, usize, &Vec<usize>)> = None;
-            for (grid, start, pshape, ..) in parts.iter().filter(|p| p.0[dd] == i) {
+            for p in parts.iter().filter(|p| p.grid[dd] == i) {
                 match first {
-                    None => first = Some((start[dd], pshape[dd], grid)),
-                    Some((s, n, g)) if s != start[dd] || n != pshape[dd] => {
+                    None => first = Some((p.start[dd], p.shape[dd], &p.grid)),
+                    Some((s, n, g)) if s != p.start[dd] || n != p.shape[dd] => {
                         return Err(Error::invalid(
                             "desc",
                             format!(
                                 "{}: start[{dd}] = {}, shape[{dd}] = {}; expected {s} and {n} like {} in the same grid slice",
-                                grid_name(grid),
-                                start[dd],
-                                pshape[dd],
+                                grid_name(&p.grid),
+                                p.start[dd],
+                                p.shape[dd],
                                 grid_name(g)
                             ),
                         ));
@@ -234,7 +279,7 @@ pub(crate) unsafe fn validate(d: &Partitioned) -> Result<Layout> {
             expect_start = s + n;
         }
         if expect_start != shape[dd] {
-            let last = parts.iter().find(|p| p.0[dd] == tiling[dd] - 1).map(|p| grid_name(&p.0)).unwrap_or_default();
+            let last = parts.iter().find(|p| p.grid[dd] == tiling[dd] - 1).map(|p| grid_name(&p.grid)).unwrap_or_default();
             return Err(Error::invalid(
                 "desc",
                 format!(
@@ -245,68 +290,58 @@ pub(crate) unsafe fn validate(d: &Partitioned) -> Result<Layout> {
         }
     }
     // Locals, then resolve and check local data.
-    if d.num_locals < 0 || (d.num_locals > 0 && d.locals.is_null()) || (d.num_locals == 0 && !d.locals.is_null()) {
-        return Err(Error::invalid(
-            "desc",
-            format!(
-                "locals is {} with num_locals = {}; expected NULL with 0, or num_locals > 0 grid positions",
-                if d.locals.is_null() { "NULL" } else { "given" },
-                d.num_locals
-            ),
-        ));
-    }
-    let locals: Option<Vec<usize>> = if d.locals.is_null() {
-        None
-    } else {
-        let mut v = Vec::new();
-        for l in 0..d.num_locals as usize {
-            let pos = unsafe { sizes(d.locals.add(l * nd), nd, &format!("locals[{l}]")) }?;
-            if pos.iter().zip(&tiling).any(|(p, t)| p >= t) {
-                return Err(Error::invalid("desc", format!("locals[{l}] = {pos:?} is outside partition_tiling {tiling:?}")));
+    let locals: Option<Vec<usize>> = match &d.locals {
+        None => None,
+        Some(list) => {
+            let mut v = Vec::with_capacity(list.len());
+            for (l, pos) in list.iter().enumerate() {
+                let pos = sizes(pos, nd, &format!("locals[{l}]"))?;
+                if pos.iter().zip(&tiling).any(|(p, t)| p >= t) {
+                    return Err(Error::invalid("desc", format!("locals[{l}] = {pos:?} is outside partition_tiling {tiling:?}")));
+                }
+                v.push(pos.iter().zip(&tiling).fold(0, |a, (p, t)| a * t + p));
             }
-            v.push(pos.iter().zip(&tiling).fold(0, |a, (p, t)| a * t + p));
+            Some(v)
         }
-        Some(v)
     };
     let mut dtype: Option<(DLDataType, String)> = None;
     let mut out = Vec::with_capacity(count);
-    for (idx, (grid, start, pshape, data, handle)) in parts.into_iter().enumerate() {
-        let name = grid_name(&grid);
+    for (idx, p) in parts.into_iter().enumerate() {
+        let name = grid_name(&p.grid);
         let local = locals.as_ref().is_none_or(|l| l.contains(&idx));
-        let tensor = if !data.is_null() {
-            data
-        } else if !handle.is_null() && local {
-            // SAFETY: the caller's callback, with the caller's user pointer and handle.
-            unsafe { (d.get.expect("checked above"))(d.get_user, handle) }
-        } else {
-            std::ptr::null()
+        let tensor = match p.data {
+            PartData::Tensor(t) => Some(t),
+            PartData::Handle(h) if local => (d.get.as_ref().expect("checked above"))(h),
+            _ => None,
         };
-        if locals.is_some() && local && tensor.is_null() {
+        if locals.is_some() && local && tensor.is_none() {
             return Err(Error::invalid("desc", format!("{name} is listed in locals but has no data; expected local data")));
         }
-        let view = if tensor.is_null() {
-            None
-        } else {
-            let v = unsafe { TensorView::new(&*tensor, "desc") }.map_err(|e| in_partition(e, &name))?;
-            if v.shape != pshape {
-                return Err(Error::invalid(
-                    "desc",
-                    format!("{name}: data has shape {:?}; expected the partition's shape {pshape:?}", v.shape),
-                ));
-            }
-            match &dtype {
-                None => dtype = Some((v.dtype, name.clone())),
-                Some((dt, first)) if *dt != v.dtype => {
+        let view = match tensor {
+            None => None,
+            Some(t) => {
+                // SAFETY: the caller vouches for every tensor of the description and of get.
+                let v = unsafe { TensorView::new(t, "desc") }.map_err(|e| in_partition(e, &name))?;
+                if v.shape != p.shape {
                     return Err(Error::invalid(
                         "desc",
-                        format!("{name}: data has dtype {}; expected {} like {first}", dtype_name(v.dtype), dtype_name(*dt)),
+                        format!("{name}: data has shape {:?}; expected the partition's shape {:?}", v.shape, p.shape),
                     ));
                 }
-                _ => {}
+                match &dtype {
+                    None => dtype = Some((v.dtype, name.clone())),
+                    Some((dt, first)) if *dt != v.dtype => {
+                        return Err(Error::invalid(
+                            "desc",
+                            format!("{name}: data has dtype {}; expected {} like {first}", dtype_name(v.dtype), dtype_name(*dt)),
+                        ));
+                    }
+                    _ => {}
+                }
+                Some(v)
             }
-            Some(v)
         };
-        out.push(Part { grid, start, shape: pshape, data: view });
+        out.push(Part { grid: p.grid, start: p.start, shape: p.shape, locations: p.locations, data: view });
     }
     Ok(Layout { shape, tiling, parts: out })
 }
@@ -377,29 +412,43 @@ pub(crate) unsafe fn table_from(layout: Layout, options: TableOptions) -> Result
     StaticTable::dense_over(store, options)
 }
 
-/// A description strata made of one of its tables, with the storage its pointers point into.
-#[repr(C)]
-pub struct OwnedPartitioned {
-    /// What the C caller sees; must stay the first field (the pointer handed out is to it).
-    pub(crate) desc: Partitioned,
-    // Never resized after the pointers into them are taken.
-    _shape: [i64; 2],
-    _tiling: [i64; 2],
-    _starts: Vec<[i64; 2]>,
-    _shapes: Vec<[i64; 2]>,
-    _strides: Vec<[i64; 2]>,
-    _data: Vec<DLTensor>,
-    _locations: Vec<Vec<PartitionLocation>>,
-    _partitions: Vec<Partition>,
+/// A description strata makes of one of its tables ([`describe`], `DistTable::describe`),
+/// which `ffi` lays out in C: a [rows, dim] array split along rows.
+#[derive(Debug, Clone)]
+pub struct TableDescription {
+    /// The global shape, [rows, dim].
+    pub shape: Vec<i64>,
+    /// (partitions, 1).
+    pub tiling: Vec<i64>,
+    /// One per partition, in row order.
+    pub parts: Vec<DescribedPart>,
 }
 
-unsafe extern "C" fn get_local(_user: *mut c_void, handle: *mut c_void) -> *const DLTensor {
-    handle as *const DLTensor
+/// One partition of a [`TableDescription`].
+#[derive(Debug, Clone)]
+pub struct DescribedPart {
+    pub start: Vec<i64>,
+    pub shape: Vec<i64>,
+    /// The ranks that hold it.
+    pub locations: Vec<Location>,
+    /// Its rows, when this process holds them.
+    pub data: Option<DataView>,
 }
 
-/// One partition of a description strata makes: rows `start..start + store.rows()` (or `rows`
-/// when not local), owned by `ranks`, with its vectors when this process holds them.
-pub(crate) struct Described<'a> {
+/// A partition's rows in this process, as a DLPack tensor of the partition's shape describes
+/// them: valid while the table lives.
+#[derive(Debug, Clone)]
+pub struct DataView {
+    pub ptr: *mut c_void,
+    pub device: DLDevice,
+    pub dtype: DLDataType,
+    /// Element strides, one per dimension.
+    pub strides: Vec<i64>,
+}
+
+/// One partition of a table being described: rows `start..start + rows`, owned by `ranks`,
+/// with its vectors when this process holds them.
+pub(crate) struct RowPart<'a> {
     pub start: usize,
     pub rows: usize,
     pub ranks: Vec<i32>,
@@ -407,70 +456,37 @@ pub(crate) struct Described<'a> {
 }
 
 /// Describes a [rows, dim] table split along rows into `parts` (in row order): local partitions
-/// carry a DLPack view of their store (valid while the table lives) as `data`, and the same
-/// through `handle` and `get`; other partitions carry neither.
-pub(crate) fn describe_parts(rows: usize, dim: usize, parts: Vec<Described>) -> Box<OwnedPartitioned> {
-    let n = parts.len();
-    let mut o = Box::new(OwnedPartitioned {
-        desc: Partitioned {
-            ndim: 2,
-            shape: std::ptr::null(),
-            partition_tiling: std::ptr::null(),
-            partitions: std::ptr::null(),
-            locals: std::ptr::null(),
-            num_locals: 0,
-            get: Some(get_local),
-            get_user: std::ptr::null_mut(),
-        },
-        _shape: [rows as i64, dim as i64],
-        _tiling: [n as i64, 1],
-        _starts: parts.iter().map(|p| [p.start as i64, 0]).collect(),
-        _shapes: parts.iter().map(|p| [p.rows as i64, dim as i64]).collect(),
-        _strides: parts.iter().map(|p| [p.store.map_or(dim, |s| s.row_stride()) as i64, 1]).collect(),
-        _data: Vec::with_capacity(n),
-        _locations: Vec::with_capacity(n),
-        _partitions: Vec::with_capacity(n),
-    });
+/// carry a view of their store (valid while the table lives); other partitions carry none.
+pub(crate) fn describe_parts(rows: usize, dim: usize, parts: Vec<RowPart>) -> TableDescription {
     let pid = std::process::id() as i64;
-    for (i, p) in parts.iter().enumerate() {
-        let data = p.store.map(|store| {
-            o._data.push(DLTensor {
-                data: store.row_ptr_or_base() as *mut c_void,
-                device: DLDevice { device_type: DLDeviceType::CPU, device_id: 0 },
-                ndim: 2,
-                dtype: store.dtype().dl(),
-                shape: o._shapes[i].as_mut_ptr(),
-                strides: o._strides[i].as_mut_ptr(),
-                byte_offset: 0,
-            });
-            o._data.last().expect("just pushed") as *const DLTensor
-        });
-        let here = p.store.is_some();
-        o._locations.push(
-            p.ranks
-                .iter()
-                .map(|&rank| PartitionLocation { rank, device_id: -1, pid: if here { pid } else { 0 }, host: std::ptr::null() })
-                .collect(),
-        );
-        let data = data.unwrap_or(std::ptr::null());
-        o._partitions.push(Partition {
-            start: o._starts[i].as_ptr(),
-            shape: o._shapes[i].as_ptr(),
-            data,
-            handle: data as *mut c_void,
-            locations: o._locations[i].as_ptr(),
-            num_locations: p.ranks.len() as i32,
-        });
-    }
-    o.desc.shape = o._shape.as_ptr();
-    o.desc.partition_tiling = o._tiling.as_ptr();
-    o.desc.partitions = o._partitions.as_ptr();
-    o
+    let n = parts.len();
+    let parts = parts
+        .into_iter()
+        .map(|p| {
+            let here = p.store.is_some();
+            DescribedPart {
+                start: vec![p.start as i64, 0],
+                shape: vec![p.rows as i64, dim as i64],
+                locations: p
+                    .ranks
+                    .iter()
+                    .map(|&rank| Location { rank, device_id: -1, pid: if here { pid } else { 0 }, host: None })
+                    .collect(),
+                data: p.store.map(|store| DataView {
+                    ptr: store.row_ptr_or_base() as *mut c_void,
+                    device: DLDevice { device_type: DLDeviceType::CPU, device_id: 0 },
+                    dtype: store.dtype().dl(),
+                    strides: vec![store.row_stride() as i64, 1],
+                }),
+            }
+        })
+        .collect();
+    TableDescription { shape: vec![rows as i64, dim as i64], tiling: vec![n as i64, 1], parts }
 }
 
 /// Describes a dense table as one local partition (tiling (1, 1)) owned by rank 0, whose data
-/// is a DLPack view of the table's vectors (valid while the table lives).
-pub(crate) fn describe(t: &StaticTable) -> Result<Box<OwnedPartitioned>> {
+/// is a view of the table's vectors (valid while the table lives).
+pub(crate) fn describe(t: &StaticTable) -> Result<TableDescription> {
     if t.is_keyed() {
         return Err(Error::invalid(
             "table",
@@ -478,6 +494,6 @@ pub(crate) fn describe(t: &StaticTable) -> Result<Box<OwnedPartitioned>> {
         ));
     }
     let store = t.store();
-    let part = Described { start: 0, rows: store.rows(), ranks: vec![0], store: Some(store) };
+    let part = RowPart { start: 0, rows: store.rows(), ranks: vec![0], store: Some(store) };
     Ok(describe_parts(store.rows(), store.dim(), vec![part]))
 }

@@ -8,6 +8,7 @@
 use crate::error::{Error, Result};
 use crate::model::{RowSource, GpuOptions, LookupOptions, LookupStats, StaticTable, TableInfo, TableOptions, plan, read_keys, read_rows};
 use crate::dlpack::FloatDtype;
+use crate::partition;
 use dlpark::ManagedTensorBase;
 use dlpark::ffi::DLTensor;
 use std::path::Path;
@@ -71,6 +72,44 @@ impl Table {
     /// See [`StaticTable::open`].
     pub fn open(dir: &Path, dim: i64, options: TableOptions) -> Result<Self> {
         Ok(StaticTable::open(dir, dim, options)?.into())
+    }
+
+    /// A dense table (key = global row number) from a `__partitioned__` description of a
+    /// [rows, dim] array split along rows: see `strata_table_from_partitioned`. `comm` is an
+    /// `MPI_Fint` to spread the table over that communicator's ranks (collective), or `None` for
+    /// one process holding every partition. `desc` and `options` may be the errors of reading
+    /// them: with a communicator, every rank then learns of the failure in the collective call
+    /// instead of waiting for the rank that failed.
+    ///
+    /// # Safety
+    /// As for [`partition::validate`]; a borrowed partition's memory must stay valid and
+    /// unchanged until the table is dropped.
+    pub unsafe fn from_description(
+        desc: Result<partition::Description<'_>>,
+        comm: Option<i32>,
+        options: Result<TableOptions>,
+    ) -> Result<Self> {
+        match comm {
+            // SAFETY: forwarded.
+            Some(fint) => Ok(unsafe { crate::dist::DistTable::from_partitioned(desc, fint, options) }?.into()),
+            None => {
+                let options = options?;
+                // SAFETY: forwarded.
+                Ok(unsafe { partition::table_from(partition::validate(desc?)?, options) }?.into())
+            }
+        }
+    }
+
+    /// Describes a dense static or distributed table with the `__partitioned__` protocol: see
+    /// `strata_table_partitioned`. Keyed and server tables have no such view.
+    pub fn describe(&self) -> Result<partition::TableDescription> {
+        match &self.kind {
+            TableKind::Static(t) => partition::describe(t),
+            TableKind::Dist(t) => t.describe(),
+            TableKind::Tiered(_) => {
+                Err(Error::invalid("table", "is a parameter-server table; expected a dense static or distributed table"))
+            }
+        }
     }
 
     /// Elements per row.

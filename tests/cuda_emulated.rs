@@ -95,7 +95,7 @@ fn compare(emu: &Emulator, placed: &Emulated, t: &TestTable, keys: &Desc, out_dt
     let w = Desc::new(want.as_mut_ptr(), out_dtype, out_shape, out_strides, 0);
     let g = Desc::new(got.as_mut_ptr(), out_dtype, out_shape, out_strides, 0);
     let cpu = unsafe { t.table.lookup(&keys.t, &w.t, &LookupOptions::default()) }.unwrap();
-    let gpu = unsafe { placed.lookup(emu, &t.table, &keys.t, &g.t) }.unwrap();
+    let gpu = unsafe { placed.lookup(emu, t.table.source().unwrap(), &keys.t, &g.t) }.unwrap();
     assert_eq!((gpu.hits, gpu.misses), (cpu.hits, cpu.misses), "stats");
     if got != want {
         let i = got.iter().zip(&want).position(|(a, b)| a != b).unwrap();
@@ -118,7 +118,7 @@ fn gather_matches_the_cpu_path_for_every_dtype() {
     for keyed in [false, true] {
         for td in FLOATS {
             let t = make_table(&mut rng, 300, 12, td, keyed, -2.5);
-            let placed = Emulated::place(emu, &t.table, Placement::Gather).unwrap();
+            let placed = Emulated::place(emu, t.table.source().unwrap(), Placement::Gather).unwrap();
             for kd in KEY_TYPES {
                 for od in FLOATS {
                     for n in [1usize, 37, 300] {
@@ -139,7 +139,7 @@ fn gather_layouts_wide_rows_and_strides() {
     // dim a multiple of 4 with aligned rows: the 16-byte path; 70: the element path.
     for dim in [64usize, 70] {
         let t = make_table(&mut rng, 500, dim, F32, true, 0.25);
-        let placed = Emulated::place(emu, &t.table, Placement::Gather).unwrap();
+        let placed = Emulated::place(emu, t.table.source().unwrap(), Placement::Gather).unwrap();
         let d = dim as i64;
         let kb = make_keys(&mut rng, &t, 120, I64);
         // 2-D keys [8, 15] -> out [8, 15, dim]
@@ -166,7 +166,7 @@ fn shards_serve_the_keys_they_own() {
     for keyed in [false, true] {
         for count in [1usize, 2, 3, 4] {
             let t = make_table(&mut rng, 257, 9, F16, keyed, 7.0);
-            let placed = Emulated::place(emu, &t.table, Placement::Shards { count }).unwrap();
+            let placed = Emulated::place(emu, t.table.source().unwrap(), Placement::Shards { count }).unwrap();
             for kd in [I32, U64] {
                 let kb = make_keys(&mut rng, &t, 400, kd);
                 let k = Desc::compact(kb.as_ptr(), kd, &[400]);
@@ -184,7 +184,7 @@ fn cache_resolves_misses_on_the_host_and_keeps_hot_rows() {
         for fraction in [0.0f32, 0.05, 0.5, 1.0] {
             let t = make_table(&mut rng, 400, 10, td, true, 1.5);
             // threshold above 1: every miss is resolved before the lookup's rows are final.
-            let placed = Emulated::place(emu, &t.table, Placement::Cache { fraction, threshold: 2.0 }).unwrap();
+            let placed = Emulated::place(emu, t.table.source().unwrap(), Placement::Cache { fraction, threshold: 2.0 }).unwrap();
             for round in 0..4 {
                 let kd = KEY_TYPES[round % 4];
                 let kb = make_keys(&mut rng, &t, 150, kd);
@@ -210,12 +210,12 @@ fn cache_above_the_threshold_fills_defaults_and_inserts_in_the_background() {
     let mut rng = Rng(15);
     let t = make_table(&mut rng, 200, 8, F32, true, -4.0);
     // threshold 0: every lookup counts as "hit rate high enough": misses get defaults now.
-    let placed = Emulated::place(emu, &t.table, Placement::Cache { fraction: 1.0, threshold: 0.0 }).unwrap();
+    let placed = Emulated::place(emu, t.table.source().unwrap(), Placement::Cache { fraction: 1.0, threshold: 0.0 }).unwrap();
     let keys: Vec<i64> = t.keys[..50].to_vec();
     let k = Desc::compact(keys.as_ptr().cast(), I64, &[50]);
     let mut out = vec![f32::NAN; 50 * 8];
     let o = Desc::compact(out.as_mut_ptr().cast(), F32, &[50, 8]);
-    let first = unsafe { placed.lookup(emu, &t.table, &k.t, &o.t) }.unwrap();
+    let first = unsafe { placed.lookup(emu, t.table.source().unwrap(), &k.t, &o.t) }.unwrap();
     assert_eq!((first.hits, first.misses), (0, 50), "cold cache: all 50 got the default row");
     assert!(out.iter().all(|&x| x == -4.0));
     // The background insert has run (the emulator runs it at once): the rows are now cached.
@@ -223,7 +223,7 @@ fn cache_above_the_threshold_fills_defaults_and_inserts_in_the_background() {
     let w = Desc::compact(want.as_mut_ptr().cast(), F32, &[50, 8]);
     unsafe { t.table.lookup(&k.t, &w.t, &LookupOptions::default()) }.unwrap();
     out.fill(f32::NAN);
-    let second = unsafe { placed.lookup(emu, &t.table, &k.t, &o.t) }.unwrap();
+    let second = unsafe { placed.lookup(emu, t.table.source().unwrap(), &k.t, &o.t) }.unwrap();
     assert_eq!((second.hits, second.misses), (50, 0));
     assert_eq!(out, want);
     assert_eq!(placed.last_hit_rate(), Some(1.0));
@@ -252,14 +252,14 @@ fn cache_in_front_of_server_tiers() {
     std::fs::write(&ps, json).unwrap();
     let server = strata::server::Server::open(&ps).unwrap();
     let table = server.table("m", 0).unwrap();
-    let placed = Emulated::place(emu, table, Placement::Cache { fraction: 0.25, threshold: 2.0 }).unwrap();
+    let placed = Emulated::place(emu, table.source().unwrap(), Placement::Cache { fraction: 0.25, threshold: 2.0 }).unwrap();
     let mut rng = Rng(16);
     for _ in 0..3 {
         let ks: Vec<i64> = (0..90).map(|_| if rng.below(4) == 0 { -7 } else { keys[rng.below(300) as usize] }).collect();
         let k = Desc::compact(ks.as_ptr().cast(), I64, &[90]);
         let mut got = vec![f32::NAN; 90 * dim];
         let g = Desc::compact(got.as_mut_ptr().cast(), F32, &[90, dim as i64]);
-        let st = unsafe { placed.lookup(emu, table, &k.t, &g.t) }.unwrap();
+        let st = unsafe { placed.lookup(emu, table.source().unwrap(), &k.t, &g.t) }.unwrap();
         for (i, &key) in ks.iter().enumerate() {
             let row = &got[i * dim..(i + 1) * dim];
             if key == -7 {
@@ -287,7 +287,7 @@ fn missing_keys_as_errors_name_the_first_one_like_the_cpu_path() {
     let strict = TableOptions { missing: MissingKey::Error, ..TableOptions::default() };
     let table = unsafe { Table::from_dlpack(&v.t, None, strict) }.unwrap();
     for placement in [Placement::Gather, Placement::Cache { fraction: 0.5, threshold: 0.0 }, Placement::Shards { count: 3 }] {
-        let placed = Emulated::place(emu, &table, placement).unwrap();
+        let placed = Emulated::place(emu, table.source().unwrap(), placement).unwrap();
         // keys [3, 4] with 123 and -1 missing; in place, and transposed (staged from the host)
         let keys: [i32; 12] = [5, 9, 0, 99, 17, 123, 2, 3, -1, 8, 1, 4];
         for (shape, strides) in [([3i64, 4], [4i64, 1]), ([4, 3], [1, 4])] {
@@ -297,7 +297,7 @@ fn missing_keys_as_errors_name_the_first_one_like_the_cpu_path() {
             let oa = Desc::compact(a.as_mut_ptr().cast(), F32, &[shape[0], shape[1], 4]);
             let ob = Desc::compact(b.as_mut_ptr().cast(), F32, &[shape[0], shape[1], 4]);
             let cpu = unsafe { table.lookup(&k.t, &oa.t, &LookupOptions::default()) }.unwrap_err().to_string();
-            let gpu = unsafe { placed.lookup(emu, &table, &k.t, &ob.t) }.unwrap_err().to_string();
+            let gpu = unsafe { placed.lookup(emu, table.source().unwrap(), &k.t, &ob.t) }.unwrap_err().to_string();
             assert_eq!(gpu, cpu, "{placement:?} keys {shape:?}");
             assert!(cpu.contains("is not in the table"), "{cpu}");
         }

@@ -11,17 +11,21 @@ use std::ptr::{null, null_mut};
 fn one_partition(data: &[f32], f: impl FnOnce(*const Partitioned)) {
     let t = Desc::compact(data.as_ptr().cast(), F32, &[2, 2]);
     let (shape, tiling, start) = ([2i64, 2], [1i64, 1], [0i64, 0]);
-    let location = PartitionLocation { rank: 0, device_id: -1, pid: 0, host: null() };
-    let part = Partition { start: start.as_ptr(), shape: shape.as_ptr(), data: &t.t, handle: null_mut(), locations: &location, num_locations: 1 };
+    let location = PartitionLocation { rank: 0, ..strata_partition_location_default() };
+    let part = Partition {
+        start: start.as_ptr(),
+        shape: shape.as_ptr(),
+        data: &t.t,
+        locations: &location,
+        num_locations: 1,
+        ..strata_partition_default()
+    };
     let d = Partitioned {
         ndim: 2,
         shape: shape.as_ptr(),
         partition_tiling: tiling.as_ptr(),
         partitions: &part,
-        locals: null(),
-        num_locals: 0,
-        get: None,
-        get_user: null_mut(),
+        ..strata_partitioned_default()
     };
     f(&d);
 }

@@ -5,6 +5,7 @@
 mod common;
 use common::*;
 use dlpark::ffi::DLTensor;
+use std::mem::size_of;
 use std::ptr::{null, null_mut};
 
 /// A description under construction: owns every array its C structs point into.
@@ -21,7 +22,7 @@ struct Desc2 {
 }
 
 fn loc(rank: i32) -> PartitionLocation {
-    PartitionLocation { rank, device_id: -1, pid: 0, host: null() }
+    PartitionLocation { rank, ..strata_partition_location_default() }
 }
 
 impl Desc2 {
@@ -60,6 +61,7 @@ impl Desc2 {
                 handle: null_mut(),
                 locations: self.locations[i].as_ptr(),
                 num_locations: self.locations[i].len() as i32,
+                ..strata_partition_default()
             })
             .collect();
         self.c = Some(Partitioned {
@@ -69,8 +71,7 @@ impl Desc2 {
             partitions: self.parts.as_ptr(),
             locals: self.locals.as_ref().map_or(null(), |l| l.as_ptr()),
             num_locals: self.locals.as_ref().map_or(0, |l| (l.len() / self.shape.len()) as i32),
-            get: None,
-            get_user: null_mut(),
+            ..strata_partitioned_default()
         });
         self.c.as_ref().unwrap()
     }
@@ -254,4 +255,111 @@ fn every_validation_rule() {
         fails(s, Status::STRATA_UNSUPPORTED_DEVICE, &["comm: distributed tables need a build with MPI support"]);
     }
     fails(unsafe { strata_partitioned_validate(null()) }, Status::STRATA_NULL_ARGUMENT, &["desc"]);
+}
+
+/// A `strata_partition` / `strata_partition_location` of a newer strata: 8 more bytes.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Newer<T> {
+    old: T,
+    extra: u64,
+}
+
+#[test]
+fn initialisers_set_struct_size() {
+    let d = strata_partitioned_default();
+    assert_eq!((d.struct_size, d.ndim, d.num_locals), (size_of::<Partitioned>(), 0, 0));
+    assert!(d.shape.is_null() && d.partitions.is_null() && d.locals.is_null() && d.get.is_none());
+    let p = strata_partition_default();
+    assert_eq!((p.struct_size, p.num_locations), (size_of::<Partition>(), 0));
+    assert!(p.start.is_null() && p.data.is_null() && p.handle.is_null() && p.locations.is_null());
+    let l = strata_partition_location_default();
+    assert_eq!((l.struct_size, l.rank, l.device_id, l.pid), (size_of::<PartitionLocation>(), -1, -1, 0));
+    assert!(l.host.is_null());
+}
+
+#[test]
+fn struct_sizes_of_a_description() {
+    let dim = 4;
+    let mut rng = Rng(43);
+    let global: Vec<f32> = (0..27 * dim).map(|_| rng.f32()).collect();
+    let base = || Desc2::split_rows(&global, dim, &[7, 7, 7, 6]);
+    let refused = |c: &Partitioned, needles: &[&str]| {
+        fails(unsafe { strata_partitioned_validate(c) }, Status::STRATA_INVALID_ARGUMENT, needles);
+        let mut t = null_mut();
+        let s = unsafe { strata_table_from_partitioned(c, null(), null(), &mut t) };
+        fails(s, Status::STRATA_INVALID_ARGUMENT, needles);
+        assert!(t.is_null());
+    };
+
+    // The description itself: sizes that were never initialised.
+    let mut d = base();
+    d.c();
+    let mut c = d.c.unwrap();
+    c.struct_size = 0;
+    refused(&c, &["desc: struct_size is 0; initialise it with strata_partitioned_default()"]);
+    c.struct_size = 40;
+    refused(&c, &["desc: struct_size = 40 is below the first published size of strata_partitioned (72 bytes)"]);
+
+    // The partitions: every element carries the same size, the array's stride.
+    let mut d = base();
+    d.c();
+    d.parts[3].struct_size = 48;
+    let c = d.c.unwrap();
+    refused(&c, &["desc: partitions[3].struct_size = 48, but partitions[0].struct_size = 56", "strata_partition_default()"]);
+    let mut d = base();
+    d.c();
+    d.parts[0].struct_size = 0;
+    let c = d.c.unwrap();
+    refused(&c, &["desc: partitions[0].struct_size is 0; initialise it with strata_partition_default()"]);
+    let mut d = base();
+    d.c();
+    d.locations[2][0].struct_size = 8;
+    let c = d.c.unwrap();
+    refused(&c, &["desc: partitions[2].locations[0].struct_size = 8 is below the first published size of strata_partition_location"]);
+
+    // A newer caller's larger elements: read `struct_size` bytes apart, accepted with zero tails.
+    let mut d = base();
+    d.c();
+    let mut newer: Vec<Newer<Partition>> =
+        d.parts.iter().map(|p| Newer { old: Partition { struct_size: size_of::<Newer<Partition>>(), ..*p }, extra: 0 }).collect();
+    let wide_locations: Vec<Vec<Newer<PartitionLocation>>> = d
+        .locations
+        .iter()
+        .map(|ls| ls.iter().map(|l| Newer { old: PartitionLocation { struct_size: 40, ..*l }, extra: 0 }).collect())
+        .collect();
+    for (p, ls) in newer.iter_mut().zip(&wide_locations) {
+        p.old.locations = ls.as_ptr().cast();
+    }
+    #[repr(C)]
+    struct NewerDesc {
+        old: Partitioned,
+        extra: u64,
+    }
+    let mut c = NewerDesc { old: Partitioned { struct_size: 80, partitions: newer.as_ptr().cast(), ..d.c.unwrap() }, extra: 0 };
+    ok(unsafe { strata_partitioned_validate(&c.old) });
+    let t = build(&c.old);
+    let keys: Vec<i64> = (0..60).map(|_| rng.below(30) as i64 - 1).collect();
+    assert_eq!(rows(t.0, &keys, dim), expect(&global, dim, &keys));
+    // ... and refused when a tail is not zero: the caller asks for something this strata lacks.
+    newer[1].extra = 1;
+    refused(&c.old, &["desc: partitions[1].struct_size = 64, and byte 56 is not zero"]);
+    newer[1].extra = 0;
+    c.extra = 7;
+    refused(&c.old, &["desc: struct_size = 80, and byte 72 is not zero"]);
+}
+
+#[test]
+fn produced_descriptions_carry_struct_sizes() {
+    let vectors = vec![1.0f32; 6 * 3];
+    let t = Owned::build(&vectors, 6, 3, None, &TableOptions::default());
+    let mut p = null_mut();
+    ok(unsafe { strata_table_partitioned(t.0, &mut p) });
+    let d = unsafe { &*p };
+    assert_eq!(d.struct_size, size_of::<Partitioned>());
+    let part = unsafe { &*d.partitions };
+    assert_eq!(part.struct_size, size_of::<Partition>());
+    let l = unsafe { &*part.locations };
+    assert_eq!((l.struct_size, l.rank, l.device_id), (size_of::<PartitionLocation>(), 0, -1));
+    unsafe { strata_partitioned_free(p) };
 }

@@ -61,12 +61,23 @@ from test_ctypes import (  # noqa: F401  (rng is a fixture)
 # ---------------------------------------------------------------------------------------------
 
 
+# Every struct starts with size_t struct_size (set to sizeof by strata_<name>_default(), and by
+# the helpers below); arrays of them are strided by their elements' struct_size.
+
+
 class strata_partition_location(Structure):
-    _fields_ = [("rank", c_int32), ("device_id", c_int32), ("pid", c_int64), ("host", c_char_p)]
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("rank", c_int32),
+        ("device_id", c_int32),
+        ("pid", c_int64),
+        ("host", c_char_p),
+    ]
 
 
 class strata_partition(Structure):
     _fields_ = [
+        ("struct_size", ctypes.c_size_t),
         ("start", POINTER(c_int64)),
         ("shape", POINTER(c_int64)),
         ("data", POINTER(DLTensor)),
@@ -83,6 +94,7 @@ strata_partition_get_fn = CFUNCTYPE(c_void_p, c_void_p, c_void_p)
 
 class strata_partitioned(Structure):
     _fields_ = [
+        ("struct_size", ctypes.c_size_t),
         ("ndim", c_int32),
         ("shape", POINTER(c_int64)),
         ("partition_tiling", POINTER(c_int64)),
@@ -92,6 +104,17 @@ class strata_partitioned(Structure):
         ("get", strata_partition_get_fn),
         ("get_user", c_void_p),
     ]
+
+
+def location(rank=-1, device_id=-1, pid=0, host=None):
+    """A location as strata_partition_location_default() makes it, with the fields given."""
+    return strata_partition_location(ctypes.sizeof(strata_partition_location), rank, device_id, pid, host)
+
+
+def element(array, i):
+    """Element i of an array strata made: its elements are struct_size bytes apart."""
+    base = ctypes.addressof(array.contents)
+    return array._type_.from_address(base + i * ctypes.c_size_t.from_address(base).value)
 
 
 PARTITIONED_P = POINTER(strata_partitioned)
@@ -106,6 +129,9 @@ strata_table_from_partitioned = _fn(
 )
 strata_table_partitioned = _fn("strata_table_partitioned", STATUS_T, TABLE_P, POINTER(PARTITIONED_P))
 strata_partitioned_free = _fn("strata_partitioned_free", None, PARTITIONED_P)
+strata_partitioned_default = _fn("strata_partitioned_default", strata_partitioned)
+strata_partition_default = _fn("strata_partition_default", strata_partition)
+strata_partition_location_default = _fn("strata_partition_location_default", strata_partition_location)
 
 # ---------------------------------------------------------------------------------------------
 # __partitioned__ dicts as Heat produces them
@@ -244,14 +270,15 @@ class Described:
         for i, pos in enumerate(grid):
             e = parts["partitions"][pos]
             c = self.entries[i]
+            c.struct_size = ctypes.sizeof(strata_partition)
             start, shape = _ints(e["start"]), _ints(e["shape"])
             locs = (strata_partition_location * max(1, len(e["location"])))()
             for j, loc in enumerate(e["location"]):
                 if isinstance(loc, tuple):
                     host, pid, *dev = loc
-                    locs[j] = strata_partition_location(-1, dev[0] if dev else -1, pid, host.encode())
+                    locs[j] = location(-1, dev[0] if dev else -1, pid, host.encode())
                 else:
-                    locs[j] = strata_partition_location(loc, -1, 0, None)
+                    locs[j] = location(loc)
             self.alive += [start, shape, locs]
             c.start = ctypes.cast(start, POINTER(c_int64))
             c.shape = ctypes.cast(shape, POINTER(c_int64))
@@ -270,6 +297,7 @@ class Described:
             else:
                 raise ValueError(kind)
         self.desc = strata_partitioned()
+        self.desc.struct_size = ctypes.sizeof(strata_partitioned)
         self.desc.ndim = nd
         self.desc.shape = ctypes.cast(self.shape, POINTER(c_int64))
         self.desc.partition_tiling = ctypes.cast(self.tiling, POINTER(c_int64))
@@ -432,7 +460,10 @@ def test_layouts_and_signatures_match_the_header(tmp_path):
         " struct strata_table **) = strata_table_from_partitioned;\n"
         "strata_status (*p)(const struct strata_table *, struct strata_partitioned **) = strata_table_partitioned;\n"
         "void (*fr)(struct strata_partitioned *) = strata_partitioned_free;\n"
-        "struct strata_partitioned d = {0, 0, 0, 0, 0, 0, get, 0};\n"
+        "struct strata_partitioned d = {sizeof(struct strata_partitioned), 0, 0, 0, 0, 0, 0, get, 0};\n"
+        "struct strata_partitioned (*dd)(void) = strata_partitioned_default;\n"
+        "struct strata_partition (*pd)(void) = strata_partition_default;\n"
+        "struct strata_partition_location (*ld)(void) = strata_partition_location_default;\n"
     )
     r = subprocess.run(["cc", "-c", *flags, str(sig), "-o", os.devnull], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -457,6 +488,61 @@ def test_layouts_and_signatures_match_the_header(tmp_path):
     for name in ("strata_partitioned_validate", "strata_table_from_partitioned", "strata_table_partitioned",
                  "strata_partitioned_free"):
         assert f"{name}(" in header
+
+
+def test_initialisers_set_struct_size():
+    d = strata_partitioned_default()
+    assert d.struct_size == ctypes.sizeof(strata_partitioned) == 72
+    assert d.ndim == 0 and not d.shape and not d.partitions and not d.locals and not d.get and not d.get_user
+    p = strata_partition_default()
+    assert p.struct_size == ctypes.sizeof(strata_partition) == 56
+    assert not p.start and not p.shape and not p.data and not p.handle and not p.locations and p.num_locations == 0
+    loc = strata_partition_location_default()
+    assert (loc.struct_size, loc.rank, loc.device_id, loc.pid, loc.host) == (ctypes.sizeof(strata_partition_location), -1, -1, 0, None)
+
+
+def test_struct_sizes_are_checked(rng):
+    """Each struct's struct_size under the rules of every strata struct, and the arrays
+    (partitions, each partition's locations): one struct_size for every element, its stride."""
+    d = Described(_base(rng))
+    d.desc.struct_size = 0
+    msg = expect_error(validate(d), STRATA_INVALID_ARGUMENT, "desc: struct_size is 0",
+                       "initialise it with strata_partitioned_default()")
+    from_partitioned(d.ptr, status=STRATA_INVALID_ARGUMENT)
+    assert last_error() == msg
+    d = Described(_base(rng))
+    d.entries[2].struct_size = 48
+    expect_error(validate(d), STRATA_INVALID_ARGUMENT,
+                 "desc: partitions[2].struct_size = 48, but partitions[0].struct_size = 56", "strata_partition_default()")
+    d = Described(_base(rng))
+    d.entries[0].struct_size = 0x1234_5678
+    expect_error(validate(d), STRATA_INVALID_ARGUMENT,
+                 "desc: partitions[0].struct_size = 305419896 is not the size of any version of strata_partition")
+    d = Described(_base(rng))
+    d.entries[1].locations[0].struct_size = 0
+    expect_error(validate(d), STRATA_INVALID_ARGUMENT, "desc: partitions[1].locations[0].struct_size is 0",
+                 "strata_partition_location_default()")
+
+
+class newer_partition(Structure):
+    """A strata_partition of a newer strata: one more field."""
+
+    _fields_ = strata_partition._fields_ + [("extra", ctypes.c_uint64)]
+
+
+def test_a_newer_callers_larger_partitions_are_read_with_their_stride(rng):
+    g = rng.standard_normal((27, 8)).astype(np.float32)
+    d = Described(heat_split0(g, 4))
+    wide = (newer_partition * 4)()
+    for i in range(4):
+        ctypes.memmove(ctypes.addressof(wide[i]), ctypes.addressof(d.entries[i]), ctypes.sizeof(strata_partition))
+        wide[i].struct_size = ctypes.sizeof(newer_partition)
+    d.desc.partitions = ctypes.cast(wide, POINTER(strata_partition))
+    assert validate(d) == STRATA_OK, last_error()
+    with from_partitioned(d.ptr) as t:
+        check_lookups(t, g, rng)
+    wide[3].extra = 1  # a field this strata does not know, set: refused
+    expect_error(validate(d), STRATA_INVALID_ARGUMENT, "desc: partitions[3].struct_size = 64, and byte 56 is not zero")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1012,10 +1098,12 @@ def test_table_partitioned_describes_a_dense_table(rng, dtype):
             assert _arr(d.shape, 2) == [27, 8]
             assert _arr(d.partition_tiling, 2) == [1, 1]
             assert not d.locals and d.num_locals == 0
-            part = d.partitions[0]
+            part = element(d.partitions, 0)
             assert _arr(part.start, 2) == [0, 0] and _arr(part.shape, 2) == [27, 8]
             assert part.num_locations == 1
-            loc = part.locations[0]
+            loc = element(part.locations, 0)
+            assert (d.struct_size, part.struct_size, loc.struct_size) == (
+                ctypes.sizeof(strata_partitioned), ctypes.sizeof(strata_partition), ctypes.sizeof(strata_partition_location))
             assert loc.rank == 0 and loc.device_id == -1 and loc.host is None
             assert loc.pid in (0, os.getpid())
             view = part.data.contents

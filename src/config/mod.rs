@@ -84,7 +84,7 @@ pub struct ModelConfig {
     /// `sparse_embedding1`, ... (what HPS's parser generates). Unique within the model.
     pub embedding_table_names: Vec<String>,
     /// Floats per row of each table (`embedding_vecsize_per_table`, required),
-    /// `1..=STRATA_MAX_DIM` (`strata::table::STRATA_MAX_DIM`).
+    /// `1..=STRATA_MAX_DIM` (`strata::ffi::STRATA_MAX_DIM`).
     pub embedding_vecsize_per_table: Vec<usize>,
     /// The value of every element of a missing key's row, per table
     /// (`default_value_for_each_table`); default 0.0 for every table.

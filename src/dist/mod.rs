@@ -23,7 +23,7 @@ use crate::table::{Table, TableKind};
 #[cfg(not(feature = "mpi"))]
 use crate::{
     error::{Error, Result},
-    partition::Partitioned,
+    partition::{Description, TableDescription},
     model::TableOptions,
 };
 #[cfg(not(feature = "mpi"))]
@@ -83,12 +83,12 @@ impl DistTable {
     ///
     /// # Safety
     /// As for [`crate::partition::validate`].
-    pub(crate) unsafe fn from_partitioned(_d: &Partitioned, _comm: i32, _options: TableOptions) -> Result<Self> {
+    pub(crate) unsafe fn from_partitioned(_d: Result<Description<'_>>, _comm: i32, _options: Result<TableOptions>) -> Result<Self> {
         Err(lacks_mpi())
     }
 
     /// Collective: see `strata_table_open_distributed`. Fails: this build lacks MPI.
-    pub(crate) fn open(_dir: &Path, _dim: i64, _comm: i32, _options: TableOptions) -> Result<Self> {
+    pub(crate) fn open(_dir: &Path, _dim: i64, _comm: i32, _options: Result<TableOptions>) -> Result<Self> {
         Err(lacks_mpi())
     }
 
@@ -123,7 +123,7 @@ impl DistTable {
         match *self {}
     }
 
-    pub(crate) fn describe(&self) -> Result<Box<crate::partition::OwnedPartitioned>> {
+    pub(crate) fn describe(&self) -> Result<TableDescription> {
         match *self {}
     }
 }

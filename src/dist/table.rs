@@ -10,7 +10,7 @@ use crate::storage::hugectr::SparseFolder;
 use crate::storage::index::KeyIndex;
 use crate::util::hash::mix;
 use crate::partition::{
-    Described, Layout, OwnedPartitioned, Part, Partitioned, check_row_split, describe_parts, grid_name, table_from, validate,
+    Description, Layout, Part, RowPart, TableDescription, check_row_split, describe_parts, grid_name, table_from, validate,
 };
 use crate::storage::store::Store;
 use crate::model::{MissingKey, StaticTable, TableInfo, TableOptions};
@@ -158,15 +158,18 @@ fn check_agreement(all: &[u64], size: usize) -> Result<()> {
 }
 
 impl DistTable {
-    /// Collective: see `strata_table_from_partitioned` with a communicator.
+    /// Collective: see `strata_table_from_partitioned` with a communicator. `d` and `options`
+    /// may be the errors of reading them, which fail the call on every rank.
     ///
     /// # Safety
     /// As for [`validate`]; borrowed partitions must stay valid and unchanged until the table is
     /// dropped.
-    pub(crate) unsafe fn from_partitioned(d: &Partitioned, fint: i32, options: TableOptions) -> Result<Self> {
+    pub(crate) unsafe fn from_partitioned(d: Result<Description<'_>>, fint: i32, options: Result<TableOptions>) -> Result<Self> {
         let mut comm = Comm::duplicate(fint)?;
-        let local = unsafe { local_partitions(d, comm.rank, comm.size, options) };
-        let (summary, route, local) = comm.agree(local)?;
+        let (rank, size) = (comm.rank, comm.size);
+        // SAFETY: forwarded.
+        let local = options.and_then(|options| Ok((unsafe { local_partitions(d?, rank, size, options) }?, options)));
+        let ((summary, route, local), options) = comm.agree(local)?;
         let all = comm.all_gather(&summary.to_array());
         check_agreement(&all, comm.size)?;
         let dtype = (0..comm.size)
@@ -177,11 +180,13 @@ impl DistTable {
         Ok(DistTable::assemble(comm, rows as usize, dim as usize, dtype, route, local, options))
     }
 
-    /// Collective: see `strata_table_open_distributed`.
-    pub(crate) fn open(dir: &Path, dim: i64, fint: i32, options: TableOptions) -> Result<Self> {
+    /// Collective: see `strata_table_open_distributed`. `options` may be the error of reading
+    /// them, which fails the call on every rank.
+    pub(crate) fn open(dir: &Path, dim: i64, fint: i32, options: Result<TableOptions>) -> Result<Self> {
         let mut comm = Comm::duplicate(fint)?;
-        let local = load_share(dir, dim, comm.rank, comm.size, options);
-        let (share, file_rows) = comm.agree(local)?;
+        let (rank, size) = (comm.rank, comm.size);
+        let local = options.and_then(|options| Ok((load_share(dir, dim, rank, size, options)?, options)));
+        let ((share, file_rows), options) = comm.agree(local)?;
         let mine = [dim as u64, file_rows as u64, options.default_value.to_bits() as u64, options.missing as u64];
         let all = comm.all_gather(&mine);
         if let Some(r) = (1..comm.size).find(|&r| all[r * 4..r * 4 + 4] != all[..4]) {
@@ -264,7 +269,7 @@ impl DistTable {
     /// (ranks of the communicator), `data` (and `handle`) only for this rank's partitions, which
     /// view the table's memory (the caller's, for borrowed partitions). Keyed tables have no
     /// array view.
-    pub(crate) fn describe(&self) -> Result<Box<OwnedPartitioned>> {
+    pub(crate) fn describe(&self) -> Result<TableDescription> {
         let Route::Dense { ends, owners } = &self.route else {
             return Err(Error::invalid(
                 "table",
@@ -279,7 +284,7 @@ impl DistTable {
                 let start = if p == 0 { 0 } else { ends[p - 1] };
                 let mine = ranks.contains(&(self.rank as i32));
                 let store = self.local.iter().find(|l| mine && l.start == start).map(|l| l.table.store());
-                Described { start, rows: end - start, ranks: ranks.clone(), store }
+                RowPart { start, rows: end - start, ranks: ranks.clone(), store }
             })
             .collect();
         Ok(describe_parts(self.rows, self.dim, parts))
@@ -315,11 +320,12 @@ impl DistTable {
 /// the partitions that list it), and builds a table over each local partition (borrowed when
 /// its strides allow, as for a single partition in one process; else copied).
 unsafe fn local_partitions(
-    d: &Partitioned,
+    d: Description<'_>,
     rank: usize,
     size: usize,
     options: TableOptions,
 ) -> Result<(Summary, Route, Vec<LocalPart>)> {
+    // SAFETY: forwarded.
     let layout = unsafe { validate(d) }?;
     let (rows, dim) = check_row_split(&layout)?;
     let Layout { parts, .. } = layout;
@@ -328,13 +334,10 @@ unsafe fn local_partitions(
     let mut owners = Vec::with_capacity(parts.len());
     let mut local = Vec::new();
     let mut dtype = NO_DTYPE;
-    for (idx, p) in parts.into_iter().enumerate() {
+    for p in parts {
         let name = grid_name(&p.grid);
-        // SAFETY: validate() checked that partitions and locations are readable.
-        let entry = unsafe { &*d.partitions.add(idx) };
-        let locs = unsafe { std::slice::from_raw_parts(entry.locations, entry.num_locations as usize) };
-        let mut ranks = Vec::with_capacity(locs.len());
-        for (i, l) in locs.iter().enumerate() {
+        let mut ranks = Vec::with_capacity(p.locations.len());
+        for (i, l) in p.locations.iter().enumerate() {
             if l.rank < 0 || l.rank as usize >= size {
                 return Err(Error::invalid(
                     "desc",
@@ -373,8 +376,9 @@ unsafe fn local_partitions(
             let one = Layout {
                 shape: p.shape.clone(),
                 tiling: vec![1, 1],
-                parts: vec![Part { grid: p.grid, start: vec![0, 0], shape: p.shape, data: p.data }],
+                parts: vec![Part { grid: p.grid, start: vec![0, 0], shape: p.shape, locations: p.locations, data: p.data }],
             };
+            // SAFETY: forwarded (a borrowed partition outlives the table, as documented).
             let table = unsafe { table_from(one, share_options(options)) }.map_err(|e| match e {
                 Error::Invalid { arg, msg } => Error::Invalid { arg, msg: format!("{name}: {msg}") },
                 other => other,

@@ -49,6 +49,12 @@ pub extern "C" fn strata_cuda_available() -> i32 {
     })
 }
 
+/// Largest `dim` (elements per row) a table may have: far above any embedding, and small
+/// enough that a row's byte size never overflows.
+pub const STRATA_MAX_DIM: usize = 1 << 24;
+// A literal above so that cbindgen exports it; the layers below use `limits::MAX_DIM`.
+const _: () = assert!(STRATA_MAX_DIM == crate::limits::MAX_DIM);
+
 /// Bit of `strata_build_features()`: this library was built with CUDA support (cargo feature
 /// `cuda`, CMake option `STRATA_CUDA`). Whether a device is present is `strata_cuda_available()`.
 pub const STRATA_FEATURE_CUDA: u32 = 1 << 0;

@@ -1,7 +1,8 @@
 //! The C ABI of `include/strata.h`, and the only place C types live.
 //!
 //! - [`types`]: every `#[repr(C)]` struct and enum of the header, and its conversion into the
-//!   core's Rust types; [`sized`]: the `struct_size` rules, in one place;
+//!   core's Rust types, but for the `__partitioned__` structs, in [`partition_types`];
+//!   [`sized`]: the `struct_size` rules, in one place;
 //! - [`boundary`]: the panic boundary every export runs in, the thread's last error, and the
 //!   pointer-check helpers; [`tensor`]: DLPack version and flag checks of managed tensors;
 //! - the exports, by what they act on: [`library`] (versions, features, errors), [`table`]
@@ -17,6 +18,7 @@ mod boundary;
 mod library;
 mod lookup;
 mod partition;
+mod partition_types;
 mod server;
 mod sized;
 mod table;
@@ -26,6 +28,7 @@ mod types;
 pub use library::*;
 pub use lookup::*;
 pub use partition::*;
+pub use partition_types::*;
 pub use server::*;
 pub use table::*;
 pub use types::*;

@@ -2,13 +2,39 @@
 //! tables spread over MPI ranks.
 
 use super::boundary::{arg_ref, boundary, c_path, opt_ref, out_handle};
+use super::partition_types::{
+    OwnedPartitioned, description, strata_partition, strata_partition_location, strata_partitioned,
+};
 use super::table::{strata_table, table_arg, table_options};
 use super::types::{Status, strata_table_options};
 use crate::dist::DistTable;
-use crate::error::Error;
-use crate::partition::{OwnedPartitioned, Partitioned, describe, table_from, validate};
-use crate::table::{Table, TableKind};
+use crate::partition::validate;
+use crate::table::Table;
 use std::ffi::c_char;
+
+/// A `strata_partitioned` with `struct_size = sizeof(strata_partitioned)` and every other field
+/// 0 or NULL: fill in `ndim`, `shape`, `partition_tiling` and `partitions` (and `locals`, `get`
+/// as needed).
+#[unsafe(no_mangle)]
+pub extern "C" fn strata_partitioned_default() -> strata_partitioned {
+    strata_partitioned::default()
+}
+
+/// A `strata_partition` with `struct_size = sizeof(strata_partition)` and every other field 0
+/// or NULL. Every element of one `partitions` array must carry the same `struct_size` (the
+/// array's stride): initialise each with this function.
+#[unsafe(no_mangle)]
+pub extern "C" fn strata_partition_default() -> strata_partition {
+    strata_partition::default()
+}
+
+/// A `strata_partition_location` with `struct_size = sizeof(strata_partition_location)`, `rank`
+/// -1 (not given), `device_id` -1 (host memory), `pid` 0 and `host` NULL. Every element of one
+/// `locations` array must carry the same `struct_size`: initialise each with this function.
+#[unsafe(no_mangle)]
+pub extern "C" fn strata_partition_location_default() -> strata_partition_location {
+    strata_partition_location::default()
+}
 
 /// Checks a `__partitioned__` description against every rule of the protocol: at least one
 /// partition per dimension, one partition per grid position, starts and shapes inside the global
@@ -17,12 +43,16 @@ use std::ffi::c_char;
 /// `get` callback when they are handles), `locals` inside the grid and holding data, and local
 /// data agreeing with its partition's shape and with the other partitions' dtype. A violation is
 /// `STRATA_INVALID_ARGUMENT` naming the grid position and the rule, e.g.
-/// "partition (2,0): start[0]+shape[0] = 31 exceeds shape[0] = 27". Borrows `desc` for the call;
-/// calls `get` on local handles.
+/// "partition (2,0): start[0]+shape[0] = 31 exceeds shape[0] = 27". Every struct's `struct_size`
+/// is checked too (an older size reads defaults for the fields it lacks); the elements of
+/// `partitions`, and those of each `locations`, are `struct_size` bytes apart and must all carry
+/// the same one. Borrows `desc` for the call; calls `get` on local handles.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn strata_partitioned_validate(desc: *const Partitioned) -> Status {
+pub unsafe extern "C" fn strata_partitioned_validate(desc: *const strata_partitioned) -> Status {
     boundary(|| {
-        let d = unsafe { arg_ref(desc, "desc") }?;
+        // SAFETY (this block): the caller passes NULL or a description readable as documented,
+        // whose tensors (and get's) are valid DLPack tensors for the call.
+        let d = unsafe { description(desc) }?;
         unsafe { validate(d) }?;
         Ok(())
     })
@@ -51,19 +81,21 @@ pub unsafe extern "C" fn strata_partitioned_validate(desc: *const Partitioned) -
 /// (see `strata_mpi_available`).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_table_from_partitioned(
-    desc: *const Partitioned,
+    desc: *const strata_partitioned,
     comm: *const i32,
     opts: *const strata_table_options,
     out: *mut *mut strata_table,
 ) -> Status {
     boundary(|| {
+        // SAFETY (this block): the caller passes NULL or valid pointers, as documented, and keeps
+        // borrowed partitions alive and unchanged until strata_table_free.
         let out = unsafe { out_handle(out, "out") }?;
-        let d = unsafe { arg_ref(desc, "desc") }?;
-        let options = unsafe { table_options(opts) }?;
-        let table = match unsafe { opt_ref(comm) } {
-            Some(&fint) => Table::from(unsafe { DistTable::from_partitioned(d, fint, options) }?),
-            None => Table::from(unsafe { table_from(validate(d)?, options) }?),
-        };
+        let comm = unsafe { opt_ref(comm) }.copied();
+        // Errors reading the description or the options are the core's to report: with a
+        // communicator every rank learns of them in the collective call.
+        let desc = unsafe { description(desc) };
+        let options = unsafe { table_options(opts) };
+        let table = unsafe { Table::from_description(desc, comm, options) }?;
         *out = strata_table::into_owned_raw(table);
         Ok(())
     })
@@ -87,10 +119,12 @@ pub unsafe extern "C" fn strata_table_open_distributed(
     out: *mut *mut strata_table,
 ) -> Status {
     boundary(|| {
+        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
         let out = unsafe { out_handle(out, "out") }?;
         let dir = unsafe { c_path(dir, "dir") }?;
         let fint = *unsafe { arg_ref(comm, "comm") }?;
-        let options = unsafe { table_options(opts) }?;
+        // An error reading the options fails the collective call on every rank.
+        let options = unsafe { table_options(opts) };
         let table = DistTable::open(dir, dim, fint, options)?;
         *out = strata_table::into_owned_raw(Table::from(table));
         Ok(())
@@ -106,30 +140,23 @@ pub unsafe extern "C" fn strata_table_open_distributed(
 /// is owned by strata, valid while the table lives, and freed with `strata_partitioned_free`.
 /// Keyed and server tables have no such view (`STRATA_INVALID_ARGUMENT`).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn strata_table_partitioned(table: *const strata_table, out: *mut *mut Partitioned) -> Status {
+pub unsafe extern "C" fn strata_table_partitioned(table: *const strata_table, out: *mut *mut strata_partitioned) -> Status {
     boundary(|| {
+        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
         let out = unsafe { out_handle(out, "out") }?;
         let t = unsafe { table_arg(table, "table") }?;
-        let desc = match &t.kind {
-            TableKind::Static(st) => describe(st)?,
-            TableKind::Dist(dt) => dt.describe()?,
-            TableKind::Tiered(_) => {
-                return Err(Error::invalid("table", "is a parameter-server table; expected a dense static or distributed table"));
-            }
-        };
-        *out = Box::into_raw(desc) as *mut Partitioned;
+        *out = OwnedPartitioned::new(t.describe()?).into_raw();
         Ok(())
     })
 }
 
 /// Frees a description from `strata_table_partitioned`. NULL is a no-op.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn strata_partitioned_free(desc: *mut Partitioned) {
+pub unsafe extern "C" fn strata_partitioned_free(desc: *mut strata_partitioned) {
     boundary(|| {
         if !desc.is_null() {
-            // SAFETY: made by strata_table_partitioned from a Box<OwnedPartitioned>, whose first
-            // field (repr(C)) is the description handed out.
-            drop(unsafe { Box::from_raw(desc as *mut OwnedPartitioned) });
+            // SAFETY: the caller passes a description from strata_table_partitioned, once.
+            unsafe { OwnedPartitioned::free(desc) };
         }
         Ok(())
     })

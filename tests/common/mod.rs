@@ -4,8 +4,6 @@
 
 use dlpark::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLTensor};
 use std::ffi::{CStr, c_void};
-#[allow(unused_imports)]
-pub use strata::partition::{Partition, PartitionLocation, Partitioned};
 // The C functions and types under test, as the library defines them: the same definitions
 // cbindgen writes into include/strata.h (whose freshness a test checks), so a changed signature
 // fails to compile here instead of being redeclared by hand.
@@ -17,6 +15,9 @@ pub type TableInfo = strata_table_info;
 pub type TableStats = strata_table_stats;
 pub type LookupOptions = strata_lookup_options;
 pub type LookupStats = strata_lookup_stats;
+pub type Partitioned = strata_partitioned;
+pub type Partition = strata_partition;
+pub type PartitionLocation = strata_partition_location;
 
 /// The message of the last failure on this thread.
 pub fn last_error() -> String {

@@ -32,7 +32,7 @@ pub fn run() {
     // SAFETY: MPI is initialised.
     let fint = unsafe { mpi::ffi::MPI_Comm_c2f(mpi::ffi::RSMPI_COMM_WORLD) };
     let cx = Ctx { rank: world.rank(), size: world.size(), fint, world };
-    assert_eq!(unsafe { strata_mpi_available() }, 1);
+    assert_eq!(strata_mpi_available(), 1);
     let cases: &[Case] = &[
         ("dense split 7/7/7/6, every key and out dtype, misses and stats", dense_uneven_rows),
         ("replicated partitions: tiling (1, 1) on every rank, (2, 1) on two ranks each", replicated),
@@ -216,9 +216,13 @@ fn zero_copy(cx: &Ctx) {
     assert_eq!(unsafe { std::slice::from_raw_parts(desc.shape, 2) }, &[27, dim as i64]);
     assert_eq!(unsafe { std::slice::from_raw_parts(desc.partition_tiling, 2) }, &[4, 1]);
     let get = desc.get.unwrap();
+    // strata's own arrays are strided by this library's sizes, which its structs carry.
+    assert_eq!(desc.struct_size, std::mem::size_of::<Partitioned>());
     for (i, part) in unsafe { std::slice::from_raw_parts(desc.partitions, 4) }.iter().enumerate() {
         let owner = i as i32 % cx.size;
+        assert_eq!(part.struct_size, std::mem::size_of::<Partition>());
         assert_eq!(part.num_locations, 1);
+        assert_eq!(unsafe { (*part.locations).struct_size }, std::mem::size_of::<PartitionLocation>());
         assert_eq!(unsafe { (*part.locations).rank }, owner);
         assert_eq!(unsafe { *part.start }, d.starts[i][0]);
         assert_eq!(unsafe { get(desc.get_user, part.handle) }, part.data);
@@ -315,6 +319,15 @@ fn invalid_description(cx: &Ctx) {
     }
     build_fails(cx, &mut d, &opts, Status::STRATA_INVALID_ARGUMENT, Some(l), &[
         "desc: partition (3,0): start[0]+shape[0] = 31 exceeds shape[0] = 27",
+    ]);
+    // a struct that was never initialised, on one rank: an error reading the description fails
+    // the collective call on every rank too
+    let mut d = base();
+    if cx.rank == l {
+        d.owners[0][0].struct_size = 0;
+    }
+    build_fails(cx, &mut d, &opts, Status::STRATA_INVALID_ARGUMENT, Some(l), &[
+        "desc: partitions[0].locations[0].struct_size is 0; initialise it with strata_partition_location_default()",
     ]);
     // owners must be ranks of the communicator (every rank sees it)
     let mut d = base();

@@ -22,7 +22,7 @@ pub struct Split {
 }
 
 pub fn at(rank: i32) -> PartitionLocation {
-    PartitionLocation { rank, device_id: -1, pid: 0, host: null() }
+    PartitionLocation { rank, ..strata_partition_location_default() }
 }
 
 impl Split {
@@ -75,6 +75,7 @@ impl Split {
                 handle: null_mut(),
                 locations: self.owners[i].as_ptr(),
                 num_locations: self.owners[i].len() as i32,
+                ..strata_partition_default()
             })
             .collect();
         self.c = Some(Partitioned {
@@ -84,8 +85,7 @@ impl Split {
             partitions: self.parts.as_ptr(),
             locals: self.locals.as_ref().map_or(null(), |l| l.as_ptr()),
             num_locals: self.locals.as_ref().map_or(0, |l| l.len() as i32 / 2),
-            get: None,
-            get_user: null_mut(),
+            ..strata_partitioned_default()
         });
         self.c.as_ref().unwrap()
     }

@@ -329,12 +329,12 @@ class Table(_Closeable):
         d = p.contents
         nd = int(d.ndim)
         shape = tuple(int(d.shape[i]) for i in range(nd))
-        part = d.partitions[0]
+        part = _ffi.sized_element(d.partitions, 0)
         view = View(part.data.contents, owner)
         dev_type, dev_id = view.__dlpack_device__()
         host = dev_type in (_ffi.kDLCPU, _ffi.kDLCUDAHost)
         data: Any = _view_as_numpy(view) if host else view
-        locs = [int(part.locations[j].rank) for j in range(int(part.num_locations))]
+        locs = [int(_ffi.sized_element(part.locations, j).rank) for j in range(int(part.num_locations))]
         pos = (0,) * nd
         return {
             "shape": shape,
@@ -655,7 +655,7 @@ def from_partitioned(
         raise InvalidArgument(f"__partitioned__: partition_tiling {tuple(tiling)} has not {nd} entries like shape")
     grid = list(itertools.product(*(range(int(t)) for t in tiling)))
     keep: List[Any] = []
-    c_parts = (_ffi.strata_partition * max(1, len(grid)))()
+    c_parts = _ffi.partition_array(len(grid))
     for i, pos in enumerate(grid):
         entry = entries.get(pos)
         if entry is None:
@@ -667,9 +667,9 @@ def from_partitioned(
         for j, loc in enumerate(location):
             if isinstance(loc, (tuple, list)):
                 host, pid, *dev = loc
-                locs[j] = _ffi.strata_partition_location(-1, int(dev[0]) if dev else -1, int(pid), str(host).encode())
+                locs[j] = _ffi.partition_location(-1, int(dev[0]) if dev else -1, int(pid), str(host).encode())
             else:
-                locs[j] = _ffi.strata_partition_location(int(loc), -1, 0, None)
+                locs[j] = _ffi.partition_location(int(loc))
         keep += [start, pshape, locs]
         c.start = ctypes.cast(start, POINTER(c_int64))
         c.shape = ctypes.cast(pshape, POINTER(c_int64))
@@ -683,7 +683,7 @@ def from_partitioned(
         b = Borrowed(_as_dlpack(data), f"partition {pos}: data")
         keep.append(b)
         c.data = b.tensor
-    desc = _ffi.strata_partitioned()
+    desc = _ffi.partitioned()
     desc.ndim = nd
     shape_c, tiling_c = _ints(shape), _ints(tiling)
     keep += [shape_c, tiling_c]

@@ -184,12 +184,24 @@ class strata_table_stats(_Sized):
     ]
 
 
+# The __partitioned__ structs start with size_t struct_size, like every strata struct: the
+# package sets it to its own sizeof (through the constructors below), and reads the arrays the
+# library hands out with the elements' own struct_size as the stride (``sized_element``).
+
+
 class strata_partition_location(Structure):
-    _fields_ = [("rank", c_int32), ("device_id", c_int32), ("pid", c_int64), ("host", c_char_p)]
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("rank", c_int32),
+        ("device_id", c_int32),
+        ("pid", c_int64),
+        ("host", c_char_p),
+    ]
 
 
 class strata_partition(Structure):
     _fields_ = [
+        ("struct_size", ctypes.c_size_t),
         ("start", POINTER(c_int64)),
         ("shape", POINTER(c_int64)),
         ("data", POINTER(DLTensor)),
@@ -205,6 +217,7 @@ strata_partition_get_fn = CFUNCTYPE(c_void_p, c_void_p, c_void_p)
 
 class strata_partitioned(Structure):
     _fields_ = [
+        ("struct_size", ctypes.c_size_t),
         ("ndim", c_int32),
         ("shape", POINTER(c_int64)),
         ("partition_tiling", POINTER(c_int64)),
@@ -214,6 +227,38 @@ class strata_partitioned(Structure):
         ("get", strata_partition_get_fn),
         ("get_user", c_void_p),
     ]
+
+
+def partition_location(rank: int = -1, device_id: int = -1, pid: int = 0, host: Optional[bytes] = None) -> Any:
+    """A ``strata_partition_location`` as ``strata_partition_location_default()`` makes it
+    (``struct_size`` = this package's sizeof, rank -1, host memory), with the fields given."""
+    return strata_partition_location(ctypes.sizeof(strata_partition_location), rank, device_id, pid, host)
+
+
+def partition_array(n: int) -> Any:
+    """``n`` ``strata_partition`` entries (at least one), each with its ``struct_size`` set and
+    every other field 0 or NULL (``strata_partition_default()``)."""
+    arr = (strata_partition * max(1, n))()
+    for e in arr:
+        e.struct_size = ctypes.sizeof(strata_partition)
+    return arr
+
+
+def partitioned() -> Any:
+    """A ``strata_partitioned`` with its ``struct_size`` set and every other field 0 or NULL
+    (``strata_partitioned_default()``)."""
+    d = strata_partitioned()
+    d.struct_size = ctypes.sizeof(strata_partitioned)
+    return d
+
+
+def sized_element(array: Any, i: int) -> Any:
+    """Element ``i`` of an array of extensible structs that the library made (``partitions``,
+    ``locations``): the elements are ``struct_size`` bytes apart, which is this package's sizeof
+    only when the library is of the same version. Valid while the array's owner lives."""
+    base = ctypes.addressof(array.contents)
+    stride = ctypes.c_size_t.from_address(base).value
+    return array._type_.from_address(base + i * stride)
 
 
 class strata_table(Structure):  # opaque

@@ -1254,7 +1254,7 @@ mod tests {
             assert!(e.to_string().contains(want), "{e}");
         }
         let e = s.table("t", 0, None).unwrap_err();
-        assert_eq!(e.to_string(), format!("dim: 0; expected 1 <= dim <= {}", crate::table::STRATA_MAX_DIM));
+        assert_eq!(e.to_string(), format!("dim: 0; expected 1 <= dim <= {}", crate::limits::MAX_DIM));
         let t = s.table("t", 4, None).unwrap();
         // Write a row of the wrong length behind the table's back.
         let env = &s.inner.env;
