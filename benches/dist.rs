@@ -116,7 +116,7 @@ fn ranks() {
     let threads = (cores / size).max(1) as i32;
     lookup(table.0, &keys, &mut out, dim, threads);
     assert_eq!(out[dim + 3], value(keys[1] as usize, 3));
-    let before = strata::dist::timing(unsafe { &*table.0 }).unwrap();
+    let before = unsafe { &*table.0 }.table().dist_timing().unwrap();
     let mut times = Vec::new();
     for _ in 0..ROUNDS {
         world.barrier();
@@ -127,7 +127,7 @@ fn ranks() {
         world.all_reduce_into(&mine, &mut slowest, SystemOperation::max());
         times.push(slowest);
     }
-    let after = strata::dist::timing(unsafe { &*table.0 }).unwrap();
+    let after = unsafe { &*table.0 }.table().dist_timing().unwrap();
     let share = (after.exchange_s - before.exchange_s) / (after.total_s - before.total_s);
     let mut sum = 0.0;
     world.all_reduce_into(&share, &mut sum, SystemOperation::sum());

@@ -24,6 +24,7 @@ pub struct Table {
     pub(crate) resident: crate::exec::cuda::Residency,
     pub(crate) kind: TableKind,
     /// Where lookups on CUDA tensors find rows.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) gpu: GpuOptions,
 }
 
@@ -42,7 +43,22 @@ impl From<StaticTable> for Table {
     }
 }
 
+impl From<crate::dist::DistTable> for Table {
+    fn from(t: crate::dist::DistTable) -> Self {
+        // Distributed lookups take host tensors only, so the GPU options stay the defaults.
+        Table::new(TableKind::Dist(Box::new(t)), GpuOptions::default())
+    }
+}
+
 impl Table {
+    /// The lookup timing of a distributed table; `None` for other tables.
+    pub fn dist_timing(&self) -> Option<crate::dist::DistTiming> {
+        match &self.kind {
+            TableKind::Dist(d) => Some(d.timing()),
+            _ => None,
+        }
+    }
+
     /// A table of `kind`, owned by its handle.
     pub(crate) fn new(kind: TableKind, gpu: GpuOptions) -> Self {
         Table {

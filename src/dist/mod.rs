@@ -19,7 +19,6 @@ mod lookup;
 #[cfg(feature = "mpi")]
 mod table;
 
-use crate::table::{Table, TableKind};
 #[cfg(not(feature = "mpi"))]
 use crate::{
     error::{Error, Result},
@@ -43,24 +42,9 @@ pub struct DistTiming {
     pub exchange_s: f64,
 }
 
-impl From<DistTable> for Table {
-    fn from(t: DistTable) -> Self {
-        // Distributed lookups take host tensors only, so the GPU options stay the defaults.
-        Table::new(TableKind::Dist(Box::new(t)), crate::model::GpuOptions::default())
-    }
-}
-
 /// Whether this build can make distributed tables (the `mpi` feature).
 pub fn available() -> bool {
     cfg!(feature = "mpi")
-}
-
-/// The lookup timing of a distributed table; `None` for other tables.
-pub fn timing(t: &Table) -> Option<DistTiming> {
-    match &t.kind {
-        TableKind::Dist(d) => Some(d.timing()),
-        _ => None,
-    }
 }
 
 #[cfg(not(feature = "mpi"))]

@@ -37,6 +37,11 @@ impl strata_table {
         strata_table(Held::Server(NonNull::from(table)))
     }
 
+    /// The table, for Rust code holding a handle (benchmarks, tests).
+    pub fn table(&self) -> &Table {
+        self.get()
+    }
+
     /// The table.
     pub(crate) fn get(&self) -> &Table {
         match &self.0 {

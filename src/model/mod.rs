@@ -17,7 +17,9 @@ mod tiered;
 
 pub use options::{GpuOptions, GpuPlacement, GpuSharding, MissingKey, TableOptions};
 pub use plan::{KeySource, LookupOptions, LookupStats, OutTarget};
-pub(crate) use plan::{Checked, Plan, check, plan};
+pub(crate) use plan::{Plan, plan};
+#[cfg(feature = "cuda")]
+pub(crate) use plan::{Checked, check};
 pub(crate) use static_table::{Rows, read_keys, read_rows};
 pub use static_table::{StaticTable, TableInfo};
 pub use tiered::{TableStats, TieredTable};

@@ -74,6 +74,7 @@ impl Checked {
     }
 
     /// The keys in canonical form (host keys only).
+    #[cfg(feature = "cuda")]
     pub(crate) fn host_keys(&self) -> Vec<u64> {
         let mut keys = vec![0u64; self.n];
         let mut offs = vec![0isize; self.n];
@@ -86,6 +87,7 @@ impl Checked {
     ///
     /// # Safety
     /// `out` must be writable host memory as validated.
+    #[cfg(feature = "cuda")]
     pub(crate) unsafe fn write_host_rows(&self, rows: &[u8]) {
         let size = self.od.size();
         let dim = rows.len() / size / self.n.max(1);
