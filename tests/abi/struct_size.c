@@ -205,6 +205,43 @@ static void stats_rules(strata_table *t) {
     expect_true("strata_table_stats_default sets struct_size", d.struct_size == sizeof d);
 }
 
+/* The partition descriptions: an array's stride is its elements' struct_size. */
+static void partition_rules(DLTensor *v) {
+    int64_t start[2] = {0, 0}, tiling[2] = {1, 1};
+    strata_partition_location loc = strata_partition_location_default();
+    loc.rank = 0;
+    struct newer_partition {
+        strata_partition known;
+        uint64_t unknown[2];
+    } parts[1];
+    memset(parts, 0, sizeof parts);
+    parts[0].known = strata_partition_default();
+    parts[0].known.start = start;
+    parts[0].known.shape = g_vshape;
+    parts[0].known.data = v;
+    parts[0].known.locations = &loc;
+    parts[0].known.num_locations = 1;
+    strata_partitioned d = strata_partitioned_default();
+    d.ndim = 2;
+    d.shape = g_vshape;
+    d.partition_tiling = tiling;
+    d.partitions = &parts[0].known;
+    expect("partitioned: defaults", strata_partitioned_validate(&d), STRATA_OK, NULL);
+    d.struct_size = 0;
+    expect("partitioned: struct_size 0", strata_partitioned_validate(&d), STRATA_INVALID_ARGUMENT,
+           "struct_size is 0; initialise it with strata_partitioned_default()");
+    d.struct_size = sizeof d;
+    parts[0].known.struct_size = sizeof parts[0];
+    expect("partition: larger element, zero tail", strata_partitioned_validate(&d), STRATA_OK, NULL);
+    parts[0].unknown[1] = 9;
+    expect("partition: larger element, non-zero tail", strata_partitioned_validate(&d), STRATA_INVALID_ARGUMENT,
+           "is not zero");
+    parts[0].unknown[1] = 0;
+    loc.struct_size = 12;
+    expect("location: garbage size", strata_partitioned_validate(&d), STRATA_INVALID_ARGUMENT,
+           "strata_partition_location_default()");
+}
+
 int main(void) {
     for (int i = 0; i < ROWS * DIM; i++) {
         g_vectors[i] = (float)i;
@@ -217,6 +254,7 @@ int main(void) {
         fprintf(stderr, "struct_size: cannot build the table: %s\n", strata_last_error());
         return 1;
     }
+    partition_rules(&v);
     lookup_options_rules(t);
     lookup_stats_rules(t);
     info_rules(t);
