@@ -88,7 +88,7 @@ fn main() {
             let dsrc = unsafe { result::malloc_sync(bytes) }.unwrap();
             let k = Desc::compact(dkeys as *const u8, I64, &[n as i64]).device(DLDeviceType::CUDA);
             let mut o = Desc::compact(dout as *const u8, F32, &[n as i64, dim as i64]).device(DLDeviceType::CUDA);
-            let opts = LookupOptions { stream: s as *mut std::ffi::c_void, num_threads: 0 };
+            let opts = LookupOptions { stream: s as *mut std::ffi::c_void, num_threads: 0, ..LookupOptions::default() };
             let iters = (20usize << 30) / bytes.max(1) / 8 + 3;
             let memcpy = gpu_ms(s, iters, || unsafe { result::memcpy_dtod_async(dout, dsrc, bytes, s) }.unwrap());
             let gbs = |ms: f64| bytes as f64 / ms / 1e6;

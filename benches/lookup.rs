@@ -108,7 +108,7 @@ fn main() {
     let rows = args.first().copied().unwrap_or(1_000_000);
     let dim = args.get(1).copied().unwrap_or(128);
     let batch = args.get(2).copied().unwrap_or(200_000);
-    let threads = args.get(3).copied().unwrap_or_else(|| unsafe { strata_default_num_threads() } as usize);
+    let threads = args.get(3).copied().unwrap_or_else(|| strata_default_num_threads() as usize);
 
     // The anchor's data: random 63-bit keys, vectors (i % 997) * 0.5, ~10% misses.
     let mut rng = Rng(7);
