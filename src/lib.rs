@@ -1,17 +1,27 @@
 //! strata: HPS-style embedding lookups straight from DLPack tensors, behind a C ABI.
 //!
-//! The crate is a safe core plus a thin C layer:
-//! - [`dlpack`]: validated views of borrowed DLPack tensors;
-//! - [`table`]: the `strata_table` handle: static tables (vectors + dense or keyed rows), built
-//!   by copy, by adoption or from a HugeCTR sparse folder, or tiered server tables;
-//! - [`store`]: where vectors live; [`index`]: the keyed hash index;
-//! - [`lookup`]: validation and dispatch of lookups; [`exec`]: the CPU pool and gather kernels,
-//!   and lookups on CUDA tensors (feature `cuda`: kernels, placements, the GPU cache);
-//! - [`config`], [`tier`], [`tiered`], [`server`]: the HPS-compatible parameter server;
-//! - [`partition`]: the `__partitioned__` protocol; [`dist`]: tables spread over MPI ranks
-//!   (feature `mpi`);
-//! - [`error`]: the one error type and its status mapping;
-//! - [`ffi`]: the `extern "C"` functions of `include/strata.h`, and nothing else.
+//! The crate is a safe core plus a thin C layer, in layers; each uses only the layers below
+//! it, and `tests/layers.rs` fails on a cycle or an upward `crate::` path:
+//!
+//! ```text
+//!   ffi                     the C ABI: extern "C" functions, the C types, struct_size, the
+//!    |                      panic boundary, statuses
+//!   table  partition  dist  config  server
+//!    |                      the strata_table handle and its dispatch; __partitioned__; tables
+//!    |                      over MPI ranks; ps.json; the parameter server
+//!   exec                    executors: cpu (gather), tiered, pool, cuda (kernels, placements,
+//!    |                      the GPU cache), working against the model's RowSource and Plan
+//!   model                   StaticTable and TieredTable behind RowSource; table options; the
+//!    |                      checked lookup plan and its stats
+//!   storage                 store (vectors), index (keyed hash index), hugectr (sparse folders),
+//!    |                      tier::{volatile, persistent}
+//!   error  limits  util  dlpack
+//!                           the one error type, shared limits, small utilities (hash,
+//!                           prefetch, memory, locks, threads, CUDA presence), tensor views
+//! ```
+//!
+//! Modules of one layer may use each other without cycles: `server` uses `config` and
+//! `table`; `table` uses `partition` and `dist`.
 
 pub mod config;
 pub mod dist;

@@ -97,7 +97,7 @@ impl DistTable {
     }
 
     /// # Safety
-    /// As for [`Table::lookup`].
+    /// As for `Table::lookup`.
     pub unsafe fn lookup(
         &self,
         _keys: &dlpark::ffi::DLTensor,

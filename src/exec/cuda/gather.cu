@@ -54,7 +54,7 @@ struct bfloat16 {
 typedef long long i64;
 typedef unsigned long long u64;
 
-// The keyed index's bucket (src/index.rs): five keys, five `row + 1` slots (0 = empty), and
+// The keyed index's bucket (src/storage/index.rs): five keys, five `row + 1` slots (0 = empty), and
 // whether an insert ever moved past this bucket.
 struct Bucket {
     u64 keys[5];
