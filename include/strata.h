@@ -517,6 +517,12 @@ struct strata_lookup_stats strata_lookup_stats_default(void);
 // communicator must call it, for the same tables in the same order, each with its own keys;
 // make one such call per table at a time on each rank. A failure on any rank (a bad tensor, or
 // a missing key under `STRATA_MISSING_ERROR`) fails it on every rank.
+//
+// # Safety
+// `table` is NULL or a live table handle; `keys` is NULL or a DLPack tensor whose memory is valid
+// as its shape, strides and device describe; `out` is NULL or a DLPack tensor whose memory is
+// valid as its shape, strides and device describe; `opts` is NULL or points to `struct_size`
+// readable bytes; `stats` is NULL or points to `struct_size` writable bytes.
 strata_status strata_lookup(struct strata_table *table,
                             const DLTensor *keys,
                             DLTensor *out,
@@ -524,6 +530,12 @@ strata_status strata_lookup(struct strata_table *table,
                             struct strata_lookup_stats *stats);
 
 // `strata_lookup` on legacy managed tensors. Ownership: borrows; never calls a deleter.
+//
+// # Safety
+// `table` is NULL or a live table handle; `keys` is NULL or a DLPack tensor whose memory is valid
+// as its shape, strides and device describe; `out` is NULL or a DLPack tensor whose memory is
+// valid as its shape, strides and device describe; `opts` is NULL or points to `struct_size`
+// readable bytes; `stats` is NULL or points to `struct_size` writable bytes.
 strata_status strata_lookup_managed(struct strata_table *table,
                                     const DLManagedTensor *keys,
                                     DLManagedTensor *out,
@@ -533,6 +545,12 @@ strata_status strata_lookup_managed(struct strata_table *table,
 // `strata_lookup` on versioned managed tensors (DLPack 1.x). An `out` flagged
 // `DLPACK_FLAG_BITMASK_READ_ONLY` is refused with `STRATA_READ_ONLY`. Ownership: borrows;
 // never calls a deleter.
+//
+// # Safety
+// `table` is NULL or a live table handle; `keys` is NULL or a DLPack tensor whose memory is valid
+// as its shape, strides and device describe; `out` is NULL or a DLPack tensor whose memory is
+// valid as its shape, strides and device describe; `opts` is NULL or points to `struct_size`
+// readable bytes; `stats` is NULL or points to `struct_size` writable bytes.
 strata_status strata_lookup_managed_versioned(struct strata_table *table,
                                               const DLManagedTensorVersioned *keys,
                                               DLManagedTensorVersioned *out,
@@ -565,6 +583,9 @@ struct strata_partition_location strata_partition_location_default(void);
 // is checked too (an older size reads defaults for the fields it lacks); the elements of
 // `partitions`, and those of each `locations`, are `struct_size` bytes apart and must all carry
 // the same one. Borrows `desc` for the call; calls `get` on local handles.
+//
+// # Safety
+// `desc` is NULL or points to `struct_size` readable bytes.
 strata_status strata_partitioned_validate(const struct strata_partitioned *desc);
 
 // Builds a dense table (key = global row number) from a [rows, dim] description split along
@@ -588,6 +609,10 @@ strata_status strata_partitioned_validate(const struct strata_partitioned *desc)
 // `rank R failed the collective call: ...` with that rank's status. `strata_lookup` on the
 // table is collective. A build without the `mpi` feature answers `STRATA_UNSUPPORTED_DEVICE`
 // (see `strata_mpi_available`).
+//
+// # Safety
+// `desc` is NULL or points to `struct_size` readable bytes; `comm` is NULL or readable; `opts` is
+// NULL or points to `struct_size` readable bytes; `out` is NULL or writable.
 strata_status strata_table_from_partitioned(const struct strata_partitioned *desc,
                                             const int32_t *comm,
                                             const struct strata_table_options *opts,
@@ -602,6 +627,10 @@ strata_status strata_table_from_partitioned(const struct strata_partitioned *des
 // Ownership: nothing is borrowed after the call; the communicator is duplicated as in
 // `strata_table_from_partitioned`. A build without the `mpi` feature answers
 // `STRATA_UNSUPPORTED_DEVICE`.
+//
+// # Safety
+// `dir` is NULL or a NUL-terminated string; `comm` is NULL or readable; `opts` is NULL or points
+// to `struct_size` readable bytes; `out` is NULL or writable.
 strata_status strata_table_open_distributed(const char *dir,
                                             int64_t dim,
                                             const int32_t *comm,
@@ -616,10 +645,16 @@ strata_status strata_table_open_distributed(const char *dir,
 // others, for which `get` returns NULL); it is not collective. Ownership: `*out`
 // is owned by strata, valid while the table lives, and freed with `strata_partitioned_free`.
 // Keyed and server tables have no such view (`STRATA_INVALID_ARGUMENT`).
+//
+// # Safety
+// `table` is NULL or a live table handle; `out` is NULL or writable.
 strata_status strata_table_partitioned(const struct strata_table *table,
                                        struct strata_partitioned **out);
 
 // Frees a description from `strata_table_partitioned`. NULL is a no-op.
+//
+// # Safety
+// `desc` is NULL or points to `struct_size` readable bytes.
 void strata_partitioned_free(struct strata_partitioned *desc);
 
 // A `strata_table_stats` with `struct_size = sizeof(strata_table_stats)` and zero counters,
@@ -633,30 +668,51 @@ struct strata_table_stats strata_table_stats_default(void);
 // listed by `strata_server_warning`.
 //
 // Ownership: on success `*out` receives a server the caller frees with `strata_server_free`.
+//
+// # Safety
+// `ps_json_path` is NULL or a NUL-terminated string; `out` is NULL or writable.
 strata_status strata_server_open(const char *ps_json_path, struct strata_server **out);
 
 // `strata_server_open` from JSON text; relative paths are relative to `base_dir` (NULL: the
 // current directory). The text is only read during the call.
+//
+// # Safety
+// `json` is NULL or a NUL-terminated string; `base_dir` is NULL or a NUL-terminated string; `out`
+// is NULL or writable.
 strata_status strata_server_open_json(const char *json,
                                       const char *base_dir,
                                       struct strata_server **out);
 
 // Frees a server and all its tables. NULL is a no-op. No lookup or update on its tables may
 // be running or start afterwards.
+//
+// # Safety
+// `server` is NULL or a live server handle.
 void strata_server_free(struct strata_server *server);
 
 // Table `table_id` (its index in the model's `sparse_files`) of `model`. Ownership: borrowed
 // from the server, valid until `strata_server_free`; `strata_table_free` on it is a no-op.
+//
+// # Safety
+// `server` is NULL or a live server handle; `model` is NULL or a NUL-terminated string; `out` is
+// NULL or writable.
 strata_status strata_server_table(struct strata_server *server,
                                   const char *model,
                                   int32_t table_id,
                                   struct strata_table **out);
 
 // The number of models in `*count`.
+//
+// # Safety
+// `server` is NULL or a live server handle; `count` is NULL or writable.
 strata_status strata_server_num_models(const struct strata_server *server, int32_t *count);
 
 // The name of model `index` in `*name` (owned by the server, valid until it is freed) and its
 // number of tables in `*num_tables` (may be NULL).
+//
+// # Safety
+// `server` is NULL or a live server handle; `name` is NULL or writable; `num_tables` is NULL or
+// writable.
 strata_status strata_server_model(const struct strata_server *server,
                                   int32_t index,
                                   const char **name,
@@ -664,15 +720,25 @@ strata_status strata_server_model(const struct strata_server *server,
 
 // The name of table `table_id` of `model` (its `embedding_table_names` entry, which defaults
 // to `sparse_embeddingN` as in HPS), owned by the server and valid until it is freed.
+//
+// # Safety
+// `server` is NULL or a live server handle; `model` is NULL or a NUL-terminated string; `name` is
+// NULL or writable.
 strata_status strata_server_table_name(const struct strata_server *server,
                                        const char *model,
                                        int32_t table_id,
                                        const char **name);
 
 // The number of configuration warnings (fields ignored or unknown) in `*count`.
+//
+// # Safety
+// `server` is NULL or a live server handle; `count` is NULL or writable.
 strata_status strata_server_num_warnings(const struct strata_server *server, int32_t *count);
 
 // Warning `index` ("models[0].dense_file: ignored ..."), owned by the server.
+//
+// # Safety
+// `server` is NULL or a live server handle; `text` is NULL or writable.
 strata_status strata_server_warning(const struct strata_server *server,
                                     int32_t index,
                                     const char **text);
@@ -683,12 +749,21 @@ strata_status strata_server_warning(const struct strata_server *server,
 // one): a crash right after loses nothing. Lookups running meanwhile see each row old or new,
 // never a mix. Tables that cannot change (static tables, read-only persistent tiers) give
 // `STRATA_READ_ONLY`.
+//
+// # Safety
+// `table` is NULL or a live table handle; `keys` is NULL or a DLPack tensor whose memory is valid
+// as its shape, strides and device describe; `vectors` is NULL or a DLPack tensor whose memory is
+// valid as its shape, strides and device describe.
 strata_status strata_table_upsert(struct strata_table *table,
                                   const DLTensor *keys,
                                   const DLTensor *vectors);
 
 // Removes `keys` (a 1-D integer tensor) from every tier of a server table; `*erased` (may be
 // NULL) receives how many it held. Same durability and errors as `strata_table_upsert`.
+//
+// # Safety
+// `table` is NULL or a live table handle; `keys` is NULL or a DLPack tensor whose memory is valid
+// as its shape, strides and device describe; `erased` is NULL or writable.
 strata_status strata_table_erase(struct strata_table *table,
                                  const DLTensor *keys,
                                  uint64_t *erased);
@@ -696,6 +771,10 @@ strata_status strata_table_erase(struct strata_table *table,
 // Cumulative counters of a table's tiers since it was opened: lookups, per-tier hits, misses,
 // evictions, rows and bytes, upserts and erases (all zero for static tables). `stats` is an
 // out-struct: set its `struct_size` first (`strata_table_stats_default()`).
+//
+// # Safety
+// `table` is NULL or a live table handle; `stats` is NULL or points to `struct_size` writable
+// bytes.
 strata_status strata_table_get_stats(const struct strata_table *table,
                                      struct strata_table_stats *stats);
 
@@ -715,6 +794,12 @@ struct strata_table_info strata_table_info_default(void);
 // Ownership: copies. The caller's tensors are only read during the call and may be freed
 // afterwards. On success `*out` receives a table the caller frees with `strata_table_free`;
 // on failure `*out` is set to NULL.
+//
+// # Safety
+// `vectors` is NULL or a DLPack tensor whose memory is valid as its shape, strides and device
+// describe; `keys` is NULL or a DLPack tensor whose memory is valid as its shape, strides and
+// device describe; `opts` is NULL or points to `struct_size` readable bytes; `out` is NULL or
+// writable.
 strata_status strata_table_from_dlpack(const DLTensor *vectors,
                                        const DLTensor *keys,
                                        const struct strata_table_options *opts,
@@ -727,6 +812,12 @@ strata_status strata_table_from_dlpack(const DLTensor *vectors,
 // Ownership: adopts. On success the table owns `vectors` and calls its deleter exactly once,
 // from `strata_table_free` (on whichever thread frees the table); the memory must stay valid
 // and unchanged until then. On failure the caller keeps ownership: the deleter is not called.
+//
+// # Safety
+// `vectors` is NULL or a DLPack tensor whose memory is valid as its shape, strides and device
+// describe; `keys` is NULL or a DLPack tensor whose memory is valid as its shape, strides and
+// device describe; `opts` is NULL or points to `struct_size` readable bytes; `out` is NULL or
+// writable.
 strata_status strata_table_adopt_dlpack(DLManagedTensor *vectors,
                                         const DLTensor *keys,
                                         const struct strata_table_options *opts,
@@ -734,6 +825,12 @@ strata_status strata_table_adopt_dlpack(DLManagedTensor *vectors,
 
 // `strata_table_adopt_dlpack` for a versioned managed tensor (DLPack >= 1.0). A tensor of
 // another major version, or of version >= 1.2 with NULL strides, is refused (and not deleted).
+//
+// # Safety
+// `vectors` is NULL or a DLPack tensor whose memory is valid as its shape, strides and device
+// describe; `keys` is NULL or a DLPack tensor whose memory is valid as its shape, strides and
+// device describe; `opts` is NULL or points to `struct_size` readable bytes; `out` is NULL or
+// writable.
 strata_status strata_table_adopt_dlpack_versioned(DLManagedTensorVersioned *vectors,
                                                   const DLTensor *keys,
                                                   const struct strata_table_options *opts,
@@ -747,6 +844,10 @@ strata_status strata_table_adopt_dlpack_versioned(DLManagedTensorVersioned *vect
 //
 // Ownership: the table keeps the mapping until `strata_table_free`; the files must not be
 // truncated meanwhile. `dir` is only read during the call.
+//
+// # Safety
+// `dir` is NULL or a NUL-terminated string; `opts` is NULL or points to `struct_size` readable
+// bytes; `out` is NULL or writable.
 strata_status strata_table_open(const char *dir,
                                 int64_t dim,
                                 const struct strata_table_options *opts,
@@ -757,17 +858,30 @@ strata_status strata_table_open(const char *dir,
 // the server frees. No lookup on the table may be running or start afterwards. A table used
 // by lookups on CUDA tensors first waits for the work on those devices (queued lookups still
 // read its device copy) and for strata's own queued host work, then frees its device memory.
+//
+// # Safety
+// `table` is NULL or a live table handle.
 void strata_table_free(struct strata_table *table);
 
 // Elements per row, or -1 (with `strata_last_error` set) when `table` is NULL.
+//
+// # Safety
+// `table` is NULL or a live table handle.
 int64_t strata_table_dim(const struct strata_table *table);
 
 // Number of rows (keys), or -1 (with `strata_last_error` set) when `table` is NULL.
+//
+// # Safety
+// `table` is NULL or a live table handle.
 int64_t strata_table_len(const struct strata_table *table);
 
 // Fills `*info` with a summary of `table` (rows, dim, dtype, index and vector bytes). `info`
 // is an out-struct: set its `struct_size` first (`strata_table_info_default()`); strata
 // writes only the fields that size covers.
+//
+// # Safety
+// `table` is NULL or a live table handle; `info` is NULL or points to `struct_size` writable
+// bytes.
 strata_status strata_table_get_info(const struct strata_table *table,
                                     struct strata_table_info *info);
 

@@ -36,10 +36,13 @@ unsafe fn run(
     opts: *const strata_lookup_options,
     stats: *mut strata_lookup_stats,
 ) -> Result<()> {
-    // SAFETY (this function): the caller's pointers are NULL or valid, as documented.
+    // SAFETY: `table` is NULL or valid as this export's # Safety section requires.
     let table = unsafe { table_arg(table, "table") }?;
+    // SAFETY: `opts` is NULL or valid as this export's # Safety section requires.
     let opts = LookupOptions::from(&unsafe { read_in(opts, "opts") }?);
+    // SAFETY: `stats` is NULL or valid as this export's # Safety section requires.
     let stats = unsafe { out_struct(stats, "stats") }?;
+    // SAFETY: the pointers are NULL or valid as this export's # Safety section requires.
     let found = unsafe { table.lookup_with(keys, out, &opts, stats.is_some()) }?;
     if let Some(s) = stats {
         s.write(&found.into());
@@ -79,6 +82,12 @@ unsafe fn run(
 /// communicator must call it, for the same tables in the same order, each with its own keys;
 /// make one such call per table at a time on each rank. A failure on any rank (a bad tensor, or
 /// a missing key under `STRATA_MISSING_ERROR`) fails it on every rank.
+///
+/// # Safety
+/// `table` is NULL or a live table handle; `keys` is NULL or a DLPack tensor whose memory is valid
+/// as its shape, strides and device describe; `out` is NULL or a DLPack tensor whose memory is
+/// valid as its shape, strides and device describe; `opts` is NULL or points to `struct_size`
+/// readable bytes; `stats` is NULL or points to `struct_size` writable bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_lookup(
     table: *mut strata_table,
@@ -88,9 +97,11 @@ pub unsafe extern "C" fn strata_lookup(
     stats: *mut strata_lookup_stats,
 ) -> Status {
     boundary(|| {
-        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        // SAFETY: `keys` is NULL or valid as this export's # Safety section requires.
         let keys = unsafe { arg_ref(keys, "keys") }?;
+        // SAFETY: `out` is NULL or valid as this export's # Safety section requires.
         let out = unsafe { arg_ref(out, "out") }?;
+        // SAFETY: forwarded: the caller upholds this export's # Safety section.
         unsafe { run(table, keys, out, opts, stats) }
     })
 }
@@ -105,16 +116,24 @@ unsafe fn run_managed<M: ManagedTensorBase>(
     stats: *mut strata_lookup_stats,
 ) -> Status {
     boundary(|| {
-        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        // SAFETY: `keys` is NULL or valid as this export's # Safety section requires.
         let keys = unsafe { arg_ref(keys, "keys") }?;
+        // SAFETY: `out` is NULL or valid as this export's # Safety section requires.
         let out = unsafe { arg_ref(out, "out") }?;
         check_managed(keys, "keys", false)?;
         check_managed(out, "out", true)?;
+        // SAFETY: forwarded: the caller upholds this export's # Safety section.
         unsafe { run(table, keys.tensor(), out.tensor(), opts, stats) }
     })
 }
 
 /// `strata_lookup` on legacy managed tensors. Ownership: borrows; never calls a deleter.
+///
+/// # Safety
+/// `table` is NULL or a live table handle; `keys` is NULL or a DLPack tensor whose memory is valid
+/// as its shape, strides and device describe; `out` is NULL or a DLPack tensor whose memory is
+/// valid as its shape, strides and device describe; `opts` is NULL or points to `struct_size`
+/// readable bytes; `stats` is NULL or points to `struct_size` writable bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_lookup_managed(
     table: *mut strata_table,
@@ -130,6 +149,12 @@ pub unsafe extern "C" fn strata_lookup_managed(
 /// `strata_lookup` on versioned managed tensors (DLPack 1.x). An `out` flagged
 /// `DLPACK_FLAG_BITMASK_READ_ONLY` is refused with `STRATA_READ_ONLY`. Ownership: borrows;
 /// never calls a deleter.
+///
+/// # Safety
+/// `table` is NULL or a live table handle; `keys` is NULL or a DLPack tensor whose memory is valid
+/// as its shape, strides and device describe; `out` is NULL or a DLPack tensor whose memory is
+/// valid as its shape, strides and device describe; `opts` is NULL or points to `struct_size`
+/// readable bytes; `stats` is NULL or points to `struct_size` writable bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_lookup_managed_versioned(
     table: *mut strata_table,

@@ -47,12 +47,16 @@ pub extern "C" fn strata_partition_location_default() -> strata_partition_locati
 /// is checked too (an older size reads defaults for the fields it lacks); the elements of
 /// `partitions`, and those of each `locations`, are `struct_size` bytes apart and must all carry
 /// the same one. Borrows `desc` for the call; calls `get` on local handles.
+///
+/// # Safety
+/// `desc` is NULL or points to `struct_size` readable bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_partitioned_validate(desc: *const strata_partitioned) -> Status {
     boundary(|| {
-        // SAFETY (this block): the caller passes NULL or a description readable as documented,
         // whose tensors (and get's) are valid DLPack tensors for the call.
+        // SAFETY: `desc` is NULL or valid as this export's # Safety section requires.
         let d = unsafe { description(desc) }?;
+        // SAFETY: the description and the data it points to are valid for the call, as this export's # Safety section requires.
         unsafe { validate(d) }?;
         Ok(())
     })
@@ -79,6 +83,10 @@ pub unsafe extern "C" fn strata_partitioned_validate(desc: *const strata_partiti
 /// `rank R failed the collective call: ...` with that rank's status. `strata_lookup` on the
 /// table is collective. A build without the `mpi` feature answers `STRATA_UNSUPPORTED_DEVICE`
 /// (see `strata_mpi_available`).
+///
+/// # Safety
+/// `desc` is NULL or points to `struct_size` readable bytes; `comm` is NULL or readable; `opts` is
+/// NULL or points to `struct_size` readable bytes; `out` is NULL or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_table_from_partitioned(
     desc: *const strata_partitioned,
@@ -87,14 +95,18 @@ pub unsafe extern "C" fn strata_table_from_partitioned(
     out: *mut *mut strata_table,
 ) -> Status {
     boundary(|| {
-        // SAFETY (this block): the caller passes NULL or valid pointers, as documented, and keeps
         // borrowed partitions alive and unchanged until strata_table_free.
+        // SAFETY: `out` is NULL or valid as this export's # Safety section requires.
         let out = unsafe { out_handle(out, "out") }?;
+        // SAFETY: `comm` is NULL or valid as this export's # Safety section requires.
         let comm = unsafe { opt_ref(comm) }.copied();
         // Errors reading the description or the options are the core's to report: with a
         // communicator every rank learns of them in the collective call.
+        // SAFETY: `desc` is NULL or valid as this export's # Safety section requires.
         let desc = unsafe { description(desc) };
+        // SAFETY: `opts` is NULL or valid as this export's # Safety section requires.
         let options = unsafe { table_options(opts) };
+        // SAFETY: the description and the data it points to are valid for the call, as this export's # Safety section requires.
         let table = unsafe { Table::from_description(desc, comm, options) }?;
         *out = strata_table::into_owned_raw(table);
         Ok(())
@@ -110,6 +122,10 @@ pub unsafe extern "C" fn strata_table_from_partitioned(
 /// Ownership: nothing is borrowed after the call; the communicator is duplicated as in
 /// `strata_table_from_partitioned`. A build without the `mpi` feature answers
 /// `STRATA_UNSUPPORTED_DEVICE`.
+///
+/// # Safety
+/// `dir` is NULL or a NUL-terminated string; `comm` is NULL or readable; `opts` is NULL or points
+/// to `struct_size` readable bytes; `out` is NULL or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_table_open_distributed(
     dir: *const c_char,
@@ -119,11 +135,14 @@ pub unsafe extern "C" fn strata_table_open_distributed(
     out: *mut *mut strata_table,
 ) -> Status {
     boundary(|| {
-        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        // SAFETY: `out` is NULL or valid as this export's # Safety section requires.
         let out = unsafe { out_handle(out, "out") }?;
+        // SAFETY: `dir` is NULL or valid as this export's # Safety section requires.
         let dir = unsafe { c_path(dir, "dir") }?;
+        // SAFETY: `comm` is NULL or valid as this export's # Safety section requires.
         let fint = *unsafe { arg_ref(comm, "comm") }?;
         // An error reading the options fails the collective call on every rank.
+        // SAFETY: `opts` is NULL or valid as this export's # Safety section requires.
         let options = unsafe { table_options(opts) };
         let table = DistTable::open(dir, dim, fint, options)?;
         *out = strata_table::into_owned_raw(Table::from(table));
@@ -139,11 +158,15 @@ pub unsafe extern "C" fn strata_table_open_distributed(
 /// others, for which `get` returns NULL); it is not collective. Ownership: `*out`
 /// is owned by strata, valid while the table lives, and freed with `strata_partitioned_free`.
 /// Keyed and server tables have no such view (`STRATA_INVALID_ARGUMENT`).
+///
+/// # Safety
+/// `table` is NULL or a live table handle; `out` is NULL or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_table_partitioned(table: *const strata_table, out: *mut *mut strata_partitioned) -> Status {
     boundary(|| {
-        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        // SAFETY: `out` is NULL or valid as this export's # Safety section requires.
         let out = unsafe { out_handle(out, "out") }?;
+        // SAFETY: `table` is NULL or valid as this export's # Safety section requires.
         let t = unsafe { table_arg(table, "table") }?;
         *out = OwnedPartitioned::new(t.describe()?).into_raw();
         Ok(())
@@ -151,6 +174,9 @@ pub unsafe extern "C" fn strata_table_partitioned(table: *const strata_table, ou
 }
 
 /// Frees a description from `strata_table_partitioned`. NULL is a no-op.
+///
+/// # Safety
+/// `desc` is NULL or points to `struct_size` readable bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_partitioned_free(desc: *mut strata_partitioned) {
     boundary(|| {

@@ -176,7 +176,9 @@ pub(crate) unsafe fn description<'a>(desc: *const strata_partitioned) -> Result<
     }
     let nd = d.ndim as usize;
     // SAFETY (values): the caller vouches for ndim values at each array pointer.
+    // SAFETY: `d.shape` is NULL or points to the values the description promises (this export's # Safety section).
     let shape = unsafe { values(d.shape, nd, "shape") }?;
+    // SAFETY: `d.partition_tiling` is NULL or points to the values the description promises (this export's # Safety section).
     let tiling = unsafe { values(d.partition_tiling, nd, "partition_tiling") }?;
     let count = grid_len(&shape, &tiling)?;
     if d.partitions.is_null() {
@@ -189,7 +191,9 @@ pub(crate) unsafe fn description<'a>(desc: *const strata_partitioned) -> Result<
         let e = entries.get(idx)?;
         let name = part_name(idx, &tiling);
         // SAFETY (values): the caller vouches for ndim values at start and shape.
+        // SAFETY: `e.start` is NULL or points to the values the description promises (this export's # Safety section).
         let start = unsafe { values(e.start, nd, &format!("{name}: start")) }?;
+        // SAFETY: `e.shape` is NULL or points to the values the description promises (this export's # Safety section).
         let pshape = unsafe { values(e.shape, nd, &format!("{name}: shape")) }?;
         let mut locations = Vec::new();
         if e.num_locations > 0 && !e.locations.is_null() {

@@ -70,11 +70,15 @@ pub extern "C" fn strata_table_stats_default() -> strata_table_stats {
 /// listed by `strata_server_warning`.
 ///
 /// Ownership: on success `*out` receives a server the caller frees with `strata_server_free`.
+///
+/// # Safety
+/// `ps_json_path` is NULL or a NUL-terminated string; `out` is NULL or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_server_open(ps_json_path: *const c_char, out: *mut *mut strata_server) -> Status {
     boundary(|| {
-        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        // SAFETY: `out` is NULL or valid as this export's # Safety section requires.
         let out = unsafe { out_handle(out, "out") }?;
+        // SAFETY: `ps_json_path` is NULL or valid as this export's # Safety section requires.
         let path = unsafe { c_str(ps_json_path, "ps_json_path") }?;
         *out = strata_server::into_raw(Server::open(Path::new(path))?);
         Ok(())
@@ -83,6 +87,10 @@ pub unsafe extern "C" fn strata_server_open(ps_json_path: *const c_char, out: *m
 
 /// `strata_server_open` from JSON text; relative paths are relative to `base_dir` (NULL: the
 /// current directory). The text is only read during the call.
+///
+/// # Safety
+/// `json` is NULL or a NUL-terminated string; `base_dir` is NULL or a NUL-terminated string; `out`
+/// is NULL or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_server_open_json(
     json: *const c_char,
@@ -90,9 +98,11 @@ pub unsafe extern "C" fn strata_server_open_json(
     out: *mut *mut strata_server,
 ) -> Status {
     boundary(|| {
-        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        // SAFETY: `out` is NULL or valid as this export's # Safety section requires.
         let out = unsafe { out_handle(out, "out") }?;
+        // SAFETY: `json` is NULL or valid as this export's # Safety section requires.
         let json = unsafe { c_str(json, "json") }?;
+        // SAFETY: `base_dir` is NULL or valid as this export's # Safety section requires.
         let base = if base_dir.is_null() { "." } else { unsafe { c_str(base_dir, "base_dir") }? };
         *out = strata_server::into_raw(Server::from_json(json, Path::new(base))?);
         Ok(())
@@ -101,6 +111,9 @@ pub unsafe extern "C" fn strata_server_open_json(
 
 /// Frees a server and all its tables. NULL is a no-op. No lookup or update on its tables may
 /// be running or start afterwards.
+///
+/// # Safety
+/// `server` is NULL or a live server handle.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_server_free(server: *mut strata_server) {
     boundary(|| {
@@ -114,6 +127,10 @@ pub unsafe extern "C" fn strata_server_free(server: *mut strata_server) {
 
 /// Table `table_id` (its index in the model's `sparse_files`) of `model`. Ownership: borrowed
 /// from the server, valid until `strata_server_free`; `strata_table_free` on it is a no-op.
+///
+/// # Safety
+/// `server` is NULL or a live server handle; `model` is NULL or a NUL-terminated string; `out` is
+/// NULL or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_server_table(
     server: *mut strata_server,
@@ -122,9 +139,11 @@ pub unsafe extern "C" fn strata_server_table(
     out: *mut *mut strata_table,
 ) -> Status {
     boundary(|| {
-        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        // SAFETY: `out` is NULL or valid as this export's # Safety section requires.
         let out = unsafe { out_handle(out, "out") }?;
+        // SAFETY: `server` is NULL or valid as this export's # Safety section requires.
         let s = unsafe { server_arg(server) }?;
+        // SAFETY: `model` is NULL or valid as this export's # Safety section requires.
         let model = unsafe { c_str(model, "model") }?;
         s.server.table(model, table_id)?;
         let m = s.server.models().iter().position(|m| m.name.to_bytes() == model.as_bytes()).expect("found above");
@@ -134,17 +153,25 @@ pub unsafe extern "C" fn strata_server_table(
 }
 
 /// The number of models in `*count`.
+///
+/// # Safety
+/// `server` is NULL or a live server handle; `count` is NULL or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_server_num_models(server: *const strata_server, count: *mut i32) -> Status {
     boundary(|| {
-        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        // SAFETY: `server` is NULL or valid as this export's # Safety section requires.
         let s = unsafe { server_arg(server) }?;
+        // SAFETY: `count` is NULL or valid as this export's # Safety section requires.
         unsafe { write_count(count, "count", s.server.models().len()) }
     })
 }
 
 /// The name of model `index` in `*name` (owned by the server, valid until it is freed) and its
 /// number of tables in `*num_tables` (may be NULL).
+///
+/// # Safety
+/// `server` is NULL or a live server handle; `name` is NULL or writable; `num_tables` is NULL or
+/// writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_server_model(
     server: *const strata_server,
@@ -153,13 +180,15 @@ pub unsafe extern "C" fn strata_server_model(
     num_tables: *mut i32,
 ) -> Status {
     boundary(|| {
-        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        // SAFETY: `server` is NULL or valid as this export's # Safety section requires.
         let server = &unsafe { server_arg(server) }?.server;
+        // SAFETY: `name` is NULL or valid as this export's # Safety section requires.
         let name = unsafe { arg_mut(name, "name") }?;
         let m = usize::try_from(index).ok().and_then(|i| server.models().get(i)).ok_or_else(|| {
             Error::invalid("index", format!("{index}; the server has models 0..{}", server.models().len()))
         })?;
         *name = m.name.as_ptr();
+        // SAFETY: `num_tables` is NULL or valid as this export's # Safety section requires.
         unsafe { write_opt(num_tables, m.tables.len() as i32) };
         Ok(())
     })
@@ -167,6 +196,10 @@ pub unsafe extern "C" fn strata_server_model(
 
 /// The name of table `table_id` of `model` (its `embedding_table_names` entry, which defaults
 /// to `sparse_embeddingN` as in HPS), owned by the server and valid until it is freed.
+///
+/// # Safety
+/// `server` is NULL or a live server handle; `model` is NULL or a NUL-terminated string; `name` is
+/// NULL or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_server_table_name(
     server: *const strata_server,
@@ -175,9 +208,11 @@ pub unsafe extern "C" fn strata_server_table_name(
     name: *mut *const c_char,
 ) -> Status {
     boundary(|| {
-        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        // SAFETY: `server` is NULL or valid as this export's # Safety section requires.
         let server = &unsafe { server_arg(server) }?.server;
+        // SAFETY: `model` is NULL or valid as this export's # Safety section requires.
         let model = unsafe { c_str(model, "model") }?;
+        // SAFETY: `name` is NULL or valid as this export's # Safety section requires.
         let name = unsafe { arg_mut(name, "name") }?;
         server.table(model, table_id)?;
         *name = server.model(model)?.table_names[table_id as usize].as_ptr();
@@ -186,21 +221,29 @@ pub unsafe extern "C" fn strata_server_table_name(
 }
 
 /// The number of configuration warnings (fields ignored or unknown) in `*count`.
+///
+/// # Safety
+/// `server` is NULL or a live server handle; `count` is NULL or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_server_num_warnings(server: *const strata_server, count: *mut i32) -> Status {
     boundary(|| {
-        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        // SAFETY: `server` is NULL or valid as this export's # Safety section requires.
         let s = unsafe { server_arg(server) }?;
+        // SAFETY: `count` is NULL or valid as this export's # Safety section requires.
         unsafe { write_count(count, "count", s.server.warnings().len()) }
     })
 }
 
 /// Warning `index` ("models[0].dense_file: ignored ..."), owned by the server.
+///
+/// # Safety
+/// `server` is NULL or a live server handle; `text` is NULL or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_server_warning(server: *const strata_server, index: i32, text: *mut *const c_char) -> Status {
     boundary(|| {
-        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        // SAFETY: `server` is NULL or valid as this export's # Safety section requires.
         let server = &unsafe { server_arg(server) }?.server;
+        // SAFETY: `text` is NULL or valid as this export's # Safety section requires.
         let text = unsafe { arg_mut(text, "text") }?;
         let w = usize::try_from(index).ok().and_then(|i| server.warnings().get(i)).ok_or_else(|| {
             Error::invalid("index", format!("{index}; the server has warnings 0..{}", server.warnings().len()))
@@ -216,26 +259,41 @@ pub unsafe extern "C" fn strata_server_warning(server: *const strata_server, ind
 /// one): a crash right after loses nothing. Lookups running meanwhile see each row old or new,
 /// never a mix. Tables that cannot change (static tables, read-only persistent tiers) give
 /// `STRATA_READ_ONLY`.
+///
+/// # Safety
+/// `table` is NULL or a live table handle; `keys` is NULL or a DLPack tensor whose memory is valid
+/// as its shape, strides and device describe; `vectors` is NULL or a DLPack tensor whose memory is
+/// valid as its shape, strides and device describe.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_table_upsert(table: *mut strata_table, keys: *const DLTensor, vectors: *const DLTensor) -> Status {
     boundary(|| {
-        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        // SAFETY: `table` is NULL or valid as this export's # Safety section requires.
         let table = unsafe { table_arg(table, "table") }?;
+        // SAFETY: `keys` is NULL or valid as this export's # Safety section requires.
         let keys = unsafe { arg_ref(keys, "keys") }?;
+        // SAFETY: `vectors` is NULL or valid as this export's # Safety section requires.
         let vectors = unsafe { arg_ref(vectors, "vectors") }?;
+        // SAFETY: the pointers are NULL or valid as this export's # Safety section requires.
         unsafe { table.upsert(keys, vectors) }
     })
 }
 
 /// Removes `keys` (a 1-D integer tensor) from every tier of a server table; `*erased` (may be
 /// NULL) receives how many it held. Same durability and errors as `strata_table_upsert`.
+///
+/// # Safety
+/// `table` is NULL or a live table handle; `keys` is NULL or a DLPack tensor whose memory is valid
+/// as its shape, strides and device describe; `erased` is NULL or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_table_erase(table: *mut strata_table, keys: *const DLTensor, erased: *mut u64) -> Status {
     boundary(|| {
-        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        // SAFETY: `table` is NULL or valid as this export's # Safety section requires.
         let table = unsafe { table_arg(table, "table") }?;
+        // SAFETY: `keys` is NULL or valid as this export's # Safety section requires.
         let keys = unsafe { arg_ref(keys, "keys") }?;
+        // SAFETY: the pointers are NULL or valid as this export's # Safety section requires.
         let n = unsafe { table.erase(keys) }?;
+        // SAFETY: `erased` is NULL or valid as this export's # Safety section requires.
         unsafe { write_opt(erased, n) };
         Ok(())
     })
@@ -244,11 +302,16 @@ pub unsafe extern "C" fn strata_table_erase(table: *mut strata_table, keys: *con
 /// Cumulative counters of a table's tiers since it was opened: lookups, per-tier hits, misses,
 /// evictions, rows and bytes, upserts and erases (all zero for static tables). `stats` is an
 /// out-struct: set its `struct_size` first (`strata_table_stats_default()`).
+///
+/// # Safety
+/// `table` is NULL or a live table handle; `stats` is NULL or points to `struct_size` writable
+/// bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_table_get_stats(table: *const strata_table, stats: *mut strata_table_stats) -> Status {
     boundary(|| {
-        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        // SAFETY: `table` is NULL or valid as this export's # Safety section requires.
         let table = unsafe { table_arg(table, "table") }?;
+        // SAFETY: `stats` is NULL or valid as this export's # Safety section requires.
         let stats = unsafe { out_struct_required(stats, "stats") }?;
         stats.write(&table.stats().into());
         Ok(())

@@ -20,6 +20,7 @@ use std::ptr::NonNull;
 /// server frees it, and `strata_table_free` is a no-op).
 pub struct strata_table(Held);
 
+#[allow(clippy::large_enum_variant)] // each handle is one heap allocation already; boxing Owned would add an indirection per lookup
 enum Held {
     Owned(Table),
     /// A table of a `strata_server`, which outlives this handle (it holds the handle).
@@ -92,6 +93,12 @@ pub extern "C" fn strata_table_info_default() -> strata_table_info {
 /// Ownership: copies. The caller's tensors are only read during the call and may be freed
 /// afterwards. On success `*out` receives a table the caller frees with `strata_table_free`;
 /// on failure `*out` is set to NULL.
+///
+/// # Safety
+/// `vectors` is NULL or a DLPack tensor whose memory is valid as its shape, strides and device
+/// describe; `keys` is NULL or a DLPack tensor whose memory is valid as its shape, strides and
+/// device describe; `opts` is NULL or points to `struct_size` readable bytes; `out` is NULL or
+/// writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_table_from_dlpack(
     vectors: *const DLTensor,
@@ -100,10 +107,13 @@ pub unsafe extern "C" fn strata_table_from_dlpack(
     out: *mut *mut strata_table,
 ) -> Status {
     boundary(|| {
-        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        // SAFETY: `out` is NULL or valid as this export's # Safety section requires.
         let out = unsafe { out_handle(out, "out") }?;
+        // SAFETY: `vectors` is NULL or valid as this export's # Safety section requires.
         let vectors = unsafe { arg_ref(vectors, "vectors") }?;
+        // SAFETY: `opts` is NULL or valid as this export's # Safety section requires.
         let options = unsafe { table_options(opts) }?;
+        // SAFETY: `vectors` is NULL or valid as this export's # Safety section requires.
         let table = unsafe { Table::from_dlpack(vectors, opt_ref(keys), options) }?;
         *out = strata_table::into_owned_raw(table);
         Ok(())
@@ -119,11 +129,14 @@ unsafe fn adopt<M: ManagedTensorBase>(
     out: *mut *mut strata_table,
 ) -> Status {
     boundary(|| {
-        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        // SAFETY: `out` is NULL or valid as this export's # Safety section requires.
         let out = unsafe { out_handle(out, "out") }?;
+        // SAFETY: `vectors` is NULL or valid as this export's # Safety section requires.
         let managed = unsafe { arg_ref(vectors, "vectors") }?;
         check_managed(managed, "vectors", false)?;
+        // SAFETY: `opts` is NULL or valid as this export's # Safety section requires.
         let options = unsafe { table_options(opts) }?;
+        // SAFETY: forwarded: the caller upholds this export's # Safety section.
         let table = unsafe { Table::adopt(vectors, opt_ref(keys), options) }?;
         *out = strata_table::into_owned_raw(table);
         Ok(())
@@ -137,6 +150,12 @@ unsafe fn adopt<M: ManagedTensorBase>(
 /// Ownership: adopts. On success the table owns `vectors` and calls its deleter exactly once,
 /// from `strata_table_free` (on whichever thread frees the table); the memory must stay valid
 /// and unchanged until then. On failure the caller keeps ownership: the deleter is not called.
+///
+/// # Safety
+/// `vectors` is NULL or a DLPack tensor whose memory is valid as its shape, strides and device
+/// describe; `keys` is NULL or a DLPack tensor whose memory is valid as its shape, strides and
+/// device describe; `opts` is NULL or points to `struct_size` readable bytes; `out` is NULL or
+/// writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_table_adopt_dlpack(
     vectors: *mut DLManagedTensor,
@@ -150,6 +169,12 @@ pub unsafe extern "C" fn strata_table_adopt_dlpack(
 
 /// `strata_table_adopt_dlpack` for a versioned managed tensor (DLPack >= 1.0). A tensor of
 /// another major version, or of version >= 1.2 with NULL strides, is refused (and not deleted).
+///
+/// # Safety
+/// `vectors` is NULL or a DLPack tensor whose memory is valid as its shape, strides and device
+/// describe; `keys` is NULL or a DLPack tensor whose memory is valid as its shape, strides and
+/// device describe; `opts` is NULL or points to `struct_size` readable bytes; `out` is NULL or
+/// writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_table_adopt_dlpack_versioned(
     vectors: *mut DLManagedTensorVersioned,
@@ -169,6 +194,10 @@ pub unsafe extern "C" fn strata_table_adopt_dlpack_versioned(
 ///
 /// Ownership: the table keeps the mapping until `strata_table_free`; the files must not be
 /// truncated meanwhile. `dir` is only read during the call.
+///
+/// # Safety
+/// `dir` is NULL or a NUL-terminated string; `opts` is NULL or points to `struct_size` readable
+/// bytes; `out` is NULL or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_table_open(
     dir: *const c_char,
@@ -177,9 +206,11 @@ pub unsafe extern "C" fn strata_table_open(
     out: *mut *mut strata_table,
 ) -> Status {
     boundary(|| {
-        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        // SAFETY: `out` is NULL or valid as this export's # Safety section requires.
         let out = unsafe { out_handle(out, "out") }?;
+        // SAFETY: `dir` is NULL or valid as this export's # Safety section requires.
         let path = unsafe { c_path(dir, "dir") }?;
+        // SAFETY: `opts` is NULL or valid as this export's # Safety section requires.
         let table = Table::open(path, dim, unsafe { table_options(opts) }?)?;
         *out = strata_table::into_owned_raw(table);
         Ok(())
@@ -191,6 +222,9 @@ pub unsafe extern "C" fn strata_table_open(
 /// the server frees. No lookup on the table may be running or start afterwards. A table used
 /// by lookups on CUDA tensors first waits for the work on those devices (queued lookups still
 /// read its device copy) and for strata's own queued host work, then frees its device memory.
+///
+/// # Safety
+/// `table` is NULL or a live table handle.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_table_free(table: *mut strata_table) {
     boundary(|| {
@@ -206,6 +240,9 @@ pub unsafe extern "C" fn strata_table_free(table: *mut strata_table) {
 }
 
 /// Elements per row, or -1 (with `strata_last_error` set) when `table` is NULL.
+///
+/// # Safety
+/// `table` is NULL or a live table handle.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_table_dim(table: *const strata_table) -> i64 {
     // SAFETY: `table` is NULL or a live handle.
@@ -213,6 +250,9 @@ pub unsafe extern "C" fn strata_table_dim(table: *const strata_table) -> i64 {
 }
 
 /// Number of rows (keys), or -1 (with `strata_last_error` set) when `table` is NULL.
+///
+/// # Safety
+/// `table` is NULL or a live table handle.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_table_len(table: *const strata_table) -> i64 {
     // SAFETY: `table` is NULL or a live handle.
@@ -222,11 +262,16 @@ pub unsafe extern "C" fn strata_table_len(table: *const strata_table) -> i64 {
 /// Fills `*info` with a summary of `table` (rows, dim, dtype, index and vector bytes). `info`
 /// is an out-struct: set its `struct_size` first (`strata_table_info_default()`); strata
 /// writes only the fields that size covers.
+///
+/// # Safety
+/// `table` is NULL or a live table handle; `info` is NULL or points to `struct_size` writable
+/// bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_table_get_info(table: *const strata_table, info: *mut strata_table_info) -> Status {
     boundary(|| {
-        // SAFETY (this block): the caller passes NULL or valid pointers, as documented.
+        // SAFETY: `table` is NULL or valid as this export's # Safety section requires.
         let t = unsafe { table_arg(table, "table") }?;
+        // SAFETY: `info` is NULL or valid as this export's # Safety section requires.
         let info = unsafe { out_struct_required(info, "info") }?;
         info.write(&t.info().into());
         Ok(())
