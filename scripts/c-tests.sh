@@ -258,7 +258,15 @@ check "c_examples/cuda_lookup.c (CUDA runtime API; skips without a device)" cuda
 valgrind_example() {
     local name=$1
     shift
-    gcc -std=c11 "${WARN[@]}" -O1 -g -I"$ROOT/include" "c_examples/$name.c" "${LINK[@]}" -lm -o "$WORK/$name.vg" &&
+    valgrind_program "c_examples/$name.c" "$ROOT/include" "$@"
+}
+
+# valgrind_program SOURCE INCLUDE_DIR [ARGS...]: the same for any C program (tests/abi/ too).
+valgrind_program() {
+    local src=$1 inc=$2 name
+    shift 2
+    name=$(basename "$src" .c)
+    gcc -std=c11 "${WARN[@]}" -O1 -g -I"$inc" "$src" "${LINK[@]}" -lm -o "$WORK/$name.vg" &&
         valgrind -q --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite,indirect \
             "$WORK/$name.vg" "$@"
 }
@@ -268,6 +276,9 @@ if command -v valgrind >/dev/null 2>&1; then
     check "valgrind errors" valgrind_example errors
     check "valgrind adopt" valgrind_example adopt
     check "valgrind server" valgrind_example server
+    check "valgrind tests/abi/struct_size.c" valgrind_program tests/abi/struct_size.c "$ROOT/include"
+    check "valgrind tests/abi/old_host.c (built against the frozen 0.3 header)" \
+        valgrind_program tests/abi/old_host.c "$ROOT/tests/abi"
 else
     echo "note: valgrind is not installed; skipping the valgrind runs (apt-get install -y valgrind)"
 fi

@@ -47,7 +47,7 @@ static const DLDataType I64 = {kDLInt, 64, 1};
 
 /* A HugeCTR sparse folder of `rows` keys 0, 2, 4, ... and rows whose values are key + column. */
 static int write_folder(const char *dir, int64_t rows) {
-    char path[512];
+    char path[1100];
     snprintf(path, sizeof path, "%s/key", dir);
     FILE *k = fopen(path, "wb");
     snprintf(path, sizeof path, "%s/emb_vector", dir);
