@@ -299,6 +299,28 @@ typedef struct strata_lookup_stats {
   uint64_t persistent_hits;
 } strata_lookup_stats;
 
+// One lookup of a `strata_lookup_batch` (an in-struct; an array's stride is its elements'
+// `struct_size`). Initialise each with `strata_lookup_request_default()`.
+typedef struct strata_lookup_request {
+  // `sizeof(strata_lookup_request)`, set by `strata_lookup_request_default()`; the same in
+  // every element of one array.
+  size_t struct_size;
+  // The table to look up (any kind; a distributed table makes the batch collective).
+  struct strata_table *table;
+  // As `strata_lookup`'s keys (plain), or `strata_lookup_pooled`'s keys (pooled).
+  const DLTensor *keys;
+  // Pooled requests with 1-D keys: `B + 1` offsets; NULL otherwise.
+  const DLTensor *offsets;
+  // Pooled requests: NULL or float32 weights of the keys' shape; NULL for plain requests.
+  const DLTensor *weights;
+  // A `strata_pooling`: `STRATA_POOL_NONE` (the default) for a plain lookup.
+  int32_t pooling;
+  // The rows: `[*keys.shape, dim]` or `[numel(keys), dim]` (plain), `[B, dim]` (pooled).
+  DLTensor *out;
+  // NULL, or this request's stats (an out-struct with its `struct_size` set).
+  struct strata_lookup_stats *stats;
+} strata_lookup_request;
+
 // Where a partition lives (an in-struct, and an out-struct of `strata_table_partitioned`): an
 // MPI rank (Heat's `location`), and optionally the host, process and device of the latest
 // draft's `(ip, pid, device)` tuples. Initialise with `strata_partition_location_default()`.
@@ -556,6 +578,63 @@ strata_status strata_lookup_managed_versioned(struct strata_table *table,
                                               DLManagedTensorVersioned *out,
                                               const struct strata_lookup_options *opts,
                                               struct strata_lookup_stats *stats);
+
+// A `strata_lookup_request` with `struct_size = sizeof(strata_lookup_request)`, every pointer
+// NULL and `pooling = STRATA_POOL_NONE`.
+struct strata_lookup_request strata_lookup_request_default(void);
+
+// Looks up bags of keys in `table` and writes one pooled row per bag into `out`, as HPS's
+// `SparseLookupLayer` and TensorFlow's `embedding_lookup_sparse` do.
+//
+// - `keys`: int32, int64, uint32 or uint64, any strides: 1-D `[nnz]` with `offsets` a 1-D
+//   int32/int64 tensor of `B + 1` entries (`offsets[0] = 0`, non-decreasing,
+//   `offsets[B] = nnz`: PyTorch's `include_last_offset` form), or 2-D `[B, L]` with `offsets`
+//   NULL (fixed hotness, each row one bag).
+// - `weights`: NULL, or float32 of the keys' shape.
+// - `pooling`: `STRATA_POOL_SUM`, `STRATA_POOL_MEAN` or `STRATA_POOL_SQRTN`. Per bag, sum =
+//   Σ wⱼ·row(kⱼ); mean = sum / Σ wⱼ; sqrtn = sum / √(Σ wⱼ²), with wⱼ = 1 without weights. An
+//   empty bag, or a zero weight total for mean or sqrtn, gives zeros. Accumulation is float32
+//   in key order within a bag, whatever the table's dtype.
+// - `out`: `[B, dim]` float32, float16 or bfloat16, non-negative, non-overlapping strides;
+//   nothing outside it is written.
+// - A missing key contributes the table's default row and counts as a miss; with
+//   `STRATA_MISSING_ERROR` it fails the call (`out` is then unspecified). `stats` counts keys.
+// - `opts`, `stats`, devices and streams as in `strata_lookup`. On a distributed table the
+//   call is collective.
+//
+// Ownership: borrows every tensor for the call only. Threading: as `strata_lookup`.
+//
+// # Safety
+// `table` is NULL or a live table handle; `keys`, `offsets`, `weights` and `out` are NULL or
+// DLPack tensors whose memory is valid as their shape, strides and device describe; `opts` is
+// NULL or points to `struct_size` readable bytes; `stats` is NULL or points to `struct_size`
+// writable bytes.
+strata_status strata_lookup_pooled(struct strata_table *table,
+                                   const DLTensor *keys,
+                                   const DLTensor *offsets,
+                                   const DLTensor *weights,
+                                   int32_t pooling,
+                                   DLTensor *out,
+                                   const struct strata_lookup_options *opts,
+                                   struct strata_lookup_stats *stats);
+
+// Runs `n` lookups, plain or pooled, on tables of any dims and dtypes, as one piece of work:
+// the results equal `n` separate `strata_lookup` / `strata_lookup_pooled` calls. On the CPU
+// the batch is one dispatch (a batch of many small requests costs about one call); every
+// request is validated before any output is written, and an error names the request
+// (`requests[7].keys: ...`). `opts` applies to every request. A request on a distributed table
+// makes the call collective: every rank passes the same tables in the same order. `n = 0` is
+// a no-op.
+//
+// Ownership: borrows the requests and their tensors for the call only.
+//
+// # Safety
+// `requests` is NULL (only with `n = 0`) or points to `n` requests, each `requests[0].struct_size`
+// bytes, whose pointers are NULL or valid as in `strata_lookup_pooled`; `opts` is NULL or points
+// to `struct_size` readable bytes.
+strata_status strata_lookup_batch(const struct strata_lookup_request *requests,
+                                  size_t n,
+                                  const struct strata_lookup_options *opts);
 
 // A `strata_partitioned` with `struct_size = sizeof(strata_partitioned)` and every other field
 // 0 or NULL: fill in `ndim`, `shape`, `partition_tiling` and `partitions` (and `locals`, `get`

@@ -143,6 +143,10 @@ pub enum Error {
     /// A CUDA driver call failed; `call` names it (`cuMemAlloc for the table copy on device 0`).
     #[error("CUDA: {call}: {msg}")]
     Cuda { call: String, msg: String },
+    /// An error about one item of a list argument: `prefix` names it (`requests[7].`) and is
+    /// put before the item's own message, whose kind it keeps.
+    #[error("{prefix}{source}")]
+    Within { prefix: String, source: Box<Error> },
     /// Another rank failed a collective call, so this rank fails it too, with that rank's
     /// status and message.
     #[error("rank {rank} failed the collective call: {msg}")]
@@ -169,7 +173,13 @@ impl Error {
             Error::Store { .. } => ErrorKind::Store,
             Error::Cuda { .. } => ErrorKind::Cuda,
             Error::Remote { kind, .. } => *kind,
+            Error::Within { source, .. } => source.kind(),
         }
+    }
+
+    /// This error as one about item `prefix` of a list argument (`requests[7].`).
+    pub fn within(self, prefix: impl Into<String>) -> Self {
+        Error::Within { prefix: prefix.into(), source: Box::new(self) }
     }
 
     /// Shorthand for [`Error::Invalid`].

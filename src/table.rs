@@ -6,7 +6,7 @@
 //! threads may look it up at once.
 
 use crate::error::{Error, Result};
-use crate::model::{RowSource, GpuOptions, LookupOptions, LookupStats, StaticTable, TableInfo, TableOptions, plan, read_keys, read_rows};
+use crate::model::{Plan, PooledPlan, TieredTable, Pooling, plan_pooled, RowSource, GpuOptions, LookupOptions, LookupStats, StaticTable, TableInfo, TableOptions, plan, read_keys, read_rows};
 use crate::dlpack::FloatDtype;
 use crate::partition;
 use dlpark::ManagedTensorBase;
@@ -263,4 +263,203 @@ impl Table {
             TableKind::Dist(t) => unsafe { t.lookup(keys, out, opts) },
         }
     }
+
+    /// Looks up bags of keys and writes one pooled row per bag into `out` (see
+    /// `strata_lookup_pooled`): 1-D `keys` with `offsets`, or 2-D `keys` [B, L]; `weights` NULL
+    /// or float32 of the keys' shape; `out` [B, dim]. Stats count keys.
+    ///
+    /// # Safety
+    /// The tensors must describe memory valid as DLPack requires: `keys`, `offsets` and
+    /// `weights` readable, `out` writable, for every element their shape and strides reach.
+    #[allow(clippy::too_many_arguments)] // one argument per tensor of the C call
+    pub unsafe fn lookup_pooled(
+        &self,
+        keys: &DLTensor,
+        offsets: Option<&DLTensor>,
+        weights: Option<&DLTensor>,
+        pooling: Pooling,
+        out: &DLTensor,
+        opts: &LookupOptions,
+        want_stats: bool,
+    ) -> Result<LookupStats> {
+        #[cfg(feature = "cuda")]
+        if let Some(source) = self.source()
+            && [Some(keys), offsets, weights, Some(out)].into_iter().flatten().any(crate::exec::cuda::run::is_cuda)
+        {
+            return unsafe {
+                crate::exec::cuda::pooled::lookup(source, &self.gpu, &self.resident, keys, offsets, weights, pooling, out, opts, want_stats)
+            };
+        }
+        let _ = want_stats;
+        let stats = |f: crate::exec::cpu::Found| LookupStats { hits: f.hits, misses: f.misses, ..LookupStats::default() };
+        match &self.kind {
+            TableKind::Static(t) => {
+                // SAFETY: forwarded from the caller.
+                let p = unsafe { plan_pooled(t.dim(), t.store().byte_range(), keys, offsets, weights, pooling, out, opts) }?;
+                crate::exec::pooled::pool_static(t, &p).map(stats)
+            }
+            TableKind::Tiered(t) => {
+                // SAFETY: forwarded from the caller.
+                let p = unsafe { plan_pooled(t.dim(), (0, 0), keys, offsets, weights, pooling, out, opts) }?;
+                crate::exec::pooled::pool_tiered(t, &p)
+            }
+            TableKind::Dist(t) => {
+                // Validated on every rank together, then one collective gather of every key's
+                // row, pooled locally.
+                // SAFETY: forwarded from the caller.
+                let p = t.agree(unsafe { plan_pooled(t.dim(), (0, 0), keys, offsets, weights, pooling, out, opts) })?;
+                let dim = t.dim();
+                let mut rows = vec![0f32; p.nnz * dim];
+                let mut shape = [p.nnz as i64, dim as i64];
+                let staged = DLTensor {
+                    data: rows.as_mut_ptr().cast(),
+                    device: dlpark::ffi::DLDevice { device_type: dlpark::ffi::DLDeviceType::CPU, device_id: 0 },
+                    ndim: 2,
+                    dtype: FloatDtype::F32.dl(),
+                    shape: shape.as_mut_ptr(),
+                    strides: std::ptr::null_mut(),
+                    byte_offset: 0,
+                };
+                // SAFETY: keys as the caller vouched; `staged` describes `rows`, nnz x dim.
+                let found = unsafe { t.lookup(keys, &staged, opts) }?;
+                crate::exec::pooled::pool_gathered(&rows, dim, &p)?;
+                Ok(found)
+            }
+        }
+    }
+}
+
+/// One lookup of a batch ([`lookup_batch`]): plain when `pooling` is `None`, else pooled.
+pub struct BatchRequest<'a> {
+    pub table: &'a Table,
+    pub keys: &'a DLTensor,
+    pub offsets: Option<&'a DLTensor>,
+    pub weights: Option<&'a DLTensor>,
+    pub pooling: Option<Pooling>,
+    pub out: &'a DLTensor,
+    /// Whether the caller wants this request's stats (on CUDA tensors, makes it wait).
+    pub want_stats: bool,
+}
+
+/// A validated request of a batch, ready to run.
+enum Work<'a> {
+    Static(&'a StaticTable, Option<Plan>),
+    Tiered(&'a TieredTable, Option<Plan>),
+    PooledStatic(&'a StaticTable, PooledPlan),
+    PooledTiered(&'a TieredTable, PooledPlan),
+    /// Distributed tables and CUDA tensors run as their own calls (collective, or queued on
+    /// the stream), after every host request was validated.
+    Own(&'a BatchRequest<'a>),
+}
+
+impl BatchRequest<'_> {
+    fn on_cuda(&self) -> bool {
+        #[cfg(feature = "cuda")]
+        return [Some(self.keys), self.offsets, self.weights, Some(self.out)]
+            .into_iter()
+            .flatten()
+            .any(crate::exec::cuda::run::is_cuda);
+        #[cfg(not(feature = "cuda"))]
+        return false;
+    }
+
+    /// Validates this request into its work.
+    ///
+    /// # Safety
+    /// As for [`lookup_batch`].
+    unsafe fn validate(&self, opts: &LookupOptions) -> Result<Work<'_>> {
+        if self.on_cuda() || matches!(self.table.kind, TableKind::Dist(_)) {
+            return Ok(Work::Own(self));
+        }
+        // SAFETY (each arm): the caller vouches for the tensors.
+        Ok(match (&self.table.kind, self.pooling) {
+            (TableKind::Static(t), None) => Work::Static(t, unsafe { plan(t.dim(), t.store().byte_range(), self.keys, self.out, opts) }?),
+            (TableKind::Tiered(t), None) => Work::Tiered(t, unsafe { plan(t.dim(), (0, 0), self.keys, self.out, opts) }?),
+            (TableKind::Static(t), Some(pooling)) => Work::PooledStatic(t, unsafe {
+                plan_pooled(t.dim(), t.store().byte_range(), self.keys, self.offsets, self.weights, pooling, self.out, opts)
+            }?),
+            (TableKind::Tiered(t), Some(pooling)) => Work::PooledTiered(t, unsafe {
+                plan_pooled(t.dim(), (0, 0), self.keys, self.offsets, self.weights, pooling, self.out, opts)
+            }?),
+            (TableKind::Dist(_), _) => Work::Own(self),
+        })
+    }
+}
+
+impl Work<'_> {
+    /// Bytes of rows this work reads (to size the batch's parallelism).
+    fn bytes(&self) -> usize {
+        match self {
+            Work::Static(t, p) => p.as_ref().map_or(0, |p| p.n) * t.dim() * 4,
+            Work::Tiered(t, p) => p.as_ref().map_or(0, |p| p.n) * t.dim() * 4,
+            Work::PooledStatic(t, p) => p.nnz * t.dim() * 4,
+            Work::PooledTiered(t, p) => p.nnz * t.dim() * 4,
+            Work::Own(_) => 0,
+        }
+    }
+
+    /// Runs on at most `threads` threads.
+    ///
+    /// # Safety
+    /// As for [`lookup_batch`].
+    unsafe fn run(self, threads: usize, opts: &LookupOptions) -> Result<LookupStats> {
+        let pooled_stats = |f: crate::exec::cpu::Found| LookupStats { hits: f.hits, misses: f.misses, ..LookupStats::default() };
+        match self {
+            Work::Static(t, Some(p)) => t.run_plan(Plan { threads: p.threads.min(threads), ..p }),
+            Work::Tiered(t, Some(p)) => t.lookup(&Plan { threads: p.threads.min(threads), ..p }),
+            Work::Static(_, None) | Work::Tiered(_, None) => Ok(LookupStats::default()),
+            Work::PooledStatic(t, p) => {
+                crate::exec::pooled::pool_static(t, &PooledPlan { threads: p.threads.min(threads), ..p }).map(pooled_stats)
+            }
+            Work::PooledTiered(t, p) => crate::exec::pooled::pool_tiered(t, &PooledPlan { threads: p.threads.min(threads), ..p }),
+            // SAFETY (both arms): the caller vouches for the tensors.
+            Work::Own(r) => match r.pooling {
+                None => unsafe { r.table.lookup_with(r.keys, r.out, opts, r.want_stats) },
+                Some(pooling) => unsafe { r.table.lookup_pooled(r.keys, r.offsets, r.weights, pooling, r.out, opts, r.want_stats) },
+            },
+        }
+    }
+}
+
+/// Output bytes of a batch below which it runs on the calling thread alone: a batch of many
+/// small requests is then one dispatch, not one per request.
+const INLINE_BYTES: usize = 256 * 1024;
+
+/// Runs `requests` as one piece of work (see `strata_lookup_batch`): every request is validated
+/// first (an error names it: `requests[7].keys: ...`), then they run in order, a small batch
+/// wholly on the calling thread. Returns each request's stats.
+///
+/// # Safety
+/// Every request's tensors must describe memory valid as DLPack requires.
+pub unsafe fn lookup_batch(requests: &[BatchRequest], opts: &LookupOptions) -> Result<Vec<LookupStats>> {
+    let mut work = Vec::with_capacity(requests.len());
+    let mut invalid = Ok(());
+    for (i, r) in requests.iter().enumerate() {
+        // SAFETY: forwarded from the caller.
+        match unsafe { r.validate(opts) } {
+            Ok(w) => work.push(w),
+            Err(e) => {
+                invalid = Err(e.within(format!("requests[{i}].")));
+                break;
+            }
+        }
+    }
+    // With a distributed table in the batch every rank must take the same path: they agree on
+    // the validation before any collective lookup starts.
+    let dist = requests.iter().find_map(|r| match &r.table.kind {
+        TableKind::Dist(d) => Some(d),
+        _ => None,
+    });
+    match dist {
+        Some(d) => d.agree(invalid)?,
+        None => invalid?,
+    }
+    let bytes: usize = work.iter().map(Work::bytes).sum();
+    let threads = if bytes < INLINE_BYTES { 1 } else { usize::MAX };
+    let mut stats = Vec::with_capacity(work.len());
+    for (i, w) in work.into_iter().enumerate() {
+        // SAFETY: forwarded from the caller.
+        stats.push(unsafe { w.run(threads, opts) }.map_err(|e| e.within(format!("requests[{i}].")))?);
+    }
+    Ok(stats)
 }

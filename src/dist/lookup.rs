@@ -75,6 +75,13 @@ impl DistTable {
         result
     }
 
+    /// The collective verdict on a step every rank ran locally (see [`Comm::agree`]): every
+    /// rank gets `Ok` when every rank succeeded, else every rank fails.
+    pub(crate) fn agree<T>(&self, local: Result<T>) -> Result<T> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.0.agree(local)
+    }
+
     unsafe fn lookup_with(
         &self,
         comm: &mut Comm,

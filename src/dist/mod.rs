@@ -107,6 +107,10 @@ impl DistTable {
         match *self {}
     }
 
+    pub(crate) fn agree<T>(&self, _local: Result<T>) -> Result<T> {
+        match *self {}
+    }
+
     pub(crate) fn describe(&self) -> Result<TableDescription> {
         match *self {}
     }

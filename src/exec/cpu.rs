@@ -12,7 +12,7 @@ use crate::exec::pool;
 use crate::util::prefetch;
 use crate::storage::index::KeyIndex;
 use crate::error::{Error, Result};
-use crate::model::{KeySource, LookupOptions, LookupStats, MissingKey, OutTarget, Rows, StaticTable, plan};
+use crate::model::{KeySource, LookupOptions, LookupStats, MissingKey, OutTarget, Plan, Rows, StaticTable, plan};
 use dlpark::ffi::DLTensor;
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
@@ -23,13 +23,13 @@ const CHUNK: usize = 256;
 /// Keys a participant takes from the shared counter at a time.
 const TASK: usize = 2048;
 /// Output bytes below which one more participant is not worth waking.
-const BYTES_PER_THREAD: usize = 256 * 1024;
+pub(crate) const BYTES_PER_THREAD: usize = 256 * 1024;
 /// Output bytes from which rows are written with non-temporal (streaming) stores: an output
 /// this large will not stay in cache, and streaming skips the read-for-ownership of each line.
 const STREAM_BYTES: usize = 4 << 20;
 /// How many keys ahead rows are prefetched.
 const AHEAD: usize = 6;
-const NO_ROW: usize = usize::MAX;
+pub(crate) const NO_ROW: usize = usize::MAX;
 
 impl OutTarget {
     /// Writes float32 rows into the output rows of flat key indices `start ..`: row `i` from
@@ -84,7 +84,7 @@ pub struct Found {
 
 /// Copies one row of `dim` values from `src` (table dtype) to `dst` (out dtype, `col_stride`
 /// elements apart).
-type RowFn = unsafe fn(src: *const u8, dst: *mut u8, dim: usize, col_stride: usize);
+pub(crate) type RowFn = unsafe fn(src: *const u8, dst: *mut u8, dim: usize, col_stride: usize);
 
 trait Elem: Copy {
     fn to_f32(self) -> f32;
@@ -222,7 +222,7 @@ struct Kernels {
 }
 
 /// The row kernel for a (table dtype, out dtype, contiguous row?, streaming?) combination.
-fn row_fn(src: FloatDtype, dst: FloatDtype, contiguous: bool, stream: bool) -> RowFn {
+pub(crate) fn row_fn(src: FloatDtype, dst: FloatDtype, contiguous: bool, stream: bool) -> RowFn {
     use FloatDtype::*;
     match (src, dst, contiguous) {
         (F32, F32, true) if stream => copy_streaming::<4>,
@@ -348,13 +348,13 @@ impl Gather<'_> {
 }
 
 /// Maps canonical keys to row numbers ([`NO_ROW`] when absent).
-trait Resolve {
+pub(crate) trait Resolve {
     fn prefetch(&self, key: u64);
     fn row(&self, key: u64) -> usize;
 }
 
 /// Dense tables: key `k` is row `k` below the row count.
-struct Dense(u64);
+pub(crate) struct Dense(pub(crate) u64);
 
 impl Resolve for Dense {
     #[inline(always)]
@@ -395,9 +395,15 @@ impl StaticTable {
     /// # Safety
     /// As for `Table::lookup`: the tensors must describe memory valid as DLPack requires.
     pub unsafe fn lookup(&self, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions) -> Result<LookupStats> {
-        let Some(p) = (unsafe { plan(self.dim(), self.store().byte_range(), keys, out, opts) })? else {
-            return Ok(LookupStats::default());
-        };
+        // SAFETY: forwarded from the caller.
+        match unsafe { plan(self.dim(), self.store().byte_range(), keys, out, opts) }? {
+            Some(p) => self.run_plan(p),
+            None => Ok(LookupStats::default()),
+        }
+    }
+
+    /// Runs a validated plan of this table.
+    pub(crate) fn run_plan(&self, p: Plan) -> Result<LookupStats> {
         let gather = Gather { table: self, keys: p.keys, out: p.out, n: p.n, threads: p.threads };
         let found = gather.run();
         if let Some((index, key)) = found.first_miss {

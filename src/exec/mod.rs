@@ -5,4 +5,5 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod pool;
+pub(crate) mod pooled;
 pub mod tiered;

@@ -1,10 +1,13 @@
 //! `strata_lookup` and its managed-tensor variants.
 
 use super::boundary::{arg_ref, boundary};
-use super::sized::{out_struct, read_in};
+use super::sized::{OutStruct, in_array, out_struct, read_in};
 use super::table::{strata_table, table_arg};
 use super::tensor::check_managed;
-use super::types::{Status, strata_lookup_options, strata_lookup_stats};
+use super::boundary::opt_ref;
+use super::types::{Status, pooling_of, strata_lookup_options, strata_lookup_request, strata_lookup_stats};
+use crate::error::Error;
+use crate::table::BatchRequest;
 use crate::error::Result;
 use crate::model::LookupOptions;
 use dlpark::ManagedTensorBase;
@@ -165,4 +168,139 @@ pub unsafe extern "C" fn strata_lookup_managed_versioned(
 ) -> Status {
     // SAFETY: forwarded.
     unsafe { run_managed(table, keys, out, opts, stats) }
+}
+
+/// A `strata_lookup_request` with `struct_size = sizeof(strata_lookup_request)`, every pointer
+/// NULL and `pooling = STRATA_POOL_NONE`.
+#[unsafe(no_mangle)]
+pub extern "C" fn strata_lookup_request_default() -> strata_lookup_request {
+    strata_lookup_request::default()
+}
+
+/// Looks up bags of keys in `table` and writes one pooled row per bag into `out`, as HPS's
+/// `SparseLookupLayer` and TensorFlow's `embedding_lookup_sparse` do.
+///
+/// - `keys`: int32, int64, uint32 or uint64, any strides: 1-D `[nnz]` with `offsets` a 1-D
+///   int32/int64 tensor of `B + 1` entries (`offsets[0] = 0`, non-decreasing,
+///   `offsets[B] = nnz`: PyTorch's `include_last_offset` form), or 2-D `[B, L]` with `offsets`
+///   NULL (fixed hotness, each row one bag).
+/// - `weights`: NULL, or float32 of the keys' shape.
+/// - `pooling`: `STRATA_POOL_SUM`, `STRATA_POOL_MEAN` or `STRATA_POOL_SQRTN`. Per bag, sum =
+///   Σ wⱼ·row(kⱼ); mean = sum / Σ wⱼ; sqrtn = sum / √(Σ wⱼ²), with wⱼ = 1 without weights. An
+///   empty bag, or a zero weight total for mean or sqrtn, gives zeros. Accumulation is float32
+///   in key order within a bag, whatever the table's dtype.
+/// - `out`: `[B, dim]` float32, float16 or bfloat16, non-negative, non-overlapping strides;
+///   nothing outside it is written.
+/// - A missing key contributes the table's default row and counts as a miss; with
+///   `STRATA_MISSING_ERROR` it fails the call (`out` is then unspecified). `stats` counts keys.
+/// - `opts`, `stats`, devices and streams as in `strata_lookup`. On a distributed table the
+///   call is collective.
+///
+/// Ownership: borrows every tensor for the call only. Threading: as `strata_lookup`.
+///
+/// # Safety
+/// `table` is NULL or a live table handle; `keys`, `offsets`, `weights` and `out` are NULL or
+/// DLPack tensors whose memory is valid as their shape, strides and device describe; `opts` is
+/// NULL or points to `struct_size` readable bytes; `stats` is NULL or points to `struct_size`
+/// writable bytes.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)] // the C signature: one argument per tensor
+pub unsafe extern "C" fn strata_lookup_pooled(
+    table: *mut strata_table,
+    keys: *const DLTensor,
+    offsets: *const DLTensor,
+    weights: *const DLTensor,
+    pooling: i32,
+    out: *mut DLTensor,
+    opts: *const strata_lookup_options,
+    stats: *mut strata_lookup_stats,
+) -> Status {
+    boundary(|| {
+        // SAFETY: `table` is NULL or valid as this export's # Safety section requires.
+        let table = unsafe { table_arg(table, "table") }?;
+        // SAFETY: `keys` is NULL or valid as this export's # Safety section requires.
+        let keys = unsafe { arg_ref(keys, "keys") }?;
+        // SAFETY: `out` is NULL or valid as this export's # Safety section requires.
+        let out = unsafe { arg_ref(out, "out") }?;
+        let pooling = pooling_of(pooling, "pooling")?.ok_or_else(|| {
+            Error::invalid("pooling", "0 (STRATA_POOL_NONE); expected STRATA_POOL_SUM (1), STRATA_POOL_MEAN (2) or STRATA_POOL_SQRTN (3) (use strata_lookup for unpooled rows)")
+        })?;
+        // SAFETY: `opts` is NULL or valid as this export's # Safety section requires.
+        let opts = LookupOptions::from(&unsafe { read_in(opts, "opts") }?);
+        // SAFETY: `stats` is NULL or valid as this export's # Safety section requires.
+        let stats = unsafe { out_struct(stats, "stats") }?;
+        // SAFETY: `offsets` and `weights` are NULL or valid, as this export's # Safety section
+        // requires, and so are keys and out (borrowed above).
+        let found = unsafe {
+            table.lookup_pooled(keys, opt_ref(offsets), opt_ref(weights), pooling, out, &opts, stats.is_some())
+        }?;
+        if let Some(s) = stats {
+            s.write(&found.into());
+        }
+        Ok(())
+    })
+}
+
+/// Runs `n` lookups, plain or pooled, on tables of any dims and dtypes, as one piece of work:
+/// the results equal `n` separate `strata_lookup` / `strata_lookup_pooled` calls. On the CPU
+/// the batch is one dispatch (a batch of many small requests costs about one call); every
+/// request is validated before any output is written, and an error names the request
+/// (`requests[7].keys: ...`). `opts` applies to every request. A request on a distributed table
+/// makes the call collective: every rank passes the same tables in the same order. `n = 0` is
+/// a no-op.
+///
+/// Ownership: borrows the requests and their tensors for the call only.
+///
+/// # Safety
+/// `requests` is NULL (only with `n = 0`) or points to `n` requests, each `requests[0].struct_size`
+/// bytes, whose pointers are NULL or valid as in `strata_lookup_pooled`; `opts` is NULL or points
+/// to `struct_size` readable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn strata_lookup_batch(
+    requests: *const strata_lookup_request,
+    n: usize,
+    opts: *const strata_lookup_options,
+) -> Status {
+    boundary(|| {
+        // SAFETY: `opts` is NULL or valid as this export's # Safety section requires.
+        let opts = LookupOptions::from(&unsafe { read_in(opts, "opts") }?);
+        // SAFETY: `requests` points to n requests, as this export's # Safety section requires.
+        let list = unsafe { in_array(requests, n, "requests", "") }?;
+        let mut batch = Vec::with_capacity(n);
+        let mut outs: Vec<Option<OutStruct<strata_lookup_stats>>> = Vec::with_capacity(n);
+        for i in 0..n {
+            let in_request = |e: Error| e.within(format!("requests[{i}]."));
+            let r = list.get(i)?;
+            // SAFETY: the request's pointers are NULL or valid, as this export's
+            // # Safety section requires.
+            let (table, keys, out, offsets, weights, stats) = unsafe {
+                (
+                    table_arg(r.table, "table").map_err(in_request)?,
+                    arg_ref(r.keys, "keys").map_err(in_request)?,
+                    arg_ref(r.out, "out").map_err(in_request)?,
+                    opt_ref(r.offsets),
+                    opt_ref(r.weights),
+                    out_struct(r.stats, "stats").map_err(in_request)?,
+                )
+            };
+            let pooling = pooling_of(r.pooling, "pooling").map_err(in_request)?;
+            if pooling.is_none() && (offsets.is_some() || weights.is_some()) {
+                let arg = if offsets.is_some() { "offsets" } else { "weights" };
+                return Err(in_request(Error::invalid(
+                    arg,
+                    "given with pooling = STRATA_POOL_NONE; expected NULL for a plain lookup (or a pooling)",
+                )));
+            }
+            batch.push(BatchRequest { table, keys, offsets, weights, pooling, out, want_stats: stats.is_some() });
+            outs.push(stats);
+        }
+        // SAFETY: every tensor is valid as this export's # Safety section requires.
+        let found = unsafe { crate::table::lookup_batch(&batch, &opts) }?;
+        for (s, f) in outs.into_iter().zip(found) {
+            if let Some(s) = s {
+                s.write(&f.into());
+            }
+        }
+        Ok(())
+    })
 }

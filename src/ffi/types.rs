@@ -5,10 +5,10 @@
 
 use super::sized::Extensible;
 use crate::error::{Error, ErrorKind, Result};
-use crate::model::{LookupOptions, LookupStats};
+use crate::model::{LookupOptions, LookupStats, Pooling};
 use crate::model::{GpuOptions, GpuPlacement, GpuSharding, MissingKey, TableInfo, TableOptions};
 use crate::model::TableStats;
-use dlpark::ffi::DLDataType;
+use dlpark::ffi::{DLDataType, DLTensor};
 use std::ffi::{CStr, c_void};
 use std::mem::size_of;
 
@@ -145,6 +145,36 @@ pub enum strata_gpu_sharding {
     STRATA_GPU_SHARD = 1,
 }
 
+/// How a pooled lookup reduces a bag's rows to one row (`strata_lookup_pooled`,
+/// `strata_lookup_request.pooling`). TensorFlow's `embedding_lookup_sparse` combiners.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
+pub enum strata_pooling {
+    /// No pooling: a plain lookup, one row per key (in `strata_lookup_request` only).
+    STRATA_POOL_NONE = 0,
+    /// Σ wⱼ·row(kⱼ) per bag.
+    STRATA_POOL_SUM = 1,
+    /// The sum divided by Σ wⱼ (zeros when that is 0).
+    STRATA_POOL_MEAN = 2,
+    /// The sum divided by √(Σ wⱼ²) (zeros when that is 0).
+    STRATA_POOL_SQRTN = 3,
+}
+
+/// The pooling a C caller asked for: `None` for `STRATA_POOL_NONE`.
+pub(crate) fn pooling_of(v: i32, arg: &'static str) -> Result<Option<Pooling>> {
+    match v {
+        0 => Ok(None),
+        1 => Ok(Some(Pooling::Sum)),
+        2 => Ok(Some(Pooling::Mean)),
+        3 => Ok(Some(Pooling::Sqrtn)),
+        p => Err(Error::invalid(
+            arg,
+            format!("{p}; expected STRATA_POOL_SUM (1), STRATA_POOL_MEAN (2) or STRATA_POOL_SQRTN (3), or STRATA_POOL_NONE (0) for a plain lookup"),
+        )),
+    }
+}
+
 /// Options for building a table (an in-struct). Initialise with
 /// `strata_table_options_default()`; a NULL pointer means the defaults.
 #[repr(C)]
@@ -270,6 +300,52 @@ impl From<&strata_lookup_options> for LookupOptions {
     fn from(o: &strata_lookup_options) -> Self {
         LookupOptions { stream: o.stream, num_threads: o.num_threads }
     }
+}
+
+/// One lookup of a `strata_lookup_batch` (an in-struct; an array's stride is its elements'
+/// `struct_size`). Initialise each with `strata_lookup_request_default()`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(non_camel_case_types)]
+pub struct strata_lookup_request {
+    /// `sizeof(strata_lookup_request)`, set by `strata_lookup_request_default()`; the same in
+    /// every element of one array.
+    pub struct_size: usize,
+    /// The table to look up (any kind; a distributed table makes the batch collective).
+    pub table: *mut super::table::strata_table,
+    /// As `strata_lookup`'s keys (plain), or `strata_lookup_pooled`'s keys (pooled).
+    pub keys: *const DLTensor,
+    /// Pooled requests with 1-D keys: `B + 1` offsets; NULL otherwise.
+    pub offsets: *const DLTensor,
+    /// Pooled requests: NULL or float32 weights of the keys' shape; NULL for plain requests.
+    pub weights: *const DLTensor,
+    /// A `strata_pooling`: `STRATA_POOL_NONE` (the default) for a plain lookup.
+    pub pooling: i32,
+    /// The rows: `[*keys.shape, dim]` or `[numel(keys), dim]` (plain), `[B, dim]` (pooled).
+    pub out: *mut DLTensor,
+    /// NULL, or this request's stats (an out-struct with its `struct_size` set).
+    pub stats: *mut strata_lookup_stats,
+}
+
+impl Default for strata_lookup_request {
+    fn default() -> Self {
+        strata_lookup_request {
+            struct_size: size_of::<Self>(),
+            table: std::ptr::null_mut(),
+            keys: std::ptr::null(),
+            offsets: std::ptr::null(),
+            weights: std::ptr::null(),
+            pooling: strata_pooling::STRATA_POOL_NONE as i32,
+            out: std::ptr::null_mut(),
+            stats: std::ptr::null_mut(),
+        }
+    }
+}
+
+// SAFETY: repr(C), starts with struct_size, every field accepts any bit pattern.
+unsafe impl Extensible for strata_lookup_request {
+    const NAME: &'static str = "strata_lookup_request";
+    const FIRST_SIZE: usize = 64;
 }
 
 /// What one lookup found (an out-struct). Initialise `struct_size` with

@@ -6,18 +6,22 @@
 //!   first missing key of a failed lookup);
 //! - [`TableOptions`] and its parts: the options of a table, as plain Rust values;
 //! - [`plan`]: `keys` and `out` validated against a table's `dim` ([`Plan`], [`Checked`]), the
-//!   per-call [`LookupOptions`] and the [`LookupStats`] a lookup returns.
+//!   per-call [`LookupOptions`] and the [`LookupStats`] a lookup returns; [`Pooling`] and the
+//!   checked plan of a pooled lookup (bags of keys, optional weights, one row per bag).
 //!
 //! This layer uses only storage and the leaf utilities: it runs no lookups itself.
 
 mod options;
 mod plan;
+mod pooled;
 mod static_table;
 mod tiered;
 
 pub use options::{GpuOptions, GpuPlacement, GpuSharding, MissingKey, TableOptions};
 pub use plan::{KeySource, LookupOptions, LookupStats, OutTarget};
 pub(crate) use plan::{Plan, plan};
+pub use pooled::Pooling;
+pub(crate) use pooled::{PooledPlan, plan_pooled};
 #[cfg(feature = "cuda")]
 pub(crate) use plan::{Checked, check};
 pub(crate) use static_table::{Rows, read_keys, read_rows};

@@ -37,7 +37,7 @@ pub struct LookupStats {
     pub persistent_hits: u64,
 }
 
-fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
+pub(crate) fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
     a.0 < a.1 && b.0 < b.1 && a.0 < b.1 && b.0 < a.1
 }
 

@@ -20,6 +20,7 @@ pub(crate) mod device;
 #[doc(hidden)]
 pub mod emulate;
 pub mod params;
+pub(crate) mod pooled;
 pub(crate) mod residency;
 pub(crate) mod run;
 
