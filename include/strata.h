@@ -255,6 +255,30 @@ typedef int32_t strata_gpu_sharding;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
+// How a pooled lookup reduces a bag's rows to one row (`strata_lookup_pooled`,
+// `strata_lookup_request.pooling`). TensorFlow's `embedding_lookup_sparse` combiners.
+enum strata_pooling
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  // No pooling: a plain lookup, one row per key (in `strata_lookup_request` only).
+  STRATA_POOL_NONE = 0,
+  // Σ wⱼ·row(kⱼ) per bag.
+  STRATA_POOL_SUM = 1,
+  // The sum divided by Σ wⱼ (zeros when that is 0).
+  STRATA_POOL_MEAN = 2,
+  // The sum divided by √(Σ wⱼ²) (zeros when that is 0).
+  STRATA_POOL_SQRTN = 3,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum strata_pooling strata_pooling;
+#else
+typedef int32_t strata_pooling;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
 // The tables of every model of a configuration, and a `strata_table` handle for each, which
 // the server owns (`strata_server_table` lends them; `strata_table_free` on them is a no-op).
 //
