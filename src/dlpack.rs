@@ -48,6 +48,8 @@ impl KeyDtype {
     /// `p` must be valid for reads of one element of this dtype and aligned for it.
     #[inline(always)]
     pub unsafe fn read(self, p: *const u8) -> u64 {
+        // SAFETY: the caller guarantees one readable, aligned element of this dtype at p, and
+        // each arm reads exactly the type the dtype names.
         unsafe {
             match self {
                 KeyDtype::I32 => *(p as *const i32) as i64 as u64,
@@ -225,6 +227,8 @@ impl TensorView {
     /// # Safety
     /// `t.shape` and `t.strides` must be readable for `t.ndim` elements (or NULL).
     pub unsafe fn new(t: &DLTensor, arg: &'static str) -> Result<Self> {
+        // SAFETY: the caller guarantees t.shape and t.strides are readable for t.ndim elements;
+        // `r` lives only in this function, while `t` is borrowed and not modified.
         let r = unsafe { dlpark::TensorRef::from_raw(t) }.map_err(|e| dlpark_error(e, arg))?;
         let shape: Vec<usize> = r.shape().iter().map(|&s| s as usize).collect();
         let elem_bits = t.dtype.bits as usize * t.dtype.lanes as usize;
@@ -268,7 +272,7 @@ impl TensorView {
                     format!("shape {shape:?} with strides {strides:?} and byte_offset {} reaches beyond the address space", t.byte_offset),
                 ));
             }
-            let align = elem.min(8).max(1);
+            let align = elem.clamp(1, 8);
             if elem.is_power_of_two() && base % align as i128 != 0 {
                 return Err(Error::layout(
                     arg,
@@ -501,6 +505,7 @@ mod tests {
     fn dtype_names() {
         assert_eq!(dtype_name(FloatDtype::BF16.dl()), "bfloat16");
         assert_eq!(dtype_name(DLDataType { code: DLDataTypeCode::FLOAT, bits: 32, lanes: 4 }), "float32x4");
+        // SAFETY: the pointer is to a live, aligned i32 (a promoted constant), the dtype read() is told.
         assert_eq!(KeyDtype::I32.value(unsafe { KeyDtype::I32.read((&-5i32 as *const i32).cast()) }), -5);
         assert_eq!(dtype_name(DLDataType { code: DLDataTypeCode::FLOAT8_E4M3FN, bits: 8, lanes: 1 }), "float8_e4m3fn");
         let padded = DLDataType { code: DLDataTypeCode::FLOAT4_E2M1FN, bits: 8, lanes: 2 };

@@ -74,6 +74,7 @@ impl Table {
     /// # Safety
     /// As for [`StaticTable::from_dlpack`].
     pub unsafe fn from_dlpack(vectors: &DLTensor, keys: Option<&DLTensor>, options: TableOptions) -> Result<Self> {
+        // SAFETY: the caller upholds StaticTable::from_dlpack's contract, which is this one's.
         Ok(unsafe { StaticTable::from_dlpack(vectors, keys, options) }?.into())
     }
 
@@ -82,6 +83,7 @@ impl Table {
     /// # Safety
     /// As for [`StaticTable::adopt`].
     pub unsafe fn adopt<M: ManagedTensorBase>(managed: *mut M, keys: Option<&DLTensor>, options: TableOptions) -> Result<Self> {
+        // SAFETY: the caller upholds StaticTable::adopt's contract, which is this one's.
         Ok(unsafe { StaticTable::adopt(managed, keys, options) }?.into())
     }
 
@@ -106,11 +108,13 @@ impl Table {
         options: Result<TableOptions>,
     ) -> Result<Self> {
         match comm {
-            // SAFETY: forwarded.
+            // SAFETY: the caller upholds what DistTable::from_partitioned needs: desc is valid as
+            // partition::validate requires, and borrowed partitions outlive the table.
             Some(fint) => Ok(unsafe { crate::dist::DistTable::from_partitioned(desc, fint, options) }?.into()),
             None => {
                 let options = options?;
-                // SAFETY: forwarded.
+                // SAFETY: the caller guarantees desc is valid as partition::validate requires and
+                // that borrowed partitions outlive the table, which is what table_from needs.
                 Ok(unsafe { partition::table_from(partition::validate(desc?)?, options) }?.into())
             }
         }
@@ -187,7 +191,9 @@ impl Table {
     /// The tensors must describe readable host memory as DLPack requires.
     pub unsafe fn upsert(&self, keys: &DLTensor, vectors: &DLTensor) -> Result<()> {
         let t = self.tiered("upsert")?;
+        // SAFETY: the caller guarantees keys describes readable host memory as DLPack requires.
         let k = unsafe { read_keys(keys) }?;
+        // SAFETY: the caller guarantees the same of vectors.
         let rows = unsafe { read_rows(vectors, k.len(), t.dim()) }?;
         t.upsert(&k, &rows)
     }
@@ -198,6 +204,7 @@ impl Table {
     /// `keys` must describe readable host memory as DLPack requires.
     pub unsafe fn erase(&self, keys: &DLTensor) -> Result<u64> {
         let t = self.tiered("erase")?;
+        // SAFETY: the caller guarantees keys describes readable host memory as DLPack requires.
         let k = unsafe { read_keys(keys) }?;
         t.erase(&k)
     }
@@ -235,8 +242,11 @@ impl Table {
     ///
     /// # Safety
     /// The tensors must describe memory that is valid as DLPack requires: `keys` readable,
-    /// `out` writable, for every element their shape and strides reach.
+    /// `out` writable, for every element their shape and strides reach. CUDA tensors must stay
+    /// so until `opts.stream` has run the lookup, and `opts.stream` must be NULL or a live
+    /// stream of their device's primary context.
     pub unsafe fn lookup(&self, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions) -> Result<LookupStats> {
+        // SAFETY: lookup_with has this function's contract, which the caller upholds.
         unsafe { self.lookup_with(keys, out, opts, true) }
     }
 
@@ -251,15 +261,22 @@ impl Table {
         if let Some(source) = self.source()
             && (crate::exec::cuda::run::is_cuda(keys) || crate::exec::cuda::run::is_cuda(out))
         {
+            // SAFETY: run::lookup needs Table::lookup's contract, which the caller upholds: valid
+            // tensors (CUDA ones until the stream has run the lookup) and a live opts.stream.
             return unsafe { crate::exec::cuda::run::lookup(source, &self.gpu, &self.resident, keys, out, opts, want_stats) };
         }
         let _ = want_stats;
         match &self.kind {
+            // SAFETY: StaticTable::lookup needs Table::lookup's contract, which the caller upholds.
             TableKind::Static(t) => unsafe { t.lookup(keys, out, opts) },
+            // SAFETY: plan needs Table::lookup's contract, which the caller upholds. A tiered
+            // table's rows live in its tiers, not in caller memory, so there is no range to keep
+            // out clear of.
             TableKind::Tiered(t) => match unsafe { plan(t.dim(), (0, 0), keys, out, opts) }? {
                 Some(p) => t.lookup(&p),
                 None => Ok(LookupStats::default()),
             },
+            // SAFETY: DistTable::lookup needs Table::lookup's contract, which the caller upholds.
             TableKind::Dist(t) => unsafe { t.lookup(keys, out, opts) },
         }
     }

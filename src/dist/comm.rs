@@ -43,6 +43,8 @@ impl Comm {
         // SAFETY: MPI is initialised; f2c maps an unknown handle to MPI_COMM_NULL.
         let raw = unsafe { ffi::MPI_Comm_f2c(fint) };
         // Open MPI answers a NULL handle for an index it never issued; others MPI_COMM_NULL.
+        // SAFETY: RSMPI_COMM_NULL is a constant the rsmpi C shim defines and never writes; an
+        // all-zero MPI_Comm is a valid value of the handle type (a NULL pointer or 0).
         if raw == unsafe { ffi::RSMPI_COMM_NULL } || raw == unsafe { std::mem::zeroed() } {
             return Err(Error::invalid(
                 "comm",
@@ -55,9 +57,11 @@ impl Comm {
         if inter != 0 {
             return Err(Error::invalid("comm", "is an inter-communicator; expected an intra-communicator"));
         }
+        // SAFETY: RSMPI_COMM_NULL is a constant the rsmpi C shim defines and never writes.
         let mut dup = unsafe { ffi::RSMPI_COMM_NULL };
         // SAFETY: raw is a live intra-communicator; the duplicate is ours to own and free.
         let rc = unsafe { ffi::MPI_Comm_dup(raw, &mut dup) };
+        // SAFETY: reads the same never-written constant as above.
         if rc != 0 || dup == unsafe { ffi::RSMPI_COMM_NULL } {
             return Err(Error::Internal(format!("MPI_Comm_dup failed with error code {rc}")));
         }
@@ -113,6 +117,7 @@ impl Comm {
             // SAFETY: `send` holds sent_items * width values and `recv` total * width, each
             // viewed as items of `width` values.
             let sv = unsafe { View::with_count_and_datatype(send, sent_items, &item) };
+            // SAFETY: as for sv: recv was just refilled to total * width values, total items.
             let mut rv = unsafe { MutView::with_count_and_datatype(&mut recv[..], total as i32, &item) };
             c.all_to_all_varcount_into(&Partition::new(&sv, send_counts, &sd[..]), &mut PartitionMut::new(&mut rv, recv_counts, &rd[..]));
         });

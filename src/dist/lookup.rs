@@ -66,6 +66,7 @@ impl DistTable {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let (comm, scratch) = &mut *state;
         let start = Instant::now();
+        // SAFETY: lookup_with needs Table::lookup's contract, which our caller upholds.
         let result = unsafe { self.lookup_with(comm, scratch, keys, out, opts) };
         let exchange = comm.take_time();
         let mut t = self.timing.lock().unwrap_or_else(|e| e.into_inner());
@@ -82,6 +83,10 @@ impl DistTable {
         state.0.agree(local)
     }
 
+    /// The collective lookup with the communicator and scratch held.
+    ///
+    /// # Safety
+    /// As for [`crate::table::Table::lookup`].
     unsafe fn lookup_with(
         &self,
         comm: &mut Comm,
@@ -90,6 +95,7 @@ impl DistTable {
         out: &DLTensor,
         opts: &LookupOptions,
     ) -> Result<LookupStats> {
+        // SAFETY: request needs Table::lookup's contract, which our caller upholds.
         let local = unsafe { self.request(s, keys, out, opts) };
         let send: Vec<i64> = match &local {
             Ok(r) => r.counts.iter().map(|&c| c as i64).collect(),
@@ -113,10 +119,15 @@ impl DistTable {
     }
 
     /// Step 1 on this rank: validates the tensors, reads the keys and finds their owners.
+    ///
+    /// # Safety
+    /// As for [`crate::table::Table::lookup`].
     unsafe fn request(&self, s: &mut Scratch, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions) -> Result<Request> {
         let ranges: Vec<(usize, usize)> = self.local.iter().map(|p| p.table.store().byte_range()).collect();
+        // SAFETY: plan needs Table::lookup's contract for keys and out, which our caller upholds.
         let plan = unsafe { plan(self.dim, ranges.first().copied().unwrap_or((0, 0)), keys, out, opts) }?;
         for r in ranges.iter().skip(1) {
+            // SAFETY: as above; this pass only checks out against another local partition.
             unsafe { crate::model::plan(self.dim, *r, keys, out, opts) }?;
         }
         let mut counts = vec![0i32; self.size];

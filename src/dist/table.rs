@@ -52,9 +52,12 @@ pub struct DistTable {
     pub(crate) timing: Mutex<DistTiming>,
 }
 
-// SAFETY: the communicator handle is only used under the `state` mutex, by the thread making a
-// collective call; everything else is immutable after construction (StaticTable is Sync).
+// SAFETY: the communicator handle is a process-wide MPI handle, only used under the `state`
+// mutex by the thread making a collective call, so the table may move to another thread; every
+// other field is Send.
 unsafe impl Send for DistTable {}
+// SAFETY: the communicator is only used under the `state` mutex, `timing` is behind its own, and
+// everything else is immutable after construction (StaticTable is Sync).
 unsafe impl Sync for DistTable {}
 
 /// The rank that owns `key` in a keyed table over `size` ranks. Seeded apart from the index's
@@ -167,7 +170,8 @@ impl DistTable {
     pub(crate) unsafe fn from_partitioned(d: Result<Description<'_>>, fint: i32, options: Result<TableOptions>) -> Result<Self> {
         let mut comm = Comm::duplicate(fint)?;
         let (rank, size) = (comm.rank, comm.size);
-        // SAFETY: forwarded.
+        // SAFETY: our caller guarantees d is valid as validate requires and that borrowed
+        // partitions outlive the table, which is what local_partitions needs.
         let local = options.and_then(|options| Ok((unsafe { local_partitions(d?, rank, size, options) }?, options)));
         let ((summary, route, local), options) = comm.agree(local)?;
         let all = comm.all_gather(&summary.to_array());
@@ -319,13 +323,18 @@ impl DistTable {
 /// distributed table adds (owners are ranks of the communicator; a rank holds data exactly for
 /// the partitions that list it), and builds a table over each local partition (borrowed when
 /// its strides allow, as for a single partition in one process; else copied).
+///
+/// # Safety
+/// As for [`validate`]; borrowed partitions must stay valid and unchanged until the tables
+/// built over them are dropped.
 unsafe fn local_partitions(
     d: Description<'_>,
     rank: usize,
     size: usize,
     options: TableOptions,
 ) -> Result<(Summary, Route, Vec<LocalPart>)> {
-    // SAFETY: forwarded.
+    // SAFETY: our caller guarantees every tensor of d (and of its get) is valid DLPack memory
+    // that stays readable, as validate requires.
     let layout = unsafe { validate(d) }?;
     let (rows, dim) = check_row_split(&layout)?;
     let Layout { parts, .. } = layout;
@@ -378,7 +387,8 @@ unsafe fn local_partitions(
                 tiling: vec![1, 1],
                 parts: vec![Part { grid: p.grid, start: vec![0, 0], shape: p.shape, locations: p.locations, data: p.data }],
             };
-            // SAFETY: forwarded (a borrowed partition outlives the table, as documented).
+            // SAFETY: `one` holds a partition of the validated layout; our caller guarantees a
+            // borrowed partition stays valid and unchanged until its table is dropped.
             let table = unsafe { table_from(one, share_options(options)) }.map_err(|e| match e {
                 Error::Invalid { arg, msg } => Error::Invalid { arg, msg: format!("{name}: {msg}") },
                 other => other,

@@ -84,6 +84,10 @@ pub struct Found {
 
 /// Copies one row of `dim` values from `src` (table dtype) to `dst` (out dtype, `col_stride`
 /// elements apart).
+///
+/// Safety: `src` must be readable for `dim` contiguous, aligned elements of the source dtype,
+/// and `dst` writable for `dim` aligned elements of the out dtype `col_stride` elements apart,
+/// not overlapping `src`. [`row_fn`] picks the contiguous kernels only for `col_stride == 1`.
 pub(crate) type RowFn = unsafe fn(src: *const u8, dst: *mut u8, dim: usize, col_stride: usize);
 
 trait Elem: Copy {
@@ -122,6 +126,8 @@ impl Elem for bf16 {
 }
 
 unsafe fn copy_contiguous<const SIZE: usize>(src: *const u8, dst: *mut u8, dim: usize, _: usize) {
+    // SAFETY: the RowFn contract: src and dst each hold dim contiguous SIZE-byte elements (this
+    // kernel serves only col_stride 1 and equal dtypes) and do not overlap.
     unsafe { std::ptr::copy_nonoverlapping(src, dst, dim * SIZE) };
 }
 
@@ -130,6 +136,11 @@ unsafe fn copy_contiguous<const SIZE: usize>(src: *const u8, dst: *mut u8, dim: 
 unsafe fn copy_streaming<const SIZE: usize>(src: *const u8, dst: *mut u8, dim: usize, _: usize) {
     let bytes = dim * SIZE;
     #[cfg(target_arch = "x86_64")]
+    // SAFETY: the RowFn contract: src and dst each hold `bytes` contiguous bytes and do not
+    // overlap. `head` bytes are copied plainly up to dst's next 16-byte boundary, then every
+    // 64- and 16-byte step stays below `left`, so all reads and writes are inside the row;
+    // the streaming stores need 16-byte aligned dst, which `head` provides, and the loads are
+    // unaligned ones. SSE2 is part of the x86-64 baseline.
     unsafe {
         use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
         let head = ((16 - (dst as usize & 15)) & 15).min(bytes);
@@ -157,6 +168,7 @@ unsafe fn copy_streaming<const SIZE: usize>(src: *const u8, dst: *mut u8, dim: u
         std::ptr::copy_nonoverlapping(s, d, left);
     }
     #[cfg(not(target_arch = "x86_64"))]
+    // SAFETY: the RowFn contract: src and dst each hold `bytes` contiguous bytes and do not overlap.
     unsafe {
         std::ptr::copy_nonoverlapping(src, dst, bytes)
     };
@@ -175,6 +187,8 @@ fn store_fence() {
 unsafe fn copy_strided<T: Copy>(src: *const u8, dst: *mut u8, dim: usize, cs: usize) {
     let (s, d) = (src as *const T, dst as *mut T);
     for i in 0..dim {
+        // SAFETY: the RowFn contract: src holds dim contiguous T and dst element i * cs is
+        // inside the output row for i < dim; T matches both dtypes (row_fn pairs them).
         unsafe { *d.add(i * cs) = *s.add(i) };
     }
 }
@@ -182,11 +196,16 @@ unsafe fn copy_strided<T: Copy>(src: *const u8, dst: *mut u8, dim: usize, cs: us
 unsafe fn convert<S: Elem, D: Elem>(src: *const u8, dst: *mut u8, dim: usize, cs: usize) {
     let (s, d) = (src as *const S, dst as *mut D);
     for i in 0..dim {
+        // SAFETY: the RowFn contract: src holds dim contiguous S and dst element i * cs (a D) is
+        // inside the output row for i < dim; row_fn pairs S and D with the two dtypes.
         unsafe { *d.add(i * cs) = D::from_f32((*s.add(i)).to_f32()) };
     }
 }
 
 unsafe fn f32_to_f16(src: *const u8, dst: *mut u8, dim: usize, _: usize) {
+    // SAFETY: the RowFn contract: src holds dim aligned f32 and dst dim aligned, contiguous f16
+    // (row_fn picks this kernel only for col_stride 1), and the two do not overlap, so the
+    // shared and the mutable slice alias nothing.
     let (s, d) = unsafe {
         (std::slice::from_raw_parts(src as *const f32, dim), std::slice::from_raw_parts_mut(dst as *mut f16, dim))
     };
@@ -194,6 +213,9 @@ unsafe fn f32_to_f16(src: *const u8, dst: *mut u8, dim: usize, _: usize) {
 }
 
 unsafe fn f32_to_bf16(src: *const u8, dst: *mut u8, dim: usize, _: usize) {
+    // SAFETY: the RowFn contract: src holds dim aligned f32 and dst dim aligned, contiguous bf16
+    // (row_fn picks this kernel only for col_stride 1), and the two do not overlap, so the
+    // shared and the mutable slice alias nothing.
     let (s, d) = unsafe {
         (std::slice::from_raw_parts(src as *const f32, dim), std::slice::from_raw_parts_mut(dst as *mut bf16, dim))
     };
@@ -201,6 +223,9 @@ unsafe fn f32_to_bf16(src: *const u8, dst: *mut u8, dim: usize, _: usize) {
 }
 
 unsafe fn f16_to_f32(src: *const u8, dst: *mut u8, dim: usize, _: usize) {
+    // SAFETY: the RowFn contract: src holds dim aligned f16 and dst dim aligned, contiguous f32
+    // (row_fn picks this kernel only for col_stride 1), and the two do not overlap, so the
+    // shared and the mutable slice alias nothing.
     let (s, d) = unsafe {
         (std::slice::from_raw_parts(src as *const f16, dim), std::slice::from_raw_parts_mut(dst as *mut f32, dim))
     };
@@ -208,6 +233,9 @@ unsafe fn f16_to_f32(src: *const u8, dst: *mut u8, dim: usize, _: usize) {
 }
 
 unsafe fn bf16_to_f32(src: *const u8, dst: *mut u8, dim: usize, _: usize) {
+    // SAFETY: the RowFn contract: src holds dim aligned bf16 and dst dim aligned, contiguous f32
+    // (row_fn picks this kernel only for col_stride 1), and the two do not overlap, so the
+    // shared and the mutable slice alias nothing.
     let (s, d) = unsafe {
         (std::slice::from_raw_parts(src as *const bf16, dim), std::slice::from_raw_parts_mut(dst as *mut f32, dim))
     };
@@ -329,16 +357,22 @@ impl Gather<'_> {
                     prefetch_row(store, rows[i + AHEAD], row_bytes);
                 }
                 let dst = self.out.ptr.wrapping_offset(offs[i] * out_size as isize);
-                // SAFETY: the source is a whole row of the table or the default row; dst is this
-                // key's output row, validated to lie inside `out` and not to overlap other rows.
                 if rows[i] == NO_ROW {
                     found.misses += 1;
                     if track_first && found.first_miss.is_none_or(|(j, _)| start + i < j) {
                         found.first_miss = Some((start + i, keys[i]));
                     }
+                    // SAFETY: `default` is the table's default row, dim float32 values (the
+                    // source dtype of k.default); dst is this key's output row, which the plan
+                    // validated to lie inside `out`, not to overlap other rows, and not to
+                    // overlap the keys or the table.
                     unsafe { (k.default)(default, dst, dim, self.out.col_stride) };
                 } else {
                     found.hits += 1;
+                    // SAFETY: rows[i] came from the resolver, so it is below the store's row
+                    // count (Dense checks key < rows; an index maps keys only to rows of this
+                    // store), and row_ptr gives its dim elements of the table dtype; dst is
+                    // this key's output row, validated as above.
                     unsafe { (k.row)(store.row_ptr(rows[i]), dst, dim, self.out.col_stride) };
                 }
             }
@@ -395,7 +429,8 @@ impl StaticTable {
     /// # Safety
     /// As for `Table::lookup`: the tensors must describe memory valid as DLPack requires.
     pub unsafe fn lookup(&self, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions) -> Result<LookupStats> {
-        // SAFETY: forwarded from the caller.
+        // SAFETY: this function's caller guarantees what plan needs: keys and out describe
+        // memory valid as DLPack requires.
         match unsafe { plan(self.dim(), self.store().byte_range(), keys, out, opts) }? {
             Some(p) => self.run_plan(p),
             None => Ok(LookupStats::default()),

@@ -161,7 +161,10 @@ pub(crate) unsafe fn plan(
     opts: &LookupOptions,
 ) -> Result<Option<Plan>> {
     let threads = resolve_threads(opts.num_threads)?;
+    // SAFETY: plan's caller guarantees, as Table::lookup requires, that keys describes valid
+    // DLPack memory, so its shape and strides are readable for ndim elements.
     let k = unsafe { TensorView::new(keys, "keys") }?;
+    // SAFETY: as for keys: the caller guarantees out is a valid DLPack tensor.
     let o = unsafe { TensorView::new(out, "out") }?;
     require_host(k.device, "keys")?;
     require_host(o.device, "out")?;
@@ -211,6 +214,8 @@ impl KeySource {
             None => {
                 self.walk.fill(start, offs);
                 for (key, &o) in keys.iter_mut().zip(offs.iter()) {
+                    // SAFETY: as above: the walk yields the offsets of key indices below n, each
+                    // an aligned element of the keys the planner validated.
                     *key = unsafe { self.dtype.read(self.at(o)) };
                 }
             }

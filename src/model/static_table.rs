@@ -60,8 +60,11 @@ impl StaticTable {
     /// The tensors must describe readable host memory as DLPack requires.
     pub unsafe fn from_dlpack(vectors: &DLTensor, keys: Option<&DLTensor>, options: TableOptions) -> Result<Self> {
         options.gpu.check()?;
+        // SAFETY: the caller guarantees vectors describes readable host memory as DLPack
+        // requires, so its shape and strides are readable for ndim elements.
         let v = unsafe { TensorView::new(vectors, "vectors") }?;
         let (dtype, rows, dim) = check_vectors(&v)?;
+        // SAFETY: the caller guarantees the same of keys.
         let index = unsafe { build_rows(keys, rows) }?;
         let (rs, cs) = (v.strides[0], v.strides[1]);
         let size = dtype.size();
@@ -75,6 +78,9 @@ impl StaticTable {
                     dst.copy_from_slice(src);
                 } else {
                     for c in 0..dim {
+                        // SAFETY: element (r, c) is inside the view (r < rows, c < dim), which
+                        // validated every element addressable and aligned; the caller guarantees
+                        // it is readable.
                         let src = unsafe { std::slice::from_raw_parts(v.at(row + c as isize * cs), size) };
                         dst[c * size..(c + 1) * size].copy_from_slice(src);
                     }
@@ -91,14 +97,18 @@ impl StaticTable {
     ///
     /// # Safety
     /// `managed` must point to a valid managed tensor whose memory stays readable until its
-    /// deleter runs, with a deleter callable once from any thread.
+    /// deleter runs, with a deleter callable once from any thread. `keys`, if given, must
+    /// describe readable host memory as DLPack requires.
     pub unsafe fn adopt<M: ManagedTensorBase>(
         managed: *mut M,
         keys: Option<&DLTensor>,
         options: TableOptions,
     ) -> Result<Self> {
         options.gpu.check()?;
+        // SAFETY: the caller guarantees managed points to a valid managed tensor; the reference
+        // is only used before ownership moves into the store below.
         let m = unsafe { &*managed };
+        // SAFETY: a valid managed tensor's DLTensor has shape and strides readable for ndim.
         let v = unsafe { TensorView::new(m.tensor(), "vectors") }?;
         let (dtype, rows, dim) = check_vectors(&v)?;
         v.require_non_negative_strides()?;
@@ -115,12 +125,17 @@ impl StaticTable {
                 format!("strides[0] = {rs} is less than dim = {dim}; rows overlap"),
             ));
         }
+        // SAFETY: the caller guarantees keys, if given, describes readable host memory.
         let index = unsafe { build_rows(keys, rows) }?;
         let default_row = vec![options.default_value; dim];
         // SAFETY: validated above. Ownership moves into the store only now, when nothing after
         // it can fail: on every error above the caller still owns `managed`.
         let owned = unsafe { dlpark::Managed::<M>::from_raw(managed) }
             .map_err(|e| Error::invalid("vectors", e.to_string()))?;
+        // SAFETY: the view checked v.ptr is aligned for dtype and that rows x dim elements at
+        // row stride rs (unit element stride, rs >= dim when rows > 1; with one row the stride is
+        // never used) lie in the address space; the caller guarantees the memory stays readable
+        // until the deleter, which the store now owns, runs.
         let store = unsafe { Store::adopted(v.ptr, dtype, rows, dim, rs.max(dim), owned.into_deleter()) };
         Ok(StaticTable { store, rows: index, default_row, missing: options.missing, gpu: options.gpu })
     }
@@ -233,7 +248,11 @@ impl StaticTable {
 }
 
 /// Checks `keys` is a 1-D host tensor of integer keys (`expected` describes the shape wanted).
+///
+/// # Safety
+/// `keys` must describe readable host memory as DLPack requires.
 unsafe fn keys_1d(keys: &DLTensor, expected: &str) -> Result<(TensorView, KeyDtype)> {
+    // SAFETY: the caller guarantees keys is a valid DLPack tensor: shape and strides readable.
     let k = unsafe { TensorView::new(keys, "keys") }?;
     require_host(k.device, "keys")?;
     let kd = KeyDtype::of(k.dtype, "keys")?;
@@ -251,13 +270,21 @@ fn canonical_keys(k: &TensorView, kd: KeyDtype) -> impl ExactSizeIterator<Item =
 }
 
 /// Reads a 1-D host tensor of integer keys into canonical 64-bit form.
+///
+/// # Safety
+/// `keys` must describe readable host memory as DLPack requires.
 pub(crate) unsafe fn read_keys(keys: &DLTensor) -> Result<Vec<u64>> {
+    // SAFETY: keys_1d needs what our caller guarantees: keys is readable host memory.
     let (k, kd) = unsafe { keys_1d(keys, "a 1-D tensor of keys") }?;
     Ok(canonical_keys(&k, kd).collect())
 }
 
 /// Reads `[n, dim]` host float vectors as float32 rows.
+///
+/// # Safety
+/// `vectors` must describe readable host memory as DLPack requires.
 pub(crate) unsafe fn read_rows(vectors: &DLTensor, n: usize, dim: usize) -> Result<Vec<f32>> {
+    // SAFETY: the caller guarantees vectors is a valid DLPack tensor: shape and strides readable.
     let v = unsafe { TensorView::new(vectors, "vectors") }?;
     require_host(v.device, "vectors")?;
     let dtype = FloatDtype::of(v.dtype, "vectors")?;
@@ -293,8 +320,12 @@ fn check_vectors(v: &TensorView) -> Result<(FloatDtype, usize, usize)> {
 }
 
 /// Builds the row mapping: dense when `keys` is `None`, else an index over the 1-D `keys`.
+///
+/// # Safety
+/// `keys`, if given, must describe readable host memory as DLPack requires.
 unsafe fn build_rows(keys: Option<&DLTensor>, rows: usize) -> Result<Rows> {
     let Some(keys) = keys else { return Ok(Rows::Dense) };
+    // SAFETY: keys_1d needs what our caller guarantees: keys is readable host memory.
     let (k, kd) = unsafe { keys_1d(keys, &format!("[{rows}] (one key per row of vectors)")) }?;
     if k.numel != rows {
         return Err(Error::invalid("keys", format!("shape {:?}; expected [{rows}] (one key per row of vectors)", k.shape)));

@@ -68,6 +68,8 @@ struct Counters {
 
 impl TieredTable {
     /// A table over the given tiers (at least one). `default_value` fills rows found nowhere.
+    // One argument per field; the server passes them straight from a parsed table config.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         name: String,
         dim: usize,
@@ -103,6 +105,11 @@ impl TieredTable {
             (None, Some(v)) => v.len(),
             (None, None) => 0,
         }
+    }
+
+    /// Whether the table holds no rows.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Cumulative counters.

@@ -41,8 +41,11 @@ pub struct KeyIndex {
     len: usize,
 }
 
-// SAFETY: the mapping is only written during `build`, before the index is shared.
+// SAFETY: the index owns its anonymous mapping outright and holds no thread-bound state, so
+// it may move to and be dropped on any thread.
 unsafe impl Send for KeyIndex {}
+// SAFETY: the mapping is only written during `build` (through `&mut self`), before the index
+// is shared; every `&self` method only reads it.
 unsafe impl Sync for KeyIndex {}
 
 impl KeyIndex {

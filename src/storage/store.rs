@@ -35,9 +35,12 @@ pub struct Store {
     owner: Owner,
 }
 
-// SAFETY: the store's memory is never written after construction, and every owner kind may
-// be dropped from any thread (DLPack deleters must be callable from any thread).
+// SAFETY: `ptr` points into memory the owner keeps alive wherever the store goes, and every
+// owner kind may be dropped from any thread (DLPack deleters must be callable from any thread,
+// as `Store::adopted` requires; borrowed memory is the caller's to keep alive).
 unsafe impl Send for Store {}
+// SAFETY: the store's memory is never written after construction, and `&self` methods only
+// read it, so threads sharing a store never race.
 unsafe impl Sync for Store {}
 
 impl Store {

@@ -29,8 +29,13 @@ enum MemOwner {
     Host(#[allow(dead_code)] Vec<u64>),
 }
 
-// SAFETY: the memory is owned; freeing it binds the owning context first.
+// SAFETY: a Mem owns its allocation; its raw host pointer and stream are plain driver handles
+// the driver accepts from any thread, and dropping it binds the owning device's context before
+// freeing, so it may be freed on any thread.
 unsafe impl Send for Mem {}
+// SAFETY: `&self` only reads the addresses; the memory behind them is reached only through
+// unsafe calls (`host_slice`, the Backend's copies and launches) whose callers order their
+// accesses with the stream.
 unsafe impl Sync for Mem {}
 
 impl Mem {
@@ -50,6 +55,7 @@ impl Mem {
             format!("cuMemAlloc of {bytes} bytes for {what} on device {}", device.ordinal)
         })?;
         let m = Mem { dev, host: std::ptr::null_mut(), bytes, owner: MemOwner::Device(device.clone()) };
+        // SAFETY: dev is the allocation of at least `bytes` just made in the bound context.
         cuda_call(unsafe { sys::cuMemsetD8_v2(dev, 0, bytes) }, || format!("cuMemsetD8 of {what}"))?;
         Ok(m)
     }
@@ -67,6 +73,8 @@ impl Mem {
         // SAFETY: the allocation is `bytes` long.
         unsafe { std::ptr::write_bytes(m.host, 0, bytes) };
         let mut dev: sys::CUdeviceptr = 0;
+        // SAFETY: host is the pinned allocation just made with DEVICEMAP in the bound context,
+        // and dev is a live out-parameter.
         cuda_call(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0) }, || {
             format!("cuMemHostGetDevicePointer for {what}")
         })?;
@@ -78,10 +86,14 @@ impl Mem {
     ///
     /// # Safety
     /// No device work may write the range while the slice is used, and no other slice of it
-    /// may be alive (the memory is shared with the device, so `&self` cannot guard it).
+    /// may be alive (the memory is shared with the device, so `&self` cannot guard it). `T`
+    /// must be a plain type valid for any bit pattern and aligned to at most 8 bytes.
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn host_slice<T>(&self, len: usize) -> &mut [T] {
         assert!(!self.host.is_null() && len * std::mem::size_of::<T>() <= self.bytes);
+        // SAFETY: host is non-NULL and the slice fits in the allocation (asserted above); host
+        // memory is page-aligned (cuMemHostAlloc) or a Vec<u64>, so aligned for T, and it was
+        // zeroed when allocated, so initialised. The caller guarantees exclusive access.
         unsafe { std::slice::from_raw_parts_mut(self.host as *mut T, len) }
     }
 }
@@ -105,6 +117,8 @@ impl Drop for Mem {
             }
             MemOwner::Pinned(d) => {
                 if d.bind().is_ok() {
+                    // SAFETY: allocated by cuMemHostAlloc and freed only here; as for device
+                    // memory, queued work that used it is waited for before its owner drops it.
                     unsafe { sys::cuMemFreeHost(self.host as *mut c_void) };
                 }
             }
@@ -136,7 +150,8 @@ pub(crate) trait Backend {
     /// reused once this returns (pageable sources are staged by the driver before it returns).
     ///
     /// # Safety
-    /// `dst` must be device memory this work may write.
+    /// `src` must be readable for `bytes`, and `dst` device memory this work may write for
+    /// `bytes`.
     unsafe fn copy_to_device(&self, dst: u64, src: *const u8, bytes: usize) -> Result<()>;
     /// Queues a gather kernel.
     ///
@@ -191,8 +206,11 @@ pub(crate) struct Stream {
     pub stream: sys::CUstream,
 }
 
-// SAFETY: a CUstream may be used from any thread; the caller keeps it alive during the call.
+// SAFETY: a CUstream may be used from any thread (every use binds the device's context
+// first); the caller keeps it alive during the call, and the Arc<Device> is Send + Sync.
 unsafe impl Send for Stream {}
+// SAFETY: a Stream is never mutated; concurrent launches and copies on one CUstream from
+// several threads are allowed by the driver.
 unsafe impl Sync for Stream {}
 
 impl Stream {
@@ -243,6 +261,8 @@ impl Backend for Stream {
 
     unsafe fn copy_to_device(&self, dst: u64, src: *const u8, bytes: usize) -> Result<()> {
         self.device.bind()?;
+        // SAFETY: the caller guarantees src readable and dst writable for bytes (copy_to_device's
+        // contract); the device's context is bound and self.stream is a stream of it.
         cuda_call(unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, bytes, self.stream) }, || {
             format!("cuMemcpyHtoDAsync of {bytes} bytes")
         })
@@ -258,11 +278,15 @@ impl Backend for Stream {
 
     unsafe fn zero(&self, dev: u64, bytes: usize) -> Result<()> {
         self.device.bind()?;
+        // SAFETY: the caller guarantees [dev, dev + bytes) is device memory this work may write
+        // (zero's contract); the context is bound and self.stream is a stream of it.
         cuda_call(unsafe { sys::cuMemsetD8Async(dev, 0, bytes, self.stream) }, || "cuMemsetD8Async".into())
     }
 
     unsafe fn copy_to_host(&self, dst: *mut u8, src: u64, bytes: usize) -> Result<()> {
         self.device.bind()?;
+        // SAFETY: the caller guarantees both ranges hold `bytes` and stay valid until the copy
+        // completes (copy_to_host's contract); the context is bound.
         cuda_call(unsafe { sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, bytes, self.stream) }, || {
             format!("cuMemcpyDtoHAsync of {bytes} bytes")
         })
@@ -308,6 +332,8 @@ impl Backend for Stream {
         let r = unsafe { sys::cuLaunchHostFunc(self.stream, Some(run_host_fn), data) };
         if r != sys::CUresult::CUDA_SUCCESS {
             // Not queued: free the closure here.
+            // SAFETY: the driver refused the host function, so run_host_fn never takes `data`;
+            // it came from Box::into_raw above and is reclaimed once, here.
             drop(unsafe { Box::from_raw(data as *mut HostFn) });
         }
         cuda_call(r, || "cuLaunchHostFunc".into())
@@ -315,6 +341,8 @@ impl Backend for Stream {
 
     fn synchronize(&self) -> Result<()> {
         self.device.bind()?;
+        // SAFETY: self.stream is the caller's live stream or the device's internal one, both of
+        // the context bound just above.
         cuda_call(unsafe { sys::cuStreamSynchronize(self.stream) }, || {
             format!("cuStreamSynchronize (an earlier launch on this stream may have failed) on device {}", self.device.ordinal)
         })

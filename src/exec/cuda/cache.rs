@@ -240,6 +240,11 @@ impl CacheState {
         params.dim = self.dim as u32;
         params.tick = self.next_tick();
         let g = grid(b.sms(), n as u64);
+        // SAFETY: the staging is this lookup's alone (taken from the pool or new) with room for
+        // at least n misses, and it stays alive until the last host function below has run;
+        // counters is its 16 device bytes and host_counters its 32 mapped bytes. params' keys and
+        // out come from io, valid until the stream has run this work (our caller's guarantee),
+        // and its cache arrays are this cache's own device memory.
         unsafe {
             b.zero(staging.counters.dev, 16)?;
             b.launch_cache(&probe, g, &params)?;
@@ -258,8 +263,12 @@ impl CacheState {
             let (hits, m) = (hc[0], hc[1] as usize);
             let background =
                 !always_resolve && f32::from_bits(state.last_hit_rate.load(Ordering::Relaxed)) >= state.threshold;
+            // SAFETY: as above: the probe that wrote the m <= n miss keys has finished, and the
+            // fill that reads them runs only after this function returns.
             let keys = unsafe { st2.miss_keys.host_slice::<u64>(m) };
+            // SAFETY: as above; found is a separate allocation with room for n flags.
             let found = unsafe { st2.found.host_slice::<u32>(m) };
+            // SAFETY: as above; control is a separate 16-byte allocation.
             let control = unsafe { st2.control.host_slice::<u32>(1) };
             let mut resolved = 0u64;
             if background && m > 0 {
@@ -267,6 +276,8 @@ impl CacheState {
                 *lock(&bg) = Some(keys.to_vec());
             } else {
                 control[0] = FILL_ROWS;
+                // SAFETY: as above; rows is a separate allocation with room for n rows of dim
+                // float32 values, and m <= n.
                 let rows = unsafe { st2.rows.host_slice::<f32>(m * dim) };
                 let mut present = vec![false; m];
                 // SAFETY: the residency waits for this function before the table is freed.
@@ -292,6 +303,8 @@ impl CacheState {
         queue(b, inflight, resolve)?;
 
         // Step 3: write the misses' rows (or defaults) and insert them.
+        // SAFETY: the same params as the probe: io's memory is valid per our caller, and the
+        // staging (held by the host functions) and the cache's memory outlive this work.
         unsafe { b.launch_cache(&fill, g, &params)? };
 
         // Step 4: hand back the staging; start the background insert if step 2 asked for one.
@@ -299,6 +312,8 @@ impl CacheState {
         let insert_name = format!("strata_cache_insert_{table_dtype}");
         let spawn = b.spawner();
         let finish: HostFn = Box::new(move || {
+            // SAFETY: this runs after the fill in stream order, so no device work touches the
+            // staging now, and step 2's slices are gone with its closure.
             let hc = unsafe { st3.host_counters.host_slice::<u64>(4) };
             if let Some(c) = counts {
                 *lock(&c) = CacheCounts { hits: hc[2], misses: hc[3] };
@@ -334,10 +349,15 @@ impl CacheState {
         }
         let m = keys.len();
         let staging = self.take_staging(b, m)?;
+        // SAFETY: a staging in the pool has no device work pending (it returns there only after
+        // its lookup's last host function, or after this function's synchronize), and this one
+        // is ours alone, with room for m rows of dim float32 values.
         let rows = unsafe { staging.rows.host_slice::<f32>(m * self.dim) };
         let mut present = vec![false; m];
         table.resolve(keys, rows, &mut present)?;
+        // SAFETY: as above; miss_keys is a separate allocation with room for m keys.
         unsafe { staging.miss_keys.host_slice::<u64>(m) }.copy_from_slice(keys);
+        // SAFETY: as above; found is a separate allocation with room for m flags.
         for (f, &p) in unsafe { staging.found.host_slice::<u32>(m) }.iter_mut().zip(&present) {
             *f = p as u32;
         }
@@ -357,6 +377,9 @@ impl CacheState {
             tick: self.next_tick(),
             ..CacheParams::default()
         };
+        // SAFETY: params name only this cache's device memory and the staging's m keys, rows and
+        // flags, written above and kept until after the synchronize; keys and out stay 0 (the
+        // insert kernel does not use them).
         let r = unsafe { b.launch_cache(name, grid(b.sms(), m as u64), &params) }.and_then(|_| b.synchronize());
         lock(&self.pool).push(staging);
         r

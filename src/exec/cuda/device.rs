@@ -24,6 +24,8 @@ pub(crate) fn cuda_call(r: sys::CUresult, call: impl FnOnce() -> String) -> Resu
         sys::cuGetErrorString(r, &mut text);
     }
     let s = |p: *const std::ffi::c_char| {
+        // SAFETY: p is not NULL here, and the driver's error names and descriptions are static,
+        // NUL-terminated strings.
         if p.is_null() { String::new() } else { unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned() }
     };
     Err(Error::Cuda { call: call(), msg: format!("{} ({})", s(name), s(text)) })
@@ -41,8 +43,12 @@ pub(crate) struct Device {
     functions: HashMap<String, CudaFunction>,
 }
 
-// SAFETY: the context and module handles are usable from any thread; the internal stream too.
+// SAFETY: the context and module handles are usable from any thread, and so is the internal
+// stream (every use binds the context first); nothing in a Device is tied to the thread that
+// opened it.
 unsafe impl Send for Device {}
+// SAFETY: a Device is immutable after `open` (the function map included), and the driver
+// allows its handles to be used from several threads at once.
 unsafe impl Sync for Device {}
 
 impl Device {
@@ -87,6 +93,8 @@ impl Device {
         ctx.bind_to_thread().map_err(|e| cu(e, "binding the context"))?;
         let mut internal: sys::CUstream = std::ptr::null_mut();
         cuda_call(
+            // SAFETY: the device's context was bound to this thread just above; `internal` is a
+            // live out-parameter.
             unsafe { sys::cuStreamCreate(&mut internal, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) },
             || format!("cuStreamCreate on device {ordinal}"),
         )?;
@@ -120,6 +128,7 @@ impl Device {
                 .map_err(|e| Error::Cuda { call: format!("cuDeviceGet({o})"), msg: format!("{e:?}") })
         };
         let (mine, theirs) = (dev(self.ordinal)?, dev(peer.ordinal)?);
+        // SAFETY: a query on two device handles from cuDeviceGet; `can` is a live out-parameter.
         cuda_call(unsafe { sys::cuDeviceCanAccessPeer(&mut can, mine, theirs) }, || "cuDeviceCanAccessPeer".into())?;
         if can == 0 {
             return Err(Error::Device {
@@ -131,6 +140,8 @@ impl Device {
             });
         }
         self.bind()?;
+        // SAFETY: this device's context is bound just above, and peer's primary context is live
+        // (peer holds an Arc of it).
         let r = unsafe { sys::cuCtxEnablePeerAccess(peer.ctx.cu_ctx(), 0) };
         if r != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
             cuda_call(r, || format!("cuCtxEnablePeerAccess from device {} to {}", self.ordinal, peer.ordinal))?;
@@ -138,11 +149,14 @@ impl Device {
         // Memory from `peer`'s stream-ordered allocator (strata's staging, and hosts that use
         // cudaMallocAsync) needs its own grant.
         let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: theirs is a device handle from cuDeviceGet; `pool` is a live out-parameter.
         cuda_call(unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, theirs) }, || "cuDeviceGetDefaultMemPool".into())?;
         let desc = sys::CUmemAccessDesc {
             location: sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: self.ordinal as i32 },
             flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
+        // SAFETY: pool is the peer's default pool from the call above, and `desc` is the one
+        // initialised descriptor the count of 1 says.
         cuda_call(unsafe { sys::cuMemPoolSetAccess(pool, &desc, 1) }, || {
             format!("cuMemPoolSetAccess for device {} on device {}'s pool", self.ordinal, peer.ordinal)
         })

@@ -30,8 +30,11 @@ pub struct Emulator {
     pub sms: u32,
 }
 
-// SAFETY: launches are serialised by `&self` users (one test thread per emulator).
+// SAFETY: `lib` is a process-wide dlopen handle (never closed) and `launch` a plain function
+// pointer into it; neither is tied to the thread that loaded the library.
 unsafe impl Send for Emulator {}
+// SAFETY: an Emulator is never mutated; dlsym may be called from any thread, and launches are
+// serialised by `&self` users (one test thread per emulator).
 unsafe impl Sync for Emulator {}
 
 impl Emulator {
@@ -41,8 +44,11 @@ impl Emulator {
         // SAFETY: dlopen of a library the test built.
         let lib = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
         if lib.is_null() {
+            // SAFETY: dlopen just failed on this thread, so dlerror returns a non-NULL,
+            // NUL-terminated message.
             return Err(format!("dlopen {}: {:?}", path.display(), unsafe { std::ffi::CStr::from_ptr(libc::dlerror()) }));
         }
+        // SAFETY: lib is the live handle dlopen just returned; the name is a C string literal.
         let sym = unsafe { libc::dlsym(lib, c"strata_emu_launch".as_ptr()) };
         if sym.is_null() {
             return Err("strata_emu_launch is missing".into());
@@ -55,15 +61,20 @@ impl Emulator {
     /// sizeof GatherParams, CacheParams and Bucket as the C++ side sees them.
     pub fn sizes(&self) -> [u64; 3] {
         let mut s = [0u64; 3];
+        // SAFETY: self.lib is the handle `load` opened, never closed; the name is a C literal.
         let f = unsafe { libc::dlsym(self.lib, c"strata_emu_sizes".as_ptr()) };
         assert!(!f.is_null());
+        // SAFETY: f is non-NULL (asserted) and strata_emu_sizes is `void (uint64_t *)` in
+        // launch.cc.
         let f = unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut u64)>(f) };
+        // SAFETY: s holds the three u64 values strata_emu_sizes writes.
         unsafe { f(s.as_mut_ptr()) };
         s
     }
 
     fn run(&self, name: &str, gather: bool, grid: u32, params: *const c_void) -> Result<()> {
         let c = CString::new(name).expect("kernel names have no NUL");
+        // SAFETY: self.lib is the handle `load` opened, never closed; c is NUL-terminated.
         let k = unsafe { libc::dlsym(self.lib, c.as_ptr()) };
         if k.is_null() {
             return Err(Error::Internal(format!("kernel {name} is not in the emulator")));
@@ -88,6 +99,9 @@ impl Backend for Emulator {
         Ok(Mem::host(bytes))
     }
     unsafe fn copy_to_device(&self, dst: u64, src: *const u8, bytes: usize) -> Result<()> {
+        // SAFETY: emulated device memory is host memory; the caller guarantees src readable and
+        // dst writable for bytes (copy_to_device's contract). At every call site src is a host
+        // buffer and dst an emulated allocation, so they do not overlap.
         unsafe { std::ptr::copy_nonoverlapping(src, dst as *mut u8, bytes) };
         Ok(())
     }
@@ -98,18 +112,27 @@ impl Backend for Emulator {
         self.run(name, false, grid, p as *const CacheParams as *const c_void)
     }
     unsafe fn zero(&self, dev: u64, bytes: usize) -> Result<()> {
+        // SAFETY: the caller guarantees [dev, dev + bytes) is (emulated, so host) device memory
+        // this work may write (zero's contract).
         unsafe { std::ptr::write_bytes(dev as *mut u8, 0, bytes) };
         Ok(())
     }
     unsafe fn copy_to_host(&self, dst: *mut u8, src: u64, bytes: usize) -> Result<()> {
+        // SAFETY: the caller guarantees both ranges hold `bytes` and are valid now (the emulator
+        // copies at once). At every call site dst is pinned staging or a host buffer distinct
+        // from the emulated allocation src, so they do not overlap.
         unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst, bytes) };
         Ok(())
     }
     fn upload(&self, dst: u64, src: *const u8, bytes: usize) -> Result<()> {
+        // SAFETY: as for Stream::upload, the caller passes a readable source and a device range
+        // (here host memory) of `bytes`; they are distinct buffers.
         unsafe { std::ptr::copy_nonoverlapping(src, dst as *mut u8, bytes) };
         Ok(())
     }
     fn download(&self, dst: *mut u8, src: u64, bytes: usize) -> Result<()> {
+        // SAFETY: as for Stream::download, the caller passes a writable destination and a device
+        // range (here host memory) of `bytes`; they are distinct buffers.
         unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst, bytes) };
         Ok(())
     }
@@ -192,8 +215,10 @@ impl Emulated {
     /// placement on the emulator, with stats.
     ///
     /// # Safety
-    /// As for `Table::lookup`.
+    /// As for `Table::lookup`; `table` must be the table this placement was made for.
     pub unsafe fn lookup(&self, emu: &Emulator, table: &dyn RowSource, keys: &DLTensor, out: &DLTensor) -> Result<LookupStats> {
+        // SAFETY: the caller guarantees keys and out are valid DLPack tensors, so their shape
+        // and strides are readable.
         let Some(c) = check(table.dim(), unsafe { crate::dlpack::TensorView::new(keys, "keys") }?, unsafe { crate::dlpack::TensorView::new(out, "out") }?)? else {
             return Ok(LookupStats::default());
         };
@@ -201,6 +226,10 @@ impl Emulated {
         // one stride are used in place; the others take the staging path of host tensors.
         let keys_in_place = crate::dlpack::Walk::new(&c.k.shape, &c.k.strides).linear_stride().is_some();
         let out_in_place = c.lead.linear_stride().is_some();
+        // SAFETY: c was checked above; the caller guarantees the tensors valid (the emulator runs
+        // the work before returning) and that table is the one `placed` was made for, whose
+        // in-flight count is ours. Host memory is the emulator's device memory, so in-place
+        // tensors are device-visible, and they are in place only when their strides reduce to one.
         unsafe { lookup_on(emu, table, &self.inflight, &self.placed, &c, keys_in_place, out_in_place, true) }
     }
 }

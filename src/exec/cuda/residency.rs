@@ -152,8 +152,10 @@ pub(crate) struct Registration {
     device: Arc<Device>,
 }
 
-// SAFETY: a registration is a process-wide property of the memory.
+// SAFETY: a registration is a process-wide property of the memory: `ptr` is only handed to
+// cuMemHostUnregister on drop, which may run on any thread once it binds the device's context.
 unsafe impl Send for Registration {}
+// SAFETY: a Registration has no methods that use `ptr`; sharing one only shares the handle.
 unsafe impl Sync for Registration {}
 
 impl Drop for Registration {
@@ -174,8 +176,12 @@ impl Registration {
         device.bind()?;
         let base = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
         // Read-only registration also works for read-only file mappings; not every system has it.
+        // SAFETY: [lo, hi) is the caller's range of mapped host memory widened to whole pages
+        // (pages are mapped whole); the context is bound above. The store behind it outlives the
+        // registration: a Table declares its residency, which holds it, before its rows.
         let mut r = unsafe { sys::cuMemHostRegister_v2(lo as *mut c_void, hi - lo, base | sys::CU_MEMHOSTREGISTER_READ_ONLY) };
         if r != sys::CUresult::CUDA_SUCCESS && r != sys::CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED {
+            // SAFETY: as above, the same page range, without the read-only flag.
             r = unsafe { sys::cuMemHostRegister_v2(lo as *mut c_void, hi - lo, base) };
         }
         if r == sys::CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED {
@@ -203,6 +209,8 @@ fn upload(device: &Arc<Device>, src: *const u8, bytes: usize, what: &str) -> Res
 fn mapped_address(device: &Arc<Device>, host: *const u8) -> Result<u64> {
     device.bind()?;
     let mut dev: sys::CUdeviceptr = 0;
+    // SAFETY: a query on host memory the context bound above may have registered (an
+    // unregistered pointer is an error, not undefined); `dev` is a live out-parameter.
     cuda_call(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host as *mut c_void, 0) }, || {
         "cuMemHostGetDevicePointer for the table's rows".into()
     })?;

@@ -82,7 +82,7 @@ impl Counts {
                 Ok(Some((h, m)))
             }
             Counts::Cache(c) => {
-                let c = *lock(&c);
+                let c = *lock(c);
                 Ok(Some((c.hits, c.misses)))
             }
         }
@@ -92,7 +92,8 @@ impl Counts {
 /// Queues the lookup of `io` through `placed` on `b`'s stream.
 ///
 /// # Safety
-/// `io` must describe device-visible memory valid until the stream has run this work.
+/// `io` must describe device-visible memory valid until the stream has run this work;
+/// `placed` and `inflight` must belong to the residency of the table `table` is.
 pub(crate) unsafe fn execute(
     b: &dyn Backend,
     table: &dyn RowSource,
@@ -103,18 +104,23 @@ pub(crate) unsafe fn execute(
 ) -> Result<Counts> {
     match placed {
         Placed::Gather(src) => {
+            // SAFETY: our caller guarantees io as gather needs it; src's memory is the
+            // placement's, alive as long as `placed`.
             let counts = unsafe { gather(b, src, io, want_counts) }?;
             Ok(counts.map_or(Counts::None, |c| Counts::Device(vec![c])))
         }
         Placed::Cache(cache) => {
             let counts = want_counts.then(|| Arc::new(Mutex::new(CacheCounts::default())));
             // A table whose missing keys are errors needs every miss resolved to tell.
+            // SAFETY: our caller guarantees io valid until the stream has run this work, and
+            // that this cache and `inflight` belong to `table`'s residency.
             unsafe { cache.lookup(b, table, inflight, io, counts.clone(), table.missing_is_error()) }?;
             Ok(counts.map_or(Counts::None, Counts::Cache))
         }
         Placed::EmulatedShards(shards) => {
             let mut counts = Vec::new();
             for src in shards {
+                // SAFETY: as for Placed::Gather: io is valid per our caller, src alive with placed.
                 counts.extend(unsafe { gather(b, src, io, want_counts) }?);
             }
             Ok(if want_counts { Counts::Device(counts) } else { Counts::None })
@@ -123,6 +129,7 @@ pub(crate) unsafe fn execute(
             let Some(s) = b.as_stream() else {
                 return Err(Error::Internal("sharded tables run on CUDA streams only".into()));
             };
+            // SAFETY: execute_shards needs what our caller guarantees of io.
             unsafe { execute_shards(s, shards, io, want_counts) }
         }
     }
@@ -137,6 +144,10 @@ unsafe fn gather(b: &dyn Backend, src: &GatherSource, io: &Io, want_counts: bool
     let counts = if want_counts { Some(b.alloc_device(16, "lookup counts")?) } else { None };
     let p = gather_params(&src.params, io, counts.as_ref().map_or(0, |c| c.dev));
     let name = format!("strata_gather_{}_{}_{}", key_name(io.key_dtype), float_name(src.dtype), float_name(io.out_dtype));
+    // SAFETY: p's keys and out come from io, valid until the stream has run this work (our
+    // caller's guarantee); its table, index and default row are src's memory, which the
+    // placement keeps alive; counts is the 16 bytes just allocated on b, or 0 for none. The
+    // kernel's name matches p's dtypes.
     unsafe { b.launch_gather(&name, grid(b.sms(), io.n), &p) }?;
     Ok(counts)
 }
@@ -158,10 +169,14 @@ fn gather_params(table: &GatherParams, io: &Io, counts: u64) -> GatherParams {
 fn record(device: &Device, stream: sys::CUstream) -> Result<sys::CUevent> {
     device.bind()?;
     let mut ev: sys::CUevent = std::ptr::null_mut();
+    // SAFETY: the device's context is bound above; `ev` is a live out-parameter.
     cuda_call(unsafe { sys::cuEventCreate(&mut ev, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) }, || {
         "cuEventCreate".into()
     })?;
+    // SAFETY: ev was created just above in this context, and stream is a stream of this device
+    // (the caller's, checked by check_stream, or the device's internal one).
     let r = unsafe { sys::cuEventRecord(ev, stream) };
+    // SAFETY: the record failed, so nothing refers to ev: it is destroyed once, here.
     cuda_call(r, || "cuEventRecord".into()).inspect_err(|_| unsafe {
         sys::cuEventDestroy_v2(ev);
     })
@@ -171,13 +186,20 @@ fn record(device: &Device, stream: sys::CUstream) -> Result<sys::CUevent> {
 /// Makes `stream` wait for `ev`, then releases `ev` (the driver frees it once it completed).
 fn wait_and_release(device: &Device, stream: sys::CUstream, ev: sys::CUevent) -> Result<()> {
     device.bind()?;
+    // SAFETY: ev was recorded by `record` and not yet released; stream is a stream of this
+    // device, whose context is bound above.
     let r = unsafe { sys::cuStreamWaitEvent(stream, ev, 0) };
+    // SAFETY: ev is released once, here; the driver frees it only once it has completed, so the
+    // wait queued above still sees it.
     unsafe { sys::cuEventDestroy_v2(ev) };
     cuda_call(r, || "cuStreamWaitEvent".into())
 }
 
 /// Each shard's device gathers the keys it owns, reading keys from and writing rows to the
 /// caller's device through peer access; the caller's stream waits for every shard.
+///
+/// # Safety
+/// As for [`execute`].
 unsafe fn execute_shards(s: &Stream, shards: &[(Arc<Device>, GatherSource)], io: &Io, want_counts: bool) -> Result<Counts> {
     let mut counts = Vec::new();
     let start = record(&s.device, s.stream)?;
@@ -188,9 +210,14 @@ unsafe fn execute_shards(s: &Stream, shards: &[(Arc<Device>, GatherSource)], io:
             let stream = if own { s.stream } else { device.internal };
             if !own {
                 device.bind()?;
+                // SAFETY: start was recorded on the caller's stream above and is destroyed only
+                // after this loop; stream is this device's internal stream, its context bound.
                 cuda_call(unsafe { sys::cuStreamWaitEvent(stream, start, 0) }, || "cuStreamWaitEvent".into())?;
             }
             let b = Stream { device: device.clone(), stream };
+            // SAFETY: our caller guarantees io as gather needs it; peer access between every
+            // pair of devices was enabled when the shards were placed, so this device's kernels
+            // may address the caller's keys and out; src's memory lives with the placement.
             counts.extend(unsafe { gather(&b, src, io, want_counts) }?);
             if !own {
                 done.push((device.clone(), record(device, stream)?));
@@ -198,6 +225,8 @@ unsafe fn execute_shards(s: &Stream, shards: &[(Arc<Device>, GatherSource)], io:
         }
         Ok(())
     })();
+    // SAFETY: start came from `record` and every wait on it is queued; it is released once,
+    // here, and the driver frees it once it has completed.
     unsafe { sys::cuEventDestroy_v2(start) };
     for (_, ev) in done {
         wait_and_release(&s.device, s.stream, ev)?;
@@ -270,6 +299,8 @@ pub(crate) fn is_cuda(t: &DLTensor) -> bool {
 /// # Safety
 /// As for `Table::lookup`; device tensors must be valid on their device until the stream has
 /// run the lookup, and `opts.stream` must be NULL or a stream of that device's primary context.
+/// `resident` must be the residency of the table `table` is: it waits for work that refers to
+/// the table before the table is freed.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn lookup(
     table: &dyn RowSource,
@@ -282,6 +313,8 @@ pub(crate) unsafe fn lookup(
 ) -> Result<LookupStats> {
     let dim = table.dim();
     crate::util::threads::resolve_threads(opts.num_threads)?;
+    // SAFETY: the caller guarantees keys and out are valid DLPack tensors, so their shape and
+    // strides are readable.
     let Some(c) = check(dim, unsafe { TensorView::new(keys, "keys") }?, unsafe { TensorView::new(out, "out") }?)? else {
         return Ok(LookupStats::default());
     };
@@ -315,6 +348,10 @@ pub(crate) unsafe fn lookup(
         return Err(Error::layout("out", "overlaps the memory of keys; expected separate buffers"));
     }
     let placed = resident.placed(table, gpu, &device, &s)?;
+    // SAFETY: c was checked above; the in-place flags are set only for device-visible tensors
+    // whose strides reduce to one, on `device` (lookup_device); the caller guarantees the
+    // tensors valid until the stream has run the lookup, a live stream, and that `resident`,
+    // whence `placed` and `inflight`, is `table`'s.
     unsafe { lookup_on(&s, table, &resident.inflight, &placed, &c, keys_visible, out_visible, want_stats) }
 }
 
@@ -323,7 +360,8 @@ pub(crate) unsafe fn lookup(
 /// host and copied in, rows gathered into device memory and copied back into `out`.
 ///
 /// # Safety
-/// As for [`lookup`]; in-place tensors must be device-visible for `b`.
+/// As for [`lookup`]; in-place tensors must be device-visible for `b`; `placed` and `inflight`
+/// must belong to the residency of the table `table` is.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn lookup_on(
     b: &dyn Backend,
@@ -343,6 +381,8 @@ pub(crate) unsafe fn lookup_on(
         _ => {
             let canonical = c.host_keys();
             let buf = b.alloc_stream(n * 8, "the keys")?;
+            // SAFETY: buf is n * 8 bytes allocated for this stream's work just above; canonical
+            // holds n u64 keys and may go once this returns (the driver has staged it).
             unsafe { b.copy_to_device(buf.dev, canonical.as_ptr() as *const u8, n * 8) }?;
             let addr = buf.dev;
             key_buf = Some(buf);
@@ -361,6 +401,9 @@ pub(crate) unsafe fn lookup_on(
     let io = Io { keys: keys_addr, key_dtype, key_stride, n: n as u64, out: out_addr, out_dtype: od, out_row_stride, out_col_stride };
     let missing_error = table.missing_is_error();
     let want_counts = want_stats || missing_error;
+    // SAFETY: io's keys and out are the caller's in-place tensors (valid until the stream has
+    // run this work, our contract) or key_buf and out_buf, stream-ordered memory freed only
+    // after the work queued before their drop; placed and inflight are table's (our contract).
     let counts = unsafe { execute(b, table, inflight, placed, &io, want_counts) }?;
 
     if let Some(buf) = &out_buf {
@@ -415,6 +458,9 @@ fn first_missing(
         if s.download(raw.as_mut_ptr(), base, bytes).is_err() {
             return Error::KeyNotFound { key: -1, index: 0 };
         }
+        // SAFETY: for i < n, (i * stride - lo) lies in [0, hi - lo], so each element lies inside
+        // raw's bytes = (hi - lo + 1) * elem. Alignment rests on the allocator: Vec<u8> promises
+        // none, the global allocator gives at least 8 bytes on the supported targets.
         (0..n as i64)
             .map(|i| unsafe { dtype.read(raw.as_ptr().add(((i * stride - lo) * elem) as usize)) })
             .collect()
@@ -436,6 +482,8 @@ fn check_stream(device: &Device, stream: sys::CUstream) -> Result<()> {
         return Ok(());
     }
     let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: stream is a real handle (above 2), which the lookup's caller guarantees is a live
+    // stream; `ctx` is a live out-parameter.
     cuda_call(unsafe { sys::cuStreamGetCtx(stream, &mut ctx) }, || "cuStreamGetCtx(opts->stream)".into())?;
     if ctx != device.ctx.cu_ctx() {
         return Err(Error::invalid(
