@@ -303,6 +303,8 @@ impl Table {
         if let Some(source) = self.source()
             && [Some(keys), offsets, weights, Some(out)].into_iter().flatten().any(crate::exec::cuda::run::is_cuda)
         {
+            // SAFETY: forwarded: the caller vouches for the tensors (and, for CUDA tensors, for
+            // their validity until the stream has run the lookup).
             return unsafe {
                 crate::exec::cuda::pooled::lookup(source, &self.gpu, &self.resident, keys, offsets, weights, pooling, out, opts, want_stats)
             };
@@ -388,7 +390,8 @@ impl BatchRequest<'_> {
         if self.on_cuda() || matches!(self.table.kind, TableKind::Dist(_)) {
             return Ok(Work::Own(self));
         }
-        // SAFETY (each arm): the caller vouches for the tensors.
+        // SAFETY (every arm below): the caller of lookup_batch vouches for the tensors.
+        #[allow(clippy::undocumented_unsafe_blocks)]
         Ok(match (&self.table.kind, self.pooling) {
             (TableKind::Static(t), None) => Work::Static(t, unsafe { plan(t.dim(), t.store().byte_range(), self.keys, self.out, opts) }?),
             (TableKind::Tiered(t), None) => Work::Tiered(t, unsafe { plan(t.dim(), (0, 0), self.keys, self.out, opts) }?),
@@ -429,7 +432,8 @@ impl Work<'_> {
                 crate::exec::pooled::pool_static(t, &PooledPlan { threads: p.threads.min(threads), ..p }).map(pooled_stats)
             }
             Work::PooledTiered(t, p) => crate::exec::pooled::pool_tiered(t, &PooledPlan { threads: p.threads.min(threads), ..p }),
-            // SAFETY (both arms): the caller vouches for the tensors.
+            // SAFETY (both arms): the caller of lookup_batch vouches for the tensors.
+            #[allow(clippy::undocumented_unsafe_blocks)]
             Work::Own(r) => match r.pooling {
                 None => unsafe { r.table.lookup_with(r.keys, r.out, opts, r.want_stats) },
                 Some(pooling) => unsafe { r.table.lookup_pooled(r.keys, r.offsets, r.weights, pooling, r.out, opts, r.want_stats) },

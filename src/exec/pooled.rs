@@ -62,21 +62,23 @@ impl Scratch {
 #[inline(always)]
 unsafe fn accumulate(dtype: FloatDtype, src: *const u8, w: f32, acc: &mut [f32]) {
     let dim = acc.len();
-    // SAFETY (each arm): the caller guarantees dim aligned values of dtype at src.
     match dtype {
         FloatDtype::F32 => {
+            // SAFETY: the caller guarantees dim aligned values of dtype at src.
             let row = unsafe { std::slice::from_raw_parts(src as *const f32, dim) };
             for (a, x) in acc.iter_mut().zip(row) {
                 *a += w * *x;
             }
         }
         FloatDtype::F16 => {
+            // SAFETY: as above.
             let row = unsafe { std::slice::from_raw_parts(src as *const f16, dim) };
             for (a, x) in acc.iter_mut().zip(row) {
                 *a += w * x.to_f32();
             }
         }
         FloatDtype::BF16 => {
+            // SAFETY: as above.
             let row = unsafe { std::slice::from_raw_parts(src as *const bf16, dim) };
             for (a, x) in acc.iter_mut().zip(row) {
                 *a += w * x.to_f32();
@@ -170,7 +172,7 @@ fn bags(
         };
         match scale_by {
             None => {}
-            Some(d) if d == 0.0 => acc.fill(0.0),
+            Some(0.0) => acc.fill(0.0),
             Some(d) => acc.iter_mut().for_each(|a| *a /= d),
         }
         p.out.walk.fill(b, &mut out_off);
@@ -288,8 +290,8 @@ pub(crate) fn pool_tiered(t: &TieredTable, p: &PooledPlan) -> Result<LookupStats
         let (v, q) = t.fetch(keys, &mut s.staged[..n * dim], &mut s.found[..n], &mut TierScratch::default())?;
         vh.fetch_add(v, Ordering::Relaxed);
         ph.fetch_add(q, Ordering::Relaxed);
-        for i in 0..n {
-            ptrs[i] = if s.found[i] { s.staged[i * dim..].as_ptr() as *const u8 } else { std::ptr::null() };
+        for (i, q) in ptrs[..n].iter_mut().enumerate() {
+            *q = if s.found[i] { s.staged[i * dim..].as_ptr() as *const u8 } else { std::ptr::null() };
         }
         Ok(())
     };
