@@ -276,6 +276,7 @@ if command -v valgrind >/dev/null 2>&1; then
     check "valgrind errors" valgrind_example errors
     check "valgrind adopt" valgrind_example adopt
     check "valgrind server" valgrind_example server
+    check "valgrind pooled 300 12" valgrind_example pooled 300 12
     check "valgrind tests/abi/struct_size.c" valgrind_program tests/abi/struct_size.c "$ROOT/include"
     check "valgrind tests/abi/old_host.c (built against the frozen 0.3 header)" \
         valgrind_program tests/abi/old_host.c "$ROOT/tests/abi"
