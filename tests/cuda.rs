@@ -149,7 +149,7 @@ fn random_table(rng: &mut Rng, rows: usize, dim: usize, dtype: dlpark::ffi::DLDa
     let size = elem_size(dtype);
     let mut data = vec![0u8; rows * dim * size];
     for i in 0..rows * dim {
-        write_float(dtype, data[i * size..].as_mut_ptr(), rng.f32() * 10.0);
+        write_float(dtype, &mut data[i * size..], rng.f32() * 10.0);
     }
     let keys: Vec<i64> = if keyed { (0..rows as i64).map(|r| r * 7919 - 50_000).collect() } else { (0..rows as i64).collect() };
     let t = Owned::build_bytes(&data, dtype, rows, dim, keyed.then_some(&keys[..]), opts);

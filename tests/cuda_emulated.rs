@@ -53,7 +53,7 @@ fn make_table(rng: &mut Rng, rows: usize, dim: usize, dtype: DLDataType, keyed: 
     let size = elem_size(dtype);
     let mut data = vec![0u8; rows * dim * size];
     for i in 0..rows * dim {
-        write_float(dtype, data[i * size..].as_mut_ptr(), rng.f32() * 100.0);
+        write_float(dtype, &mut data[i * size..], rng.f32() * 100.0);
     }
     let v = Desc::compact(data.as_ptr(), dtype, &[rows as i64, dim as i64]);
     let mut keys: Vec<i64> = Vec::new();
@@ -281,7 +281,7 @@ fn missing_keys_as_errors_name_the_first_one_like_the_cpu_path() {
     let size = 4;
     let mut data = vec![0u8; 100 * 4 * size];
     for i in 0..400 {
-        write_float(F32, data[i * size..].as_mut_ptr(), rng.f32());
+        write_float(F32, &mut data[i * size..], rng.f32());
     }
     let v = Desc::compact(data.as_ptr(), F32, &[100, 4]);
     let strict = TableOptions { missing: MissingKey::Error, ..TableOptions::default() };

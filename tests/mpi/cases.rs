@@ -72,7 +72,7 @@ fn random_values(dtype: DLDataType, n: usize, seed: u64) -> Vec<u8> {
     let e = elem_size(dtype);
     let mut b = vec![0u8; n * e];
     for i in 0..n {
-        write_float(dtype, b[i * e..].as_mut_ptr(), rng.f32());
+        write_float(dtype, &mut b[i * e..], rng.f32());
     }
     b
 }
@@ -97,11 +97,11 @@ fn look(t: &Owned, keys: &[i64], kdt: DLDataType, shape: &[i64], odt: DLDataType
     let (ke, oe) = (elem_size(kdt), elem_size(odt));
     let mut kb = vec![0u8; keys.len() * ke];
     for (i, &k) in keys.iter().enumerate() {
-        write_key(kdt, kb[i * ke..].as_mut_ptr(), k);
+        write_key(kdt, &mut kb[i * ke..], k);
     }
     let mut ob = vec![0u8; keys.len() * dim * oe];
     for i in 0..keys.len() * dim {
-        write_float(odt, ob[i * oe..].as_mut_ptr(), f32::NAN);
+        write_float(odt, &mut ob[i * oe..], f32::NAN);
     }
     let k = Desc::compact(kb.as_ptr(), kdt, shape);
     let mut oshape = shape.to_vec();
@@ -109,7 +109,7 @@ fn look(t: &Owned, keys: &[i64], kdt: DLDataType, shape: &[i64], odt: DLDataType
     let mut o = Desc::compact(ob.as_mut_ptr(), odt, &oshape);
     let mut st = LookupStats::default();
     let s = unsafe { strata_lookup(t.0, &k.t, &mut o.t, null(), &mut st) };
-    (s, (0..keys.len() * dim).map(|i| read_float(odt, ob[i * oe..].as_ptr())).collect(), st)
+    (s, (0..keys.len() * dim).map(|i| read_float(odt, &ob[i * oe..])).collect(), st)
 }
 
 /// Asserts the distributed and the reference table give bit-identical rows and equal stats.
@@ -203,7 +203,7 @@ fn zero_copy(cx: &Ctx) {
     let mut d = Split::new(&global, F32, dim, &[7, 7, 7, 6], &split_owners(4, cx.size), cx.rank);
     let t = dist(d.c(), cx, &opts);
     for row in 0..27 {
-        write_float(F32, global[(row * dim + 1) * 4..].as_mut_ptr(), 1000.0 + row as f32);
+        write_float(F32, &mut global[(row * dim + 1) * 4..], 1000.0 + row as f32);
     }
     let r = reference(&global, F32, 27, dim, &opts);
     same_as_reference(&t, &r, &keys, I64, &[27], F32, dim);
