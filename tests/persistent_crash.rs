@@ -111,9 +111,12 @@ fn server_upsert(table: *mut strata::ffi::strata_table, keys: &[u64], rows: &[f3
     ok(unsafe { strata_table_upsert(table, &k.t, &v.t) });
 }
 
+/// Writes one batch of keys and their rows.
+type Upsert = Box<dyn FnMut(&[u64], &[f32])>;
+
 /// Child mode: upsert batches forever, acknowledging each on stdout once it returned Ok.
 fn child(dir: &Path, round: u64, via_server: bool) {
-    let mut upsert: Box<dyn FnMut(&[u64], &[f32])> = if via_server {
+    let mut upsert: Upsert = if via_server {
         use common::*;
         let json = std::ffi::CString::new(server_config(dir)).unwrap();
         let mut server = std::ptr::null_mut();
