@@ -39,10 +39,14 @@ fn keys_of(rank: usize, rows: usize, batch: usize) -> Vec<i64> {
     (0..batch).map(|_| rng.below(rows as u64) as i64).collect()
 }
 
+/// Looks up `keys` in `t` into `out` on at most `threads` threads. `t` must be a live table
+/// (every caller passes an Owned's, which it holds).
 fn lookup(t: *mut Table, keys: &[i64], out: &mut [f32], dim: usize, threads: i32) {
     let k = Desc::compact(keys.as_ptr().cast(), I64, &[keys.len() as i64]);
     let mut o = Desc::compact(out.as_mut_ptr().cast(), F32, &[keys.len() as i64, dim as i64]);
     let opts = LookupOptions { num_threads: threads, ..LookupOptions::default() };
+    // SAFETY: t is a live table (the promise of every caller, above); k and o describe keys and out
+    // (keys.len() keys and as many rows of dim floats), which outlive the call; opts is a local.
     ok(unsafe { strata_lookup(t, &k.t, &mut o.t, &opts, null_mut()) });
 }
 
@@ -101,6 +105,8 @@ fn ranks() {
     let universe = mpi::initialize().expect("MPI_Init");
     let world = universe.world();
     let (rank, size) = (world.rank() as usize, world.size() as usize);
+    // SAFETY: MPI is initialised (universe above) and RSMPI_COMM_WORLD is the handle of the world
+    // communicator; the call only converts it to its Fortran integer.
     let fint = unsafe { mpi::ffi::MPI_Comm_c2f(mpi::ffi::RSMPI_COMM_WORLD) };
     let counts: Vec<i64> = (0..size).map(|p| (rows / size + usize::from(p < rows % size)) as i64).collect();
     let start: usize = counts[..rank].iter().sum::<i64>() as usize;
@@ -108,6 +114,9 @@ fn ranks() {
     let owners: Vec<Vec<i32>> = (0..size as i32).map(|p| vec![p]).collect();
     let mut d = desc::Split::with_data(F32, dim, &counts, &owners, rank as i32, |_| block.as_ptr().cast());
     let mut t = null_mut();
+    // SAFETY: d.c() points at a description whose pointers point into arrays d owns and, for this
+    // rank's partition, at block; both outlive the table, which is dropped first (below). fint is
+    // the world communicator's Fortran handle and t is a reference.
     ok(unsafe { strata_table_from_partitioned(d.c(), &fint, null(), &mut t) });
     let table = Owned(t);
     let keys = keys_of(rank, rows, batch);
@@ -116,6 +125,7 @@ fn ranks() {
     let threads = (cores / size).max(1) as i32;
     lookup(table.0, &keys, &mut out, dim, threads);
     assert_eq!(out[dim + 3], value(keys[1] as usize, 3));
+    // SAFETY: table.0 is the live table built above (dropped below), borrowed only for this call.
     let before = unsafe { &*table.0 }.table().dist_timing().unwrap();
     let mut times = Vec::new();
     for _ in 0..ROUNDS {
@@ -127,6 +137,7 @@ fn ranks() {
         world.all_reduce_into(&mine, &mut slowest, SystemOperation::max());
         times.push(slowest);
     }
+    // SAFETY: table.0 is the live table built above (dropped below), borrowed only for this call.
     let after = unsafe { &*table.0 }.table().dist_timing().unwrap();
     let share = (after.exchange_s - before.exchange_s) / (after.total_s - before.total_s);
     let mut sum = 0.0;

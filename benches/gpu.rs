@@ -16,18 +16,25 @@ use std::time::Instant;
 use strata::exec::cuda;
 
 /// Milliseconds per call of `f` on stream `s`, by CUDA events around `iters` calls after one
-/// warm-up call.
+/// warm-up call. `s` must be a live stream of the context bound to this thread.
 fn gpu_ms(s: sys::CUstream, iters: usize, mut f: impl FnMut()) -> f64 {
     f();
     let start = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).unwrap();
     let end = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).unwrap();
+    // SAFETY: start was created just above, and s is a live stream of the context main bound to
+    // this thread (the promise of the caller, above).
     unsafe { result::event::record(start, s) }.unwrap();
     for _ in 0..iters {
         f();
     }
+    // SAFETY: end was created above, and s is a live stream of the bound context.
     unsafe { result::event::record(end, s) }.unwrap();
+    // SAFETY: end was created above and has been recorded on s.
     unsafe { result::event::synchronize(end) }.unwrap();
+    // SAFETY: start and end were both recorded on s, and end has completed (synchronised above), so
+    // start has too.
     let ms = unsafe { result::event::elapsed(start, end) }.unwrap() as f64 / iters as f64;
+    // SAFETY: start and end were created above; each is destroyed once here and not used after.
     unsafe {
         result::event::destroy(start).unwrap();
         result::event::destroy(end).unwrap();
@@ -82,20 +89,34 @@ fn main() {
             // Keys from the first 40% of rows, so the warm cache (half the rows) holds them all.
             let hot = rows * 2 / 5;
             let kb: Vec<i64> = (0..n).map(|_| keys[rng.below(hot as u64) as usize]).collect();
+            // SAFETY: main bound ctx to this thread; dkeys is freed once, at the end of this
+            // iteration.
             let dkeys = unsafe { result::malloc_sync(n * 8) }.unwrap();
+            // SAFETY: dkeys is the fresh allocation of n * 8 bytes just made, and kb holds as many
+            // (n i64); the copy is synchronous.
             unsafe { result::memcpy_htod_sync(dkeys, &kb) }.unwrap();
+            // SAFETY: main bound ctx to this thread; dout is freed once, at the end of this
+            // iteration.
             let dout = unsafe { result::malloc_sync(bytes) }.unwrap();
+            // SAFETY: main bound ctx to this thread; dsrc is freed once, at the end of this
+            // iteration.
             let dsrc = unsafe { result::malloc_sync(bytes) }.unwrap();
             let k = Desc::compact(dkeys as *const u8, I64, &[n as i64]).device(DLDeviceType::CUDA);
             let mut o = Desc::compact(dout as *const u8, F32, &[n as i64, dim as i64]).device(DLDeviceType::CUDA);
             let opts = LookupOptions { stream: s as *mut std::ffi::c_void, num_threads: 0, ..LookupOptions::default() };
             let iters = (20usize << 30) / bytes.max(1) / 8 + 3;
+            // SAFETY: dout and dsrc are distinct live allocations of `bytes` bytes each and s is a
+            // live stream of the bound context; gpu_ms waits for the copies before returning, and
+            // the buffers are freed only after that.
             let memcpy = gpu_ms(s, iters, || unsafe { result::memcpy_dtod_async(dout, dsrc, bytes, s) }.unwrap());
             let gbs = |ms: f64| bytes as f64 / ms / 1e6;
             let mut row = format!("{:>7} x {:>4}  memcpy {:>7.1} GB/s", n, dim, gbs(memcpy));
             let mut static_ratio = None;
             for (pname, t) in &tables {
                 let ms = gpu_ms(s, iters, || {
+                    // SAFETY: t.0 is a live table of `tables`; k and o describe dkeys and dout (n
+                    // keys and n x dim floats of device memory, freed only after gpu_ms has waited
+                    // for the stream); opts names s, a live stream of ctx.
                     let st = unsafe { strata_lookup(t.0, &k.t, &mut o.t, &opts, std::ptr::null_mut()) };
                     assert_eq!(st, Status::STRATA_OK, "{pname}: {}", last_error());
                 });
@@ -107,6 +128,8 @@ fn main() {
             let hk = Desc::compact(kb.as_ptr().cast(), I64, &[n as i64]);
             let mut host_out = vec![0f32; n * dim];
             let mut ho = Desc::compact(host_out.as_mut_ptr().cast(), F32, &[n as i64, dim as i64]);
+            // SAFETY: tables[0].1.0 is a live table; hk and ho describe kb and host_out (n keys and
+            // n x dim floats), host memory alive past the call.
             let cpu = cpu_ms(|| ok(unsafe { strata_lookup(tables[0].1.0, &hk.t, &mut ho.t, std::ptr::null(), std::ptr::null_mut()) }));
             row += &format!(" | cpu path {:>6.1} GB/s", gbs(cpu));
             if n == 1 << 20 && dim == 256 {
@@ -114,6 +137,8 @@ fn main() {
             }
             println!("{row}");
             lines.push(row);
+            // SAFETY: dkeys, dout and dsrc came from malloc_sync in this iteration and are freed
+            // once here; gpu_ms has waited for all the work queued on them.
             unsafe {
                 result::free_sync(dkeys).unwrap();
                 result::free_sync(dout).unwrap();

@@ -117,7 +117,7 @@ fn main() {
     let mut query: Vec<i64> = Vec::with_capacity(batch);
     let mut dense_query: Vec<i64> = Vec::with_capacity(batch);
     for _ in 0..batch {
-        let miss = rng.next() % 10 == 0;
+        let miss = rng.next().is_multiple_of(10);
         let r = (rng.next() % rows as u64) as usize;
         query.push(if miss { (rng.next() >> 1) as i64 } else { keys[r] });
         dense_query.push(if miss { rows as i64 + r as i64 } else { r as i64 });
@@ -128,11 +128,17 @@ fn main() {
     let kdesc = Desc::compact(keys.as_ptr().cast(), I64, &[rows as i64]);
     let (mut keyed, mut dense) = (std::ptr::null_mut(), std::ptr::null_mut());
     let t0 = Instant::now();
+    // SAFETY: vdesc and kdesc describe vectors and keys ([rows, dim] floats and rows keys), alive
+    // past the call, which copies them; keyed is a reference.
     ok(unsafe { strata_table_from_dlpack(&vdesc.t, &kdesc.t, std::ptr::null(), &mut keyed) });
     let build_s = t0.elapsed().as_secs_f64();
+    // SAFETY: vdesc describes vectors ([rows, dim] floats), alive past the call, which copies them;
+    // dense is a reference.
     ok(unsafe { strata_table_from_dlpack(&vdesc.t, std::ptr::null(), std::ptr::null(), &mut dense) });
     let (keyed, dense) = (Owned(keyed), Owned(dense));
-    let mut info = unsafe { std::mem::zeroed::<TableInfo>() };
+    let mut info = strata_table_info_default();
+    // SAFETY: keyed.0 is the live table just built; info is a reference, its struct_size set by its
+    // initialiser.
     ok(unsafe { strata_table_get_info(keyed.0, &mut info) });
     drop(vectors);
     drop(keys);
@@ -147,8 +153,16 @@ fn main() {
     let (kt, dt) = (keyed.0, dense.0);
     let op: *mut dlpark::ffi::DLTensor = &mut odesc.t;
     let times = medians(&mut [
+        // SAFETY: out_ptr is out's buffer of batch * dim floats, alive to the end of main; nothing
+        // else reads or writes it while this case runs (medians runs one case at a time).
         &mut || parallel_memcpy(&src, unsafe { std::slice::from_raw_parts_mut(out_ptr, batch * dim) }, threads),
+        // SAFETY: kt is the live keyed table (dropped at the end of main); qdesc describes query
+        // (batch keys) and op points at odesc.t, which describes out (batch x dim floats), all
+        // alive to the end of main; opts and keyed_stats are locals.
         &mut || ok(unsafe { strata_lookup(kt, &qdesc.t, op, &opts, &mut keyed_stats) }),
+        // SAFETY: dt is the live dense table (dropped at the end of main); ddesc describes
+        // dense_query (batch keys) and op points at odesc.t, which describes out (batch x dim
+        // floats), all alive to the end of main; opts is a local.
         &mut || ok(unsafe { strata_lookup(dt, &ddesc.t, op, &opts, std::ptr::null_mut()) }),
     ]);
     let (t_memcpy, t_keyed, t_dense) = (times[0], times[1], times[2]);
@@ -165,11 +179,16 @@ fn main() {
     let one_key = medians(&mut [
         &mut || {
             for _ in 0..calls {
+                // SAFETY: kt is the live keyed table; one_k describes one (1 key) and one_op points
+                // at one_o.t, which describes one_out (dim floats), all alive to the end of main;
+                // inline is a local.
                 ok(unsafe { strata_lookup(kt, &one_k.t, one_op, &inline, std::ptr::null_mut()) });
             }
         },
         &mut || {
             for _ in 0..calls {
+                // SAFETY: kt is the live keyed table; one_k describes one (1 key) and one_op points
+                // at one_o.t, which describes one_out (dim floats), all alive to the end of main.
                 ok(unsafe { strata_lookup(kt, &one_k.t, one_op, std::ptr::null(), std::ptr::null_mut()) });
             }
         },

@@ -90,15 +90,19 @@ fn main() {
     let (j, base) = (CString::new(json).unwrap(), CString::new(dir.path().to_str().unwrap()).unwrap());
     let mut server = std::ptr::null_mut();
     let t0 = Instant::now();
+    // SAFETY: j and base are NUL-terminated strings alive past the call; server is a reference.
     ok(unsafe { strata_server_open_json(j.as_ptr(), base.as_ptr(), &mut server) });
     let open_s = t0.elapsed().as_secs_f64();
     let model = CString::new("bench").unwrap();
     let mut tiered = std::ptr::null_mut();
+    // SAFETY: server is the live server just opened (freed at the end of main); model is a
+    // NUL-terminated string alive past the call; tiered is a reference.
     ok(unsafe { strata_server_table(server, model.as_ptr(), 0, &mut tiered) });
 
     let path = CString::new(sparse.to_str().unwrap()).unwrap();
     let mut keyed = std::ptr::null_mut();
     let t0 = Instant::now();
+    // SAFETY: path is a NUL-terminated string alive past the call; keyed is a reference.
     ok(unsafe { strata_table_open(path.as_ptr(), dim as i64, std::ptr::null(), &mut keyed) });
     let keyed_open_s = t0.elapsed().as_secs_f64();
     let keyed = Owned(keyed);
@@ -113,6 +117,9 @@ fn main() {
         let mut o = Desc::compact(op.cast(), F32, &[q.len() as i64, dim as i64]);
         let mut st = LookupStats::default();
         let t0 = Instant::now();
+        // SAFETY: t is `tiered` (borrowed from the server, which stays open until the end of main)
+        // or keyed.0 (a live Owned), the only tables `run` is given; k describes q and o describes
+        // out (q.len() = batch rows of dim floats), both alive past the call; st is a reference.
         ok(unsafe { strata_lookup(t, &k.t, &mut o.t, std::ptr::null(), &mut st) });
         (t0.elapsed().as_secs_f64(), st)
     };
@@ -122,6 +129,7 @@ fn main() {
     run(keyed.0, &queries[0]);
     let before = {
         let mut s = TableStats::default();
+        // SAFETY: tiered is borrowed from the server, still open; s is a reference.
         ok(unsafe { strata_table_get_stats(tiered, &mut s) });
         s
     };
@@ -136,6 +144,7 @@ fn main() {
         tk.push(run(keyed.0, q).0);
     }
     let mut after = TableStats::default();
+    // SAFETY: tiered is borrowed from the server, still open; after is a reference.
     ok(unsafe { strata_table_get_stats(tiered, &mut after) });
     let total = (batch * batches) as f64;
     let (t_tiered, t_keyed) = (median(tt), median(tk));
@@ -171,5 +180,7 @@ fn main() {
         100.0 * miss as f64 / total,
         after.evictions - before.evictions
     );
+    // SAFETY: server is the server opened above, freed once here; its table `tiered` is not used
+    // after.
     unsafe { strata_server_free(server) };
 }

@@ -26,10 +26,6 @@ fn skipped(why: &str) {
 use dlpark::ffi::DLDeviceType;
 use strata::exec::cuda;
 
-unsafe extern "C" {
-    fn strata_cuda_available() -> i32;
-}
-
 #[test]
 fn every_kernel_compiles_with_nvrtc_for_sm80_and_sm90() {
     if !cuda::nvrtc_available() {
@@ -54,7 +50,7 @@ fn every_kernel_compiles_with_nvrtc_for_sm80_and_sm90() {
 
 #[test]
 fn cuda_tensors_without_a_driver_get_a_clear_status() {
-    let available = unsafe { strata_cuda_available() };
+    let available = strata_cuda_available();
     assert_eq!(available, (cuda::device_count() > 0) as i32);
     let vectors: Vec<f32> = (0..8).map(|i| i as f32).collect();
     let table = Owned::build(&vectors, 4, 2, None, &TableOptions::default());
@@ -62,14 +58,19 @@ fn cuda_tensors_without_a_driver_get_a_clear_status() {
     let mut out = [0f32; 4];
     let k = Desc::compact(keys.as_ptr().cast(), I64, &[2]).device(DLDeviceType::CUDA);
     let mut o = Desc::compact(out.as_mut_ptr().cast(), F32, &[2, 2]).device(DLDeviceType::CUDA);
-    let s = unsafe { strata_lookup(table.0, &k.t, &mut o.t, std::ptr::null(), std::ptr::null_mut()) };
     if available == 0 {
+        // SAFETY: table.0 is live; k and o describe keys and out (host memory labelled kDLCUDA,
+        // alive past the call), which strata refuses without a driver before it reads them.
+        let s = unsafe { strata_lookup(table.0, &k.t, &mut o.t, std::ptr::null(), std::ptr::null_mut()) };
         fails(s, Status::STRATA_UNSUPPORTED_DEVICE, &["keys: device kDLCUDA:0", "no CUDA driver or device is present"]);
     } else {
         // (the pointers are host memory, so nothing may be launched on them)
         // The pointers are host memory: nothing may be launched on them, so only check that an
         // out of the wrong shape is refused before anything is queued.
         let mut bad = Desc::compact(out.as_mut_ptr().cast(), F32, &[3, 2]).device(DLDeviceType::CUDA);
+        // SAFETY: table.0 is live; k describes keys and bad describes out (both host memory
+        // labelled kDLCUDA, alive past the call); strata refuses bad's shape before anything is
+        // queued, so nothing is launched on them.
         let s = unsafe { strata_lookup(table.0, &k.t, &mut bad.t, std::ptr::null(), std::ptr::null_mut()) };
         fails(s, Status::STRATA_INVALID_ARGUMENT, &["out: shape [3, 2]"]);
     }
@@ -97,13 +98,18 @@ mod gpu {
     impl Buf {
         pub fn new(ctx: &Arc<CudaContext>, data: &[u8]) -> Buf {
             ctx.bind_to_thread().unwrap();
+            // SAFETY: ctx is bound to this thread (above); the allocation is freed once, in Drop.
             let ptr = unsafe { result::malloc_sync(data.len().max(1)) }.unwrap();
+            // SAFETY: ptr is the fresh allocation of data.len().max(1) bytes just made in the bound
+            // context; data is host memory of data.len() bytes, which the synchronous copy reads.
             unsafe { result::memcpy_htod_sync(ptr, data) }.unwrap();
             Buf { ptr, bytes: data.len(), _ctx: ctx.clone() }
         }
         pub fn read(&self) -> Vec<u8> {
             self._ctx.bind_to_thread().unwrap();
             let mut v = vec![0u8; self.bytes];
+            // SAFETY: self.ptr is the live allocation made in `new` (freed only in Drop),
+            // self.bytes long like v; the context is bound above.
             unsafe { result::memcpy_dtoh_sync(&mut v, self.ptr) }.unwrap();
             v
         }
@@ -112,20 +118,28 @@ mod gpu {
     impl Drop for Buf {
         fn drop(&mut self) {
             self._ctx.bind_to_thread().unwrap();
+            // SAFETY: self.ptr came from malloc_sync in `new` and is freed only here; every test
+            // waits for the work queued on a buffer (gpu::sync, or a lookup that waits) before
+            // dropping it.
             unsafe { result::free_sync(self.ptr) }.unwrap();
         }
     }
 
+    /// A new non-blocking stream on `ctx`, never destroyed (the tests make a few).
     pub fn stream(ctx: &Arc<CudaContext>) -> sys::CUstream {
         ctx.bind_to_thread().unwrap();
         result::stream::create(result::stream::StreamKind::NonBlocking).unwrap()
     }
 
+    /// Waits for the work queued on `s`, which must come from `stream`.
     pub fn sync(s: sys::CUstream) {
+        // SAFETY: s comes from `stream` (the only source of the streams these tests use), which
+        // never destroys one.
         unsafe { result::stream::synchronize(s) }.unwrap();
     }
 
-    /// Queues a kernel that spins for about `cycles` GPU clock cycles on `s`.
+    /// Queues a kernel that spins for about `cycles` GPU clock cycles on `s`, which must come
+    /// from `stream` on `ctx`.
     pub fn spin(ctx: &Arc<CudaContext>, s: sys::CUstream, cycles: i64) {
         let ptx = cudarc::nvrtc::compile_ptx(
             "extern \"C\" __global__ void spin(long long cycles) { long long t = clock64(); while (clock64() - t < cycles) {} }",
@@ -133,13 +147,20 @@ mod gpu {
         .unwrap();
         let m = ctx.load_module(ptx).unwrap();
         let f = m.load_function("spin").unwrap();
+        // SAFETY: s comes from `stream` on ctx (each caller passes the stream it made on the same
+        // context) and is never destroyed; the wrapper is dropped at the end of this function, and
+        // work queued through it is ordered on s with strata's.
         let stream = unsafe { ctx.wrap_borrowed_stream(s) };
         let cfg = cudarc::driver::LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
         use cudarc::driver::PushKernelArg;
+        // SAFETY: spin takes one long long, passed as the i64 `cycles`; the kernel touches no
+        // memory.
         unsafe { stream.launch_builder(&f).arg(&cycles).launch(cfg) }.unwrap();
     }
 
+    /// Whether the work queued on `s` (from `stream`) is done.
     pub fn query(s: sys::CUstream) -> sys::CUresult {
+        // SAFETY: s comes from `stream`, which never destroys one.
         unsafe { sys::cuStreamQuery(s) }
     }
 }
@@ -149,7 +170,7 @@ fn random_table(rng: &mut Rng, rows: usize, dim: usize, dtype: dlpark::ffi::DLDa
     let size = elem_size(dtype);
     let mut data = vec![0u8; rows * dim * size];
     for i in 0..rows * dim {
-        write_float(dtype, data[i * size..].as_mut_ptr(), rng.f32() * 10.0);
+        write_float(dtype, &mut data[i * size..], rng.f32() * 10.0);
     }
     let keys: Vec<i64> = if keyed { (0..rows as i64).map(|r| r * 7919 - 50_000).collect() } else { (0..rows as i64).collect() };
     let t = Owned::build_bytes(&data, dtype, rows, dim, keyed.then_some(&keys[..]), opts);
@@ -194,6 +215,8 @@ fn cpu_and_gpu(
     let k = Desc::compact(kb.as_ptr(), kd, &[n as i64]);
     let mut w = Desc::compact(want.as_mut_ptr(), od, &[n as i64, dim as i64]);
     let mut cs = LookupStats::default();
+    // SAFETY: t.0 is a live table (Owned); k and w describe kb and want (n keys, n x dim elements
+    // of od), host memory alive past the call; cs is a reference.
     ok(unsafe { strata_lookup(t.0, &k.t, &mut w.t, std::ptr::null(), &mut cs) });
 
     let dkeys = gpu::Buf::new(ctx, kb);
@@ -209,6 +232,10 @@ fn cpu_and_gpu(
     };
     let opts = LookupOptions { stream: s as *mut std::ffi::c_void, num_threads: 0, ..LookupOptions::default() };
     let mut gs = LookupStats::default();
+    // SAFETY: t.0 is live; kdesc and odesc describe n keys and n x dim elements of od, in kb and
+    // host_out (host memory) or in dkeys and dout (device memory of ctx, kb.len() and `bytes`
+    // long), all alive until after gpu::sync(s) below has waited for the queued lookup, and so is
+    // t. opts names s, a stream of ctx; gs is a reference.
     let st = unsafe { strata_lookup(t.0, &kdesc.t, &mut odesc.t, &opts, &mut gs) };
     assert_eq!(st, Status::STRATA_OK, "{mix:?}: {}", last_error());
     gpu::sync(s);
@@ -300,6 +327,8 @@ fn gpu_lookup_returns_before_the_stream_finishes() {
     // About two seconds of GPU clocks queued first (no GPU clocks below 1 GHz).
     gpu::spin(&ctx, s, 2_000_000_000);
     let opts = LookupOptions { stream: s as *mut std::ffi::c_void, num_threads: 0, ..LookupOptions::default() };
+    // SAFETY: t.0 is live; k and o describe dkeys and dout (500 i64 and 500x16 floats of ctx's
+    // device memory), which, like t, outlive gpu::sync(s) below; opts names s, a stream of ctx.
     ok(unsafe { strata_lookup(t.0, &k.t, &mut o.t, &opts, std::ptr::null_mut()) });
     assert_eq!(
         gpu::query(s),
@@ -357,14 +386,20 @@ fn gpu_errors_are_statuses() {
     // Device keys [4, 5] viewed transposed: no single stride, cannot be read in place.
     let k = Desc::new(dkeys.ptr as *const u8, I64, &[5, 4], &[1, 5], 0).device(DLDeviceType::CUDA);
     let mut o = Desc::compact(dout.ptr as *const u8, F32, &[5, 4, 8]).device(DLDeviceType::CUDA);
+    // SAFETY: t.0 is live; k and o describe device memory in dkeys (20 i64) and dout (40x8 floats);
+    // strata refuses the transposed device keys before it queues anything.
     let s = unsafe { strata_lookup(t.0, &k.t, &mut o.t, std::ptr::null(), std::ptr::null_mut()) };
     fails(s, Status::STRATA_INVALID_LAYOUT, &["keys: strides [1, 5] of a device tensor"]);
     let k = Desc::compact(dkeys.ptr as *const u8, I64, &[20]).device(DLDeviceType::CUDA);
     let mut o = Desc::compact(dout.ptr as *const u8, F32, &[20, 8]).device(DLDeviceType::CUDA);
     o.t.device.device_id = 99;
+    // SAFETY: t.0 is live; k and o describe device memory in dkeys (20 i64) and dout (40x8 floats);
+    // strata refuses the device mismatch before it queues anything.
     let s = unsafe { strata_lookup(t.0, &k.t, &mut o.t, std::ptr::null(), std::ptr::null_mut()) };
     fails(s, Status::STRATA_UNSUPPORTED_DEVICE, &["out: device kDLCUDA:99 but keys are on kDLCUDA:0"]);
     let bad = LookupOptions { stream: std::ptr::null_mut(), num_threads: -4, ..LookupOptions::default() };
+    // SAFETY: t.0 is live; k and o describe device memory in dkeys and dout; strata refuses
+    // num_threads before it queues anything.
     let s = unsafe { strata_lookup(t.0, &k.t, &mut o.t, &bad, std::ptr::null_mut()) };
     fails(s, Status::STRATA_INVALID_ARGUMENT, &["opts->num_threads: -4"]);
     // A table whose missing keys are errors reports the first one, after waiting.
@@ -374,6 +409,9 @@ fn gpu_errors_are_statuses() {
     let dm = gpu::Buf::new(&ctx, &miss.iter().flat_map(|k| k.to_le_bytes()).collect::<Vec<u8>>());
     let k = Desc::compact(dm.ptr as *const u8, I64, &[2]).device(DLDeviceType::CUDA);
     let mut o = Desc::compact(dout.ptr as *const u8, F32, &[2, 8]).device(DLDeviceType::CUDA);
+    // SAFETY: t2.0 is live; k describes dm (2 i64 of device memory) and o 2x8 floats of dout; a
+    // table whose missing keys are errors waits for the lookup before returning, so nothing stays
+    // queued on them.
     let s = unsafe { strata_lookup(t2.0, &k.t, &mut o.t, std::ptr::null(), std::ptr::null_mut()) };
     fails(s, Status::STRATA_KEY_NOT_FOUND, &["keys: key -5 (element 0) is not in the table"]);
 }
@@ -405,11 +443,16 @@ fn gpu_several_devices_replicate_and_shard() {
                 o.t.device.device_id = ordinal as i32;
                 let opts = LookupOptions { stream: s as *mut std::ffi::c_void, num_threads: 0, ..LookupOptions::default() };
                 let mut gs = LookupStats::default();
+                // SAFETY: t.0 is live; k and o describe dkeys and dout on device `ordinal` (n keys
+                // and n x 32 floats) and opts names s, a stream of that device's context; stats
+                // make the call wait for the stream, while the buffers and t are alive.
                 ok(unsafe { strata_lookup(t.0, &k.t, &mut o.t, &opts, &mut gs) });
                 let mut want = vec![0u8; n * 32 * 4];
                 let hk = Desc::compact(kb.as_ptr(), I64, &[n as i64]);
                 let mut w = Desc::compact(want.as_mut_ptr(), F32, &[n as i64, 32]);
                 let mut cs = LookupStats::default();
+                // SAFETY: t.0 is live; hk and w describe kb and want (n keys and n x 32 floats),
+                // host memory alive past the call; cs is a reference.
                 ok(unsafe { strata_lookup(t.0, &hk.t, &mut w.t, std::ptr::null(), &mut cs) });
                 assert_eq!((gs.hits, gs.misses), (cs.hits, cs.misses), "{name} on device {ordinal}");
                 assert!(dout.read() == want, "{name} keyed={keyed} on device {ordinal}");

@@ -53,7 +53,7 @@ fn make_table(rng: &mut Rng, rows: usize, dim: usize, dtype: DLDataType, keyed: 
     let size = elem_size(dtype);
     let mut data = vec![0u8; rows * dim * size];
     for i in 0..rows * dim {
-        write_float(dtype, data[i * size..].as_mut_ptr(), rng.f32() * 100.0);
+        write_float(dtype, &mut data[i * size..], rng.f32() * 100.0);
     }
     let v = Desc::compact(data.as_ptr(), dtype, &[rows as i64, dim as i64]);
     let mut keys: Vec<i64> = Vec::new();
@@ -66,6 +66,8 @@ fn make_table(rng: &mut Rng, rows: usize, dim: usize, dtype: DLDataType, keyed: 
     }
     let kd = Desc::compact(keys.as_ptr().cast(), I64, &[rows as i64]);
     let opts = TableOptions { default_value: default, ..TableOptions::default() };
+    // SAFETY: v describes data ([rows, dim] of dtype, compact) and kd describes keys (rows i64),
+    // both alive past the call; the table copies what it reads.
     let table = unsafe { Table::from_dlpack(&v.t, keyed.then_some(&kd.t), opts) }.unwrap();
     if !keyed {
         keys = (0..rows as i64).collect();
@@ -86,7 +88,8 @@ fn make_keys(rng: &mut Rng, t: &TestTable, n: usize, kd: DLDataType) -> Vec<u8> 
 }
 
 /// Runs the CPU path and the emulated path on the same keys into poisoned outputs of the same
-/// layout and checks they agree bit for bit, stats included.
+/// layout and checks they agree bit for bit, stats included. `keys` must describe readable
+/// host memory (every caller's describes keys inside its `make_keys` buffer).
 fn compare(emu: &Emulator, placed: &Emulated, t: &TestTable, keys: &Desc, out_dtype: DLDataType, out_shape: &[i64], out_strides: &[i64]) {
     let size = elem_size(out_dtype);
     let span = out_shape.iter().zip(out_strides).map(|(&n, &s)| (n - 1).max(0) * s).sum::<i64>() as usize + 1;
@@ -94,7 +97,11 @@ fn compare(emu: &Emulator, placed: &Emulated, t: &TestTable, keys: &Desc, out_dt
     let mut got = want.clone();
     let w = Desc::new(want.as_mut_ptr(), out_dtype, out_shape, out_strides, 0);
     let g = Desc::new(got.as_mut_ptr(), out_dtype, out_shape, out_strides, 0);
+    // SAFETY: keys describes readable host memory (the promise of every caller, above) and w
+    // describes want, whose span * size bytes cover every element out_shape and out_strides reach.
     let cpu = unsafe { t.table.lookup(&keys.t, &w.t, &LookupOptions::default()) }.unwrap();
+    // SAFETY: keys describes readable host memory (the promise of every caller, above) and g
+    // describes got, whose span * size bytes cover every element out_shape and out_strides reach.
     let gpu = unsafe { placed.lookup(emu, t.table.source().unwrap(), &keys.t, &g.t) }.unwrap();
     assert_eq!((gpu.hits, gpu.misses), (cpu.hits, cpu.misses), "stats");
     if got != want {
@@ -215,14 +222,17 @@ fn cache_above_the_threshold_fills_defaults_and_inserts_in_the_background() {
     let k = Desc::compact(keys.as_ptr().cast(), I64, &[50]);
     let mut out = vec![f32::NAN; 50 * 8];
     let o = Desc::compact(out.as_mut_ptr().cast(), F32, &[50, 8]);
+    // SAFETY: k and o describe keys (50 i64) and out (50x8 floats), alive past the call.
     let first = unsafe { placed.lookup(emu, t.table.source().unwrap(), &k.t, &o.t) }.unwrap();
     assert_eq!((first.hits, first.misses), (0, 50), "cold cache: all 50 got the default row");
     assert!(out.iter().all(|&x| x == -4.0));
     // The background insert has run (the emulator runs it at once): the rows are now cached.
     let mut want = vec![0f32; 50 * 8];
     let w = Desc::compact(want.as_mut_ptr().cast(), F32, &[50, 8]);
+    // SAFETY: k and w describe keys (50 i64) and want (50x8 floats), alive past the call.
     unsafe { t.table.lookup(&k.t, &w.t, &LookupOptions::default()) }.unwrap();
     out.fill(f32::NAN);
+    // SAFETY: k and o describe keys (50 i64) and out (50x8 floats), alive past the call.
     let second = unsafe { placed.lookup(emu, t.table.source().unwrap(), &k.t, &o.t) }.unwrap();
     assert_eq!((second.hits, second.misses), (50, 0));
     assert_eq!(out, want);
@@ -259,6 +269,7 @@ fn cache_in_front_of_server_tiers() {
         let k = Desc::compact(ks.as_ptr().cast(), I64, &[90]);
         let mut got = vec![f32::NAN; 90 * dim];
         let g = Desc::compact(got.as_mut_ptr().cast(), F32, &[90, dim as i64]);
+        // SAFETY: k and g describe ks (90 i64) and got (90 x dim floats), alive past the call.
         let st = unsafe { placed.lookup(emu, table.source().unwrap(), &k.t, &g.t) }.unwrap();
         for (i, &key) in ks.iter().enumerate() {
             let row = &got[i * dim..(i + 1) * dim];
@@ -281,10 +292,11 @@ fn missing_keys_as_errors_name_the_first_one_like_the_cpu_path() {
     let size = 4;
     let mut data = vec![0u8; 100 * 4 * size];
     for i in 0..400 {
-        write_float(F32, data[i * size..].as_mut_ptr(), rng.f32());
+        write_float(F32, &mut data[i * size..], rng.f32());
     }
     let v = Desc::compact(data.as_ptr(), F32, &[100, 4]);
     let strict = TableOptions { missing: MissingKey::Error, ..TableOptions::default() };
+    // SAFETY: v describes data (100x4 floats, compact), alive past the call; the table copies it.
     let table = unsafe { Table::from_dlpack(&v.t, None, strict) }.unwrap();
     for placement in [Placement::Gather, Placement::Cache { fraction: 0.5, threshold: 0.0 }, Placement::Shards { count: 3 }] {
         let placed = Emulated::place(emu, table.source().unwrap(), placement).unwrap();
@@ -296,7 +308,13 @@ fn missing_keys_as_errors_name_the_first_one_like_the_cpu_path() {
             let mut b = vec![0f32; 48];
             let oa = Desc::compact(a.as_mut_ptr().cast(), F32, &[shape[0], shape[1], 4]);
             let ob = Desc::compact(b.as_mut_ptr().cast(), F32, &[shape[0], shape[1], 4]);
+            // SAFETY: k describes the 12 i32 of keys (as [3, 4] or its [4, 3] transpose, both
+            // inside them) and oa describes a, whose 48 floats are shape[0] * shape[1] * 4; all
+            // alive past the call.
             let cpu = unsafe { table.lookup(&k.t, &oa.t, &LookupOptions::default()) }.unwrap_err().to_string();
+            // SAFETY: k describes the 12 i32 of keys (as [3, 4] or its [4, 3] transpose, both
+            // inside them) and ob describes b, whose 48 floats are shape[0] * shape[1] * 4; all
+            // alive past the call.
             let gpu = unsafe { placed.lookup(emu, table.source().unwrap(), &k.t, &ob.t) }.unwrap_err().to_string();
             assert_eq!(gpu, cpu, "{placement:?} keys {shape:?}");
             assert!(cpu.contains("is not in the table"), "{cpu}");

@@ -31,6 +31,10 @@ impl Case {
     #[track_caller]
     fn expect(&mut self, k: &Desc, o: &mut Desc, want: Status, needles: &[&str]) -> String {
         self.out.iter_mut().for_each(|x| *x = -9.0);
+        // SAFETY: self.table is live. k and o describe self.keys and self.out (alive past the call)
+        // or are copies of such descriptions made malformed on purpose (dtype, shape, strides,
+        // offset, device), which strata refuses before it reads or writes an element: that is the
+        // contract under test.
         let s = unsafe { strata_lookup(self.table.0, &k.t, &mut o.t, null(), null_mut()) };
         let msg = fails(s, want, needles);
         assert!(self.out.iter().all(|&x| x == -9.0), "a failed lookup wrote into out: {msg}");
@@ -43,36 +47,52 @@ fn null_pointers() {
     let mut c = Case::new();
     let k = c.keys();
     let mut o = c.out();
+    // SAFETY: strata refuses the NULL table before reading anything; k and o describe c.keys and
+    // c.out, alive past the call.
     let s = unsafe { strata_lookup(null_mut(), &k.t, &mut o.t, null(), null_mut()) };
     fails(s, Status::STRATA_NULL_ARGUMENT, &["table: is NULL"]);
+    // SAFETY: strata refuses the NULL keys; c.table is live and o describes c.out.
     let s = unsafe { strata_lookup(c.table.0, null(), &mut o.t, null(), null_mut()) };
     fails(s, Status::STRATA_NULL_ARGUMENT, &["keys: is NULL"]);
+    // SAFETY: strata refuses the NULL out; c.table is live and k describes c.keys.
     let s = unsafe { strata_lookup(c.table.0, &k.t, null_mut(), null(), null_mut()) };
     fails(s, Status::STRATA_NULL_ARGUMENT, &["out: is NULL"]);
+    // SAFETY: strata refuses the NULL keys before anything else is read; c.table is live.
     let s = unsafe { strata_lookup_managed(c.table.0, null(), null_mut(), null(), null_mut()) };
     fails(s, Status::STRATA_NULL_ARGUMENT, &["keys"]);
+    // SAFETY: strata refuses the NULL keys before anything else is read; c.table is live.
     let s = unsafe { strata_lookup_managed_versioned(c.table.0, null(), null_mut(), null(), null_mut()) };
     fails(s, Status::STRATA_NULL_ARGUMENT, &["keys"]);
 
     let v = Desc::compact(c.out.as_ptr().cast(), F32, &[4, 4]);
-    let mut t = 1usize as *mut Table;
+    let mut t = std::ptr::dangling_mut::<Table>();
+    // SAFETY: strata refuses the NULL vectors; t is a reference, which strata clears.
     let s = unsafe { strata_table_from_dlpack(null(), null(), null(), &mut t) };
     fails(s, Status::STRATA_NULL_ARGUMENT, &["vectors: is NULL"]);
     assert!(t.is_null(), "a failed constructor must clear *out");
+    // SAFETY: strata refuses the NULL out before reading v, which describes 16 floats of c.out.
     let s = unsafe { strata_table_from_dlpack(&v.t, null(), null(), null_mut()) };
     fails(s, Status::STRATA_NULL_ARGUMENT, &["out: is NULL"]);
+    // SAFETY: strata refuses the NULL vectors before adopting anything; t is a reference.
     let s = unsafe { strata_table_adopt_dlpack(null_mut(), null(), null(), &mut t) };
     fails(s, Status::STRATA_NULL_ARGUMENT, &["vectors: is NULL"]);
+    // SAFETY: strata refuses the NULL vectors before adopting anything; t is a reference.
     let s = unsafe { strata_table_adopt_dlpack_versioned(null_mut(), null(), null(), &mut t) };
     fails(s, Status::STRATA_NULL_ARGUMENT, &["vectors: is NULL"]);
+    // SAFETY: strata refuses the NULL dir; t is a reference.
     let s = unsafe { strata_table_open(null(), 4, null(), &mut t) };
     fails(s, Status::STRATA_NULL_ARGUMENT, &["dir: is NULL"]);
+    // SAFETY: strata refuses the NULL table before it looks at info.
     let s = unsafe { strata_table_get_info(null(), null_mut()) };
     fails(s, Status::STRATA_NULL_ARGUMENT, &["table: is NULL"]);
+    // SAFETY: c.table is live; strata refuses the NULL info.
     let s = unsafe { strata_table_get_info(c.table.0, null_mut()) };
     fails(s, Status::STRATA_NULL_ARGUMENT, &["info: is NULL"]);
+    // SAFETY: strata refuses the NULL table (the result is -1).
     assert_eq!(unsafe { strata_table_dim(null()) }, -1);
+    // SAFETY: strata refuses the NULL table (the result is -1).
     assert_eq!(unsafe { strata_table_len(null()) }, -1);
+    // SAFETY: freeing NULL is a documented no-op.
     unsafe { strata_table_free(null_mut()) };
 
     // NULL shape with ndim > 0, NULL data for a non-empty tensor
@@ -106,10 +126,14 @@ fn wrong_dtypes() {
     // table vectors and keys
     let v = Desc::compact(c.keys.as_ptr().cast(), I64, &[3, 2]);
     let mut t = null_mut();
+    // SAFETY: v describes 6 of c.keys' i64 as [3, 2], alive past the call (strata refuses the dtype
+    // before reading); t is a reference.
     let s = unsafe { strata_table_from_dlpack(&v.t, null(), null(), &mut t) };
     fails(s, Status::STRATA_UNSUPPORTED_DTYPE, &["vectors: dtype int64; expected float32, float16 or bfloat16"]);
     let v = Desc::compact(c.out.as_ptr().cast(), F32, &[6, 2]);
     let kf = Desc::compact(c.out.as_ptr().cast(), F32, &[6]);
+    // SAFETY: v and kf describe 12 and 6 of c.out's 64 floats, alive past the call; t is a
+    // reference.
     let s = unsafe { strata_table_from_dlpack(&v.t, &kf.t, null(), &mut t) };
     fails(s, Status::STRATA_UNSUPPORTED_DTYPE, &["keys: dtype float32"]);
 }
@@ -136,23 +160,32 @@ fn shape_mismatches() {
     // table constructors
     let mut t = null_mut();
     let v1 = Desc::compact(c.out.as_ptr().cast(), F32, &[8]);
+    // SAFETY: v1 describes 8 of c.out's 64 floats, alive past the call; t is a reference.
     let s = unsafe { strata_table_from_dlpack(&v1.t, null(), null(), &mut t) };
     fails(s, Status::STRATA_INVALID_ARGUMENT, &["vectors: ndim = 1; expected 2 ([rows, dim])"]);
     let v0 = Desc::compact(c.out.as_ptr().cast(), F32, &[8, 0]);
+    // SAFETY: v0 describes no element of c.out (its dim is 0); t is a reference.
     let s = unsafe { strata_table_from_dlpack(&v0.t, null(), null(), &mut t) };
     fails(s, Status::STRATA_INVALID_ARGUMENT, &["vectors: shape[1] = 0; expected 1 <= dim <= 16777216"]);
     let vhuge = Desc::compact(c.out.as_ptr().cast(), F32, &[0, 1 << 62]);
+    // SAFETY: vhuge has 0 rows, so no element of c.out is read (and its dim is refused); t is a
+    // reference.
     let s = unsafe { strata_table_from_dlpack(&vhuge.t, null(), null(), &mut t) };
     fails(s, Status::STRATA_INVALID_ARGUMENT, &["vectors: shape[1] = 4611686018427387904; expected 1 <= dim"]);
     let v = Desc::compact(c.out.as_ptr().cast(), F32, &[6, 2]);
     let kshort = Desc::compact(c.keys.as_ptr().cast(), I64, &[5]);
+    // SAFETY: v and kshort describe 12 floats of c.out and 5 keys of c.keys, alive past the call; t
+    // is a reference.
     let s = unsafe { strata_table_from_dlpack(&v.t, &kshort.t, null(), &mut t) };
     fails(s, Status::STRATA_INVALID_ARGUMENT, &["keys: shape [5]; expected [6]"]);
     let dup = [1i64, 2, 3, 2, 5, 6];
     let kdup = Desc::compact(dup.as_ptr().cast(), I64, &[6]);
+    // SAFETY: v and kdup describe 12 floats of c.out and the 6 keys of dup, alive past the call; t
+    // is a reference.
     let s = unsafe { strata_table_from_dlpack(&v.t, &kdup.t, null(), &mut t) };
     fails(s, Status::STRATA_DUPLICATE_KEY, &["keys: key 2 appears at rows 1 and 3"]);
     let bad = TableOptions { missing_key: 7, ..TableOptions::default() };
+    // SAFETY: v describes 12 floats of c.out, alive past the call; bad and t are references.
     let s = unsafe { strata_table_from_dlpack(&v.t, null(), &bad, &mut t) };
     fails(s, Status::STRATA_INVALID_ARGUMENT, &["opts->missing_key: 7"]);
     assert!(t.is_null());
@@ -168,6 +201,7 @@ fn shape_mismatches() {
         ),
     ];
     for (bad, msg) in gpu_cases {
+        // SAFETY: v describes 12 floats of c.out, alive past the call; bad and t are references.
         let s = unsafe { strata_table_from_dlpack(&v.t, null(), &bad, &mut t) };
         fails(s, Status::STRATA_INVALID_ARGUMENT, &[msg]);
         assert!(t.is_null());
@@ -211,6 +245,8 @@ fn bad_strides_offsets_and_alignment() {
     shared[..6].copy_from_slice(&[1, 2, 3, 4, 5, 6]);
     let k = Desc::compact(shared.as_ptr().cast(), I64, &[6]);
     let mut o = Desc::compact(shared.as_mut_ptr().cast(), F32, &[6, 4]);
+    // SAFETY: c.table is live; k and o describe shared (320 bytes, enough for 6 keys and 6x4
+    // floats), alive past the call; strata refuses the overlap before it writes.
     let s = unsafe { strata_lookup(c.table.0, &k.t, &mut o.t, null(), null_mut()) };
     fails(s, Status::STRATA_INVALID_LAYOUT, &["out: overlaps the memory of keys"]);
     assert_eq!(&shared[..6], &[1, 2, 3, 4, 5, 6]);
@@ -242,6 +278,9 @@ fn devices_other_than_host_memory() {
     }
     let v = Desc::compact(c.out.as_ptr().cast(), F32, &[6, 2]).device(DLDeviceType::CUDA);
     let mut t = null_mut();
+    // SAFETY: v describes 12 floats of c.out (host memory, flagged CUDA), alive past the call;
+    // tables copy from host memory only, so strata refuses the device before reading. t is a
+    // reference.
     let s = unsafe { strata_table_from_dlpack(&v.t, null(), null(), &mut t) };
     fails(s, Status::STRATA_UNSUPPORTED_DEVICE, &["vectors: device kDLCUDA:0"]);
 }
@@ -252,6 +291,8 @@ fn bad_options() {
     let k = c.keys();
     let mut o = c.out();
     let opts = LookupOptions { num_threads: -2, ..LookupOptions::default() };
+    // SAFETY: c.table is live; k and o describe c.keys and c.out, alive past the call; opts is a
+    // reference (refused before the lookup starts).
     let s = unsafe { strata_lookup(c.table.0, &k.t, &mut o.t, &opts, null_mut()) };
     fails(s, Status::STRATA_INVALID_ARGUMENT, &["opts->num_threads: -2; expected 0 (library default)"]);
     assert!(c.out.iter().all(|&x| x == -9.0));
@@ -266,9 +307,11 @@ fn defaults_and_names() {
     assert!(l.stream.is_null());
     assert_eq!(l.num_threads, 0);
     assert!(strata_default_num_threads() >= 1);
+    // SAFETY: strata_status_name returns a static NUL-terminated string for any value.
     let name = |s: i32| unsafe { std::ffi::CStr::from_ptr(strata_status_name(s)) }.to_str().unwrap().to_string();
     assert_eq!(name(Status::STRATA_UNSUPPORTED_DEVICE as i32), "STRATA_UNSUPPORTED_DEVICE");
     assert_eq!(name(99), "STRATA_UNKNOWN_STATUS");
+    // SAFETY: strata_version returns a static NUL-terminated string.
     let v = unsafe { std::ffi::CStr::from_ptr(strata_version()) }.to_str().unwrap();
     assert_eq!(v, env!("CARGO_PKG_VERSION"));
 }
@@ -280,7 +323,7 @@ fn last_error_is_per_thread() {
     k.t.dtype = F32;
     let mut o = c.out();
     c.expect(&k, &mut o, Status::STRATA_UNSUPPORTED_DTYPE, &["keys"]);
-    let other = std::thread::spawn(|| last_error()).join().unwrap();
+    let other = std::thread::spawn(last_error).join().unwrap();
     assert_eq!(other, "");
     assert!(last_error().contains("keys: dtype float32"));
 }

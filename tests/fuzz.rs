@@ -56,10 +56,13 @@ const READ_ONLY: i32 = strata::Status::STRATA_READ_ONLY as i32;
 const KEY_NOT_FOUND: i32 = strata::Status::STRATA_KEY_NOT_FOUND as i32;
 
 fn last_error() -> String {
+    // SAFETY: strata_last_error returns a NUL-terminated string that strata owns and keeps until
+    // the next failing call on this thread; it is copied here before any other call.
     unsafe { CStr::from_ptr(strata_last_error()) }.to_string_lossy().into_owned()
 }
 
 fn status_name(s: i32) -> String {
+    // SAFETY: strata_status_name returns a static NUL-terminated string for any value.
     unsafe { CStr::from_ptr(strata_status_name(s)) }.to_string_lossy().into_owned()
 }
 
@@ -307,6 +310,8 @@ struct Table {
 
 impl Drop for Table {
     fn drop(&mut self) {
+        // SAFETY: self.ptr is the table Table::build made, owned by this Table alone and freed only
+        // here.
         unsafe { strata_table_free(self.ptr) };
     }
 }
@@ -349,7 +354,11 @@ impl Table {
         for r in 0..rows {
             for c in 0..dim {
                 let v = values[r * dim + c];
+                // SAFETY: (r * rs + c) * size < rows * rs * size <= nbytes <= 8 * words.len(), so p
+                // stays inside words.
                 let p = unsafe { base.add((r * rs + c) * dt.size()) };
+                // SAFETY: p is inside words with room for one element (above), and aligned for it:
+                // words is u64-aligned and the offset is a multiple of the element size.
                 unsafe {
                     if dt == Fl::F32 {
                         (p as *mut u32).write(v)
@@ -375,6 +384,8 @@ impl Table {
         let kb = kbytes.as_mut_ptr() as *mut u8;
         for (i, &v) in raw_keys.iter().enumerate() {
             let b = kd.bytes(v);
+            // SAFETY: i < rows, so the kd.size() bytes at i * kd.size() lie inside kbytes' 8 * len
+            // bytes; b holds kd.size() bytes in its own allocation, so the two do not overlap.
             unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), kb.add(i * kd.size()), b.len()) };
         }
         let mut kshape = [rows as i64];
@@ -398,13 +409,18 @@ impl Table {
         opts.missing_key = spec.missing_error as i32;
         let mut ptr = std::ptr::null_mut();
         let keys_p = if spec.keyed.is_some() { &keys as *const DLTensor } else { std::ptr::null() };
+        // SAFETY: vectors and keys describe words and kbytes ([rows, dim] at row stride rs, and
+        // rows keys) through vshape, vstrides, kshape and kstrides, all alive past the call; NULL
+        // strides only for compact vectors. keys_p is NULL or &keys; opts and ptr are references.
         let s = unsafe { strata_table_from_dlpack(&vectors, keys_p, &opts, &mut ptr) } as i32;
         assert_eq!(s, OK, "strata_table_from_dlpack: {} {}", status_name(s), last_error());
         assert!(!ptr.is_null());
         // The copy must not depend on the source: scribble over it before any lookup.
         words.iter_mut().for_each(|w| *w = 0x5a5a_5a5a_5a5a_5a5a);
         kbytes.iter_mut().for_each(|w| *w = 0x5a5a_5a5a_5a5a_5a5a);
+        // SAFETY: ptr is the table just built (status OK, not NULL), freed only by Table's drop.
         assert_eq!(unsafe { strata_table_dim(ptr) }, dim as i64);
+        // SAFETY: ptr is the table just built (status OK, not NULL), freed only by Table's drop.
         assert_eq!(unsafe { strata_table_len(ptr) }, rows as i64);
         Table {
             ptr,
@@ -483,9 +499,13 @@ struct Buffer {
 
 impl Buffer {
     fn bytes(&self) -> &[u8] {
+        // SAFETY: the bytes of self.words (same address, 8 * len bytes), borrowed as long as self
+        // is; u8 has no alignment or validity requirement.
         unsafe { std::slice::from_raw_parts(self.words.as_ptr() as *const u8, self.words.len() * 8) }
     }
     fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: the bytes of self.words (same address, 8 * len bytes), borrowed mutably as long
+        // as self is; u8 has no alignment or validity requirement.
         unsafe { std::slice::from_raw_parts_mut(self.words.as_mut_ptr() as *mut u8, self.words.len() * 8) }
     }
 
@@ -929,6 +949,13 @@ fn run_case(case: &Case) -> Result<(), TestCaseError> {
     let opts_p = opts.as_ref().map_or(std::ptr::null(), |o| o as *const LookupOptions);
     let mut stats = LookupStats { hits: 0xdead, misses: 0xbeef, volatile_hits: 0xdead, persistent_hits: 0xbeef, ..LookupStats::default() };
     let stats_p = if case.want_stats { &mut stats as *mut LookupStats } else { std::ptr::null_mut() };
+    // SAFETY: table.ptr is a live table (Table). kt and ot describe kb's and ob's words through
+    // their own shape and strides arrays, and the managed wrappers are locals; all outlive the
+    // call. A description that reaches memory outside its buffer is one strata must refuse before
+    // it touches an element (unaddressable, NULL data, a wrapping byte_offset, a bad dtype, shape
+    // or device: `judge_tensor` lists them); every other reaches only elements that Buffer::new
+    // placed inside its buffer. Host memory is labelled kDLCUDA only where no CUDA driver is
+    // present. opts_p and stats_p are NULL or point at locals.
     let status = unsafe {
         match case.call {
             Call::Plain => strata_lookup(table.ptr, &kt, &mut ot, opts_p, stats_p) as i32,

@@ -16,7 +16,9 @@ fn write_table(dir: &Path, keys: &[i64], vectors: &[f32]) {
 
 fn open(dir: &Path, dim: i64, opts: &TableOptions) -> (Status, *mut Table) {
     let c = CString::new(dir.to_str().unwrap()).unwrap();
-    let mut t = 1usize as *mut Table;
+    let mut t = std::ptr::dangling_mut::<Table>();
+    // SAFETY: c is a NUL-terminated path, alive past the call (strata only reads it during it);
+    // opts and t are references.
     let s = unsafe { strata_table_open(c.as_ptr(), dim, opts, &mut t) };
     (s, t)
 }
@@ -33,6 +35,7 @@ fn opens_and_looks_up_like_the_files_say() {
     ok(s);
     let t = Owned(t);
     let mut info = strata_table_info_default();
+    // SAFETY: t is the table opened above (Owned); info is a reference.
     ok(unsafe { strata_table_get_info(t.0, &mut info) });
     assert_eq!((info.rows, info.dim, info.keyed, info.mapped), (rows as i64, dim as i64, true, true));
     assert!((info.index_bytes as f64) / (rows as f64) <= 16.0, "{} bytes per key", info.index_bytes as f64 / rows as f64);
@@ -42,6 +45,8 @@ fn opens_and_looks_up_like_the_files_say() {
     let k = Desc::compact(q.as_ptr().cast(), I64, &[q.len() as i64]);
     let mut o = Desc::compact(out.as_mut_ptr().cast(), F32, &[q.len() as i64, dim as i64]);
     let mut st = LookupStats::default();
+    // SAFETY: t is live; k and o describe q and out (5000 keys, 5000 x dim floats), alive past the
+    // call; st is a reference.
     ok(unsafe { strata_lookup(t.0, &k.t, &mut o.t, null(), &mut st) });
     let index: std::collections::HashMap<i64, usize> = keys.iter().enumerate().map(|(i, &k)| (k, i)).collect();
     let mut misses = 0;
@@ -64,8 +69,11 @@ fn empty_files_make_an_empty_table() {
     write_table(dir.path(), &[], &[]);
     let (s, t) = open(dir.path(), 8, &TableOptions::default());
     ok(s);
+    // SAFETY: t is the table just opened (the status was checked), not freed yet.
     assert_eq!(unsafe { strata_table_len(t) }, 0);
+    // SAFETY: t is the table just opened (the status was checked), not freed yet.
     assert_eq!(unsafe { strata_table_dim(t) }, 8);
+    // SAFETY: t is the table opened above, freed once here and not used after.
     unsafe { strata_table_free(t) };
 }
 

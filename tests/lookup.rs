@@ -102,10 +102,13 @@ impl Fixture {
         assert_eq!(kpos.len(), keys.len());
         let kbytes = kpos.iter().max().map_or(0, |m| m + ksize);
         let mut kbuf = vec![0u64; kbytes.div_ceil(8) + 1];
-        let kp = kbuf.as_mut_ptr() as *mut u8;
+        // SAFETY: the bytes of kbuf's words (same address, 8 * len bytes), borrowed mutably as long
+        // as kbuf is; u8 has no alignment or validity requirement.
+        let kb = unsafe { std::slice::from_raw_parts_mut(kbuf.as_mut_ptr().cast::<u8>(), kbuf.len() * 8) };
         for (&k, &at) in keys.iter().zip(&kpos) {
-            write_key(l.key_dtype, unsafe { kp.add(at) }, k);
+            write_key(l.key_dtype, &mut kb[at..], k);
         }
+        let kp = kb.as_mut_ptr();
         let osize = elem_size(l.out_dtype);
         let opos = positions(&offsets(&l.out_shape, &l.out_strides), l.out_offset, osize);
         let obytes = opos.iter().max().map_or(0, |m| m + osize);
@@ -113,13 +116,16 @@ impl Fixture {
         let mut obuf = vec![POISON; obytes + 2 * guard + 8];
         let base = {
             let p = obuf.as_mut_ptr() as usize + guard;
-            (p + 7) / 8 * 8 - obuf.as_ptr() as usize
+            p.div_ceil(8) * 8 - obuf.as_ptr() as usize
         };
-        let op = unsafe { obuf.as_mut_ptr().add(base) };
+        let op = obuf[base..].as_mut_ptr();
         let kd = Desc::new(kp, l.key_dtype, &l.key_shape, &l.key_strides, l.key_offset);
         let mut od = Desc::new(op, l.out_dtype, &l.out_shape, &l.out_strides, l.out_offset);
         let opts = LookupOptions { num_threads: threads, ..LookupOptions::default() };
         let mut stats = LookupStats { hits: 99, misses: 99, volatile_hits: 99, persistent_hits: 99, ..LookupStats::default() };
+        // SAFETY: self.table is a live table; kd and od describe kbuf and obuf, which this function
+        // owns past the call and whose sizes cover every key and out position computed above; opts
+        // and stats are references.
         ok(unsafe { strata_lookup(self.table.0, &kd.t, &mut od.t, &opts, &mut stats) });
 
         let mut expect_bytes = vec![POISON; obuf.len()];
@@ -138,7 +144,7 @@ impl Fixture {
                 let v = row.map_or(self.default, |r| self.vectors[r * self.dim + c]);
                 let flat = i * self.dim + c;
                 let at = base + opos[flat];
-                write_float(l.out_dtype, unsafe { expect_bytes.as_mut_ptr().add(at) }, round_to(l.out_dtype, v));
+                write_float(l.out_dtype, &mut expect_bytes[at..], round_to(l.out_dtype, v));
             }
         }
         if obuf != expect_bytes {
@@ -292,11 +298,15 @@ fn half_precision_tables() {
         let vals: Vec<f32> = (0..rows * dim).map(|_| rng.f32()).collect();
         let mut buf = vec![0u16; rows * dim];
         for (i, &v) in vals.iter().enumerate() {
-            write_float(vd, unsafe { (buf.as_mut_ptr() as *mut u8).add(2 * i) }, v);
+            let mut bits = [0u8; 2];
+            write_float(vd, &mut bits, v);
+            buf[i] = u16::from_ne_bytes(bits);
         }
         let v = Desc::compact(buf.as_ptr().cast(), vd, &[rows as i64, dim as i64]);
         let mut t = std::ptr::null_mut();
         let opts = TableOptions { default_value: 0.5, ..TableOptions::default() };
+        // SAFETY: v describes buf, [rows, dim] elements of vd, alive past the call (strata copies
+        // it); opts and t are references.
         ok(unsafe { strata_table_from_dlpack(&v.t, std::ptr::null(), &opts, &mut t) });
         let rounded: Vec<f32> = vals.iter().map(|&x| round_to(vd, x)).collect();
         let f = Fixture { table: Owned(t), vectors: rounded, dim, rows_of: None, rows, default: round_to(vd, 0.5) };
@@ -320,6 +330,8 @@ fn copied_tables_from_strided_vectors_and_int32_keys() {
     let keys: Vec<i32> = (0..rows as i32).map(|i| i * 1000 - 7).collect();
     let k = Desc::new(keys.as_ptr().cast(), I32, &[rows as i64], &[1], 0);
     let mut t = std::ptr::null_mut();
+    // SAFETY: v and k describe big and keys, alive past the call (strata copies the rows it reads);
+    // t is a reference.
     ok(unsafe { strata_table_from_dlpack(&v.t, &k.t, std::ptr::null(), &mut t) });
     let vectors: Vec<f32> = (0..rows).flat_map(|r| (0..dim).map(move |c| (r, c))).map(|(r, c)| big[1 + r * (2 * dim + 1) + 2 * c]).collect();
     drop(big);
@@ -330,10 +342,13 @@ fn copied_tables_from_strided_vectors_and_int32_keys() {
         f.check(&q, &Layout::compact(kd, &[64], F32, dim as i64), 1);
     }
     let mut info = strata_table_info_default();
+    // SAFETY: f.table is a live table (Owned); info is a reference.
     ok(unsafe { strata_table_get_info(f.table.0, &mut info) });
     assert_eq!((info.rows, info.dim, info.keyed, info.mapped, info.adopted), (30, 4, true, false, false));
     assert!(info.index_bytes > 0 && info.index_bytes <= 16 * 30 + 64 * 2);
+    // SAFETY: f.table is a live table (Owned).
     assert_eq!(unsafe { strata_table_len(f.table.0) }, 30);
+    // SAFETY: f.table is a live table (Owned).
     assert_eq!(unsafe { strata_table_dim(f.table.0) }, 4);
 }
 
@@ -346,6 +361,8 @@ fn cuda_host_memory_is_served() {
     let k = Desc::compact(keys.as_ptr().cast(), I64, &[3]).device(DLDeviceType::CUDAHOST);
     let mut o = Desc::compact(out.as_mut_ptr().cast(), F32, &[3, 3]).device(DLDeviceType::CUDAHOST);
     let mut s = LookupStats::default();
+    // SAFETY: f.table is a live table; k and o describe keys and out (3 keys, 3x3 floats), host
+    // memory flagged as pinned, alive past the call; s is a reference.
     ok(unsafe { strata_lookup(f.table.0, &k.t, &mut o.t, std::ptr::null(), &mut s) });
     assert_eq!(&out[..3], &f.vectors[3..6]);
     assert_eq!(&out[3..6], &f.vectors[15..18]);
@@ -367,12 +384,16 @@ fn missing_key_error_policy_names_the_first_missing_key() {
     let mut o = Desc::compact(out.as_mut_ptr().cast(), F32, &[5000, 4]);
     for threads in [1, 2] {
         let opts = LookupOptions { num_threads: threads, ..LookupOptions::default() };
+        // SAFETY: t is a live table; k and o describe q and out (5000 keys, 5000x4 floats), alive
+        // past the call; opts is a reference.
         let s = unsafe { strata_lookup(t.0, &k.t, &mut o.t, &opts, std::ptr::null_mut()) };
         fails(s, Status::STRATA_KEY_NOT_FOUND, &["keys: key 123456789012 (element 3001)"]);
     }
     // all present: OK
     q[3001] = keys[0];
     q[4000] = keys[1];
+    // SAFETY: t is a live table; k and o describe q and out (5000 keys, 5000x4 floats), alive past
+    // the call.
     ok(unsafe { strata_lookup(t.0, &k.t, &mut o.t, std::ptr::null(), std::ptr::null_mut()) });
 }
 
@@ -384,6 +405,8 @@ fn zero_keys_is_a_no_op() {
     let k = Desc::compact(std::ptr::null(), I64, &[0]);
     let mut o = Desc::compact(out.as_mut_ptr().cast(), F32, &[0, 3]);
     let mut s = LookupStats { hits: 5, misses: 5, volatile_hits: 5, persistent_hits: 5, ..LookupStats::default() };
+    // SAFETY: f.table is a live table; k has no elements (its NULL data is never read) and o
+    // describes out; s is a reference.
     ok(unsafe { strata_lookup(f.table.0, &k.t, &mut o.t, std::ptr::null(), &mut s) });
     assert_eq!(out, [7.0; 3]);
     assert_eq!(s, LookupStats::default());
@@ -396,6 +419,8 @@ fn empty_tables_miss_everything() {
     for keyed in [false, true] {
         let mut t = std::ptr::null_mut();
         let opts = TableOptions { default_value: 1.5, ..TableOptions::default() };
+        // SAFETY: v and k describe zero elements, so their NULL data is never read; opts and t are
+        // references.
         ok(unsafe { strata_table_from_dlpack(&v.t, if keyed { &k.t } else { std::ptr::null() }, &opts, &mut t) });
         let t = Owned(t);
         let q = [0i64, 1, -1];
@@ -403,6 +428,8 @@ fn empty_tables_miss_everything() {
         let kd = Desc::compact(q.as_ptr().cast(), I64, &[3]);
         let mut od = Desc::compact(out.as_mut_ptr().cast(), F32, &[3, 4]);
         let mut s = LookupStats::default();
+        // SAFETY: t is a live table; kd and od describe q and out (3 keys, 3x4 floats), alive past
+        // the call; s is a reference.
         ok(unsafe { strata_lookup(t.0, &kd.t, &mut od.t, std::ptr::null(), &mut s) });
         assert_eq!(out, [1.5; 12]);
         assert_eq!((s.hits, s.misses), (0, 3));
@@ -423,6 +450,8 @@ fn null_strides_mean_row_major() {
     let mut tk = Desc::compact(table_keys.as_ptr().cast(), I64, &[4]);
     tk.t.strides = null_mut();
     let mut t = null_mut();
+    // SAFETY: v and tk describe vectors and table_keys, compact, so NULL strides read them
+    // row-major; t is a reference.
     ok(unsafe { strata_table_from_dlpack(&v.t, &tk.t, null(), &mut t) });
     let row = |key: i32| match table_keys.iter().position(|&k| k == key as i64) {
         Some(r) => vectors[r * 3..r * 3 + 3].to_vec(),
@@ -436,6 +465,8 @@ fn null_strides_mean_row_major() {
     k.t.strides = null_mut();
     let mut o = Desc::compact(out.as_mut_ptr().cast(), F32, &[2, 3, 3]);
     o.t.strides = null_mut();
+    // SAFETY: t is the live table built above; k and o describe keys and out ([2, 3] and [2, 3, 3],
+    // compact, read and written row-major), alive past the call.
     ok(unsafe { strata_lookup(t, &k.t, &mut o.t, null(), null_mut()) });
     assert_eq!(out, want);
     // the same keys into a flat out [6, 3] that starts one element in (byte_offset)
@@ -443,8 +474,11 @@ fn null_strides_mean_row_major() {
     let mut o2 = Desc::compact(out2.as_mut_ptr().cast(), F32, &[6, 3]);
     o2.t.strides = null_mut();
     o2.t.byte_offset = 4;
+    // SAFETY: t is live; o2 describes 18 floats of out2 from byte_offset 4, which its 19 elements
+    // hold.
     ok(unsafe { strata_lookup(t, &k.t, &mut o2.t, null(), null_mut()) });
     assert!(out2[0].is_nan());
     assert_eq!(out2[1..], want[..]);
+    // SAFETY: t was built above by strata_table_from_dlpack and is not used after this free.
     unsafe { strata_table_free(t) };
 }

@@ -42,16 +42,25 @@ fn distributed_entry_points_without_mpi() {
     assert_eq!(strata_mpi_available(), cfg!(feature = "mpi") as i32);
     one_partition(&data, |d| {
         let mut t = null_mut();
+        // SAFETY: d is the description one_partition built from locals that outlive this closure;
+        // comm is an i32 alive past the call; t is a reference.
         fails(unsafe { strata_table_from_partitioned(d, &comm, null(), &mut t) }, want, needles);
         assert!(t.is_null());
         // NULL comm still builds a single-process table
+        // SAFETY: d is the description one_partition built from locals that outlive this closure; t
+        // is a reference.
         ok(unsafe { strata_table_from_partitioned(d, null(), null(), &mut t) });
+        // SAFETY: t is the table just built (status OK), freed once here and not used after.
         unsafe { strata_table_free(t) };
     });
     let mut t = null_mut();
+    // SAFETY: the path is a static NUL-terminated string; comm is an i32 alive past the call; t is
+    // a reference.
     fails(unsafe { strata_table_open_distributed(c"/nonexistent".as_ptr(), 4, &comm, null(), &mut t) }, want, needles);
     assert!(t.is_null());
     fails(
+        // SAFETY: strata refuses the NULL dir; comm is an i32 alive past the call; t is a
+        // reference.
         unsafe { strata_table_open_distributed(null(), 4, &comm, null(), &mut t) },
         Status::STRATA_NULL_ARGUMENT,
         &["dir: is NULL"],

@@ -52,6 +52,9 @@ impl Desc2 {
         d
     }
 
+    /// The C description of `self`: every pointer in it points into arrays `self` owns, and the
+    /// partitions' data at the caller's buffers, so it is valid while `self` lives unmodified
+    /// (and those buffers do).
     fn c(&mut self) -> *const Partitioned {
         self.parts = (0..self.starts.len())
             .map(|i| Partition {
@@ -77,16 +80,24 @@ impl Desc2 {
     }
 }
 
+/// A single-process table from `d`, which must be a valid description (every caller passes
+/// `Desc2::c` of a live `Desc2`, or one strata produced and has not freed).
 fn build(d: *const Partitioned) -> Owned {
     let mut t = null_mut();
+    // SAFETY: d is a valid description for the call (the promise of every caller, above); t is a
+    // reference.
     ok(unsafe { strata_table_from_partitioned(d, null(), null(), &mut t) });
     Owned(t)
 }
 
+/// Looks up `keys` in `t`, which must be a live table (every caller passes one it has not
+/// freed), into a fresh [keys, dim] output.
 fn rows(t: *mut Table, keys: &[i64], dim: usize) -> Vec<f32> {
     let mut out = vec![f32::NAN; keys.len() * dim];
     let k = Desc::compact(keys.as_ptr().cast(), I64, &[keys.len() as i64]);
     let mut o = Desc::compact(out.as_mut_ptr().cast(), F32, &[keys.len() as i64, dim as i64]);
+    // SAFETY: t is a live table (the promise of every caller, above); k and o describe keys and
+    // out, which outlive the call.
     ok(unsafe { strata_lookup(t, &k.t, &mut o.t, null(), null_mut()) });
     out
 }
@@ -102,10 +113,13 @@ fn heat_split0_uneven_rows_copy_and_match() {
     let dim = 8;
     let global: Vec<f32> = (0..27 * dim).map(|_| rng.f32()).collect();
     let mut d = Desc2::split_rows(&global, dim, &[7, 7, 7, 6]);
+    // SAFETY: d.c() points at a description whose pointers all point into arrays d owns (see
+    // Desc2::c), and its data at global; both outlive the call.
     ok(unsafe { strata_partitioned_validate(d.c()) });
     let t = build(d.c());
     let keys: Vec<i64> = (0..100).map(|_| rng.below(32) as i64 - 2).collect();
     assert_eq!(rows(t.0, &keys, dim), expect(&global, dim, &keys));
+    // SAFETY: t is the table built above (Owned).
     assert_eq!(unsafe { strata_table_len(t.0) }, 27);
 }
 
@@ -120,18 +134,28 @@ fn single_and_replicated_partitions_are_zero_copy_both_ways() {
         }
         let t = build(d.c());
         let mut info = strata_table_info_default();
+        // SAFETY: t is the table built above (Owned); info is a reference.
         ok(unsafe { strata_table_get_info(t.0, &mut info) });
         // source -> table: a write into the source is seen by lookups
         global[3 * dim + 1] = 777.0;
         assert_eq!(rows(t.0, &[3], dim), vec![12.0, 777.0, 14.0, 15.0]);
         // table -> producer view: the produced description's data is the same memory
         let mut p = null_mut();
+        // SAFETY: t is a live dense table; p is a reference.
         ok(unsafe { strata_table_partitioned(t.0, &mut p) });
+        // SAFETY: strata_table_partitioned succeeded, so p points at a description strata keeps
+        // until the free below; a dense table's has exactly one partition.
         let part = unsafe { &*(*p).partitions };
+        // SAFETY: a single-process table's partition is local: its data points at a DLTensor inside
+        // the description.
         let data = unsafe { &*part.data };
         assert_eq!(data.data as *const f32, global.as_ptr());
+        // SAFETY: p is the live description strata produced above.
         let get = unsafe { (*p).get.unwrap() };
+        // SAFETY: get is strata's callback for this description, called with its own get_user and a
+        // handle from its partition while the description is alive.
         assert_eq!(unsafe { get((*p).get_user, part.handle) }, part.data);
+        // SAFETY: p came from strata_table_partitioned and is freed once here, not used after.
         unsafe { strata_partitioned_free(p) };
     }
 }
@@ -143,24 +167,36 @@ fn produce_then_consume_round_trip() {
     let vectors: Vec<f32> = (0..12 * dim).map(|_| rng.f32()).collect();
     let t = Owned::build(&vectors, 12, dim, None, &TableOptions::default());
     let mut p = null_mut();
+    // SAFETY: t is a live dense table; p is a reference.
     ok(unsafe { strata_table_partitioned(t.0, &mut p) });
+    // SAFETY: strata_table_partitioned succeeded, so p points at a description strata keeps until
+    // the free below.
     let desc = unsafe { &*p };
     assert_eq!(desc.ndim, 2);
+    // SAFETY: desc.shape has desc.ndim = 2 elements.
     assert_eq!(unsafe { std::slice::from_raw_parts(desc.shape, 2) }, &[12, dim as i64]);
+    // SAFETY: desc.partition_tiling has desc.ndim = 2 elements.
     assert_eq!(unsafe { std::slice::from_raw_parts(desc.partition_tiling, 2) }, &[1, 1]);
+    // SAFETY: a [1, 1] tiling has exactly one partition, at desc.partitions.
     let part = unsafe { &*desc.partitions };
     assert_eq!(part.num_locations, 1);
+    // SAFETY: part.locations holds part.num_locations = 1 location.
     assert_eq!(unsafe { (*part.locations).rank }, 0);
+    // SAFETY: p is the live description strata produced above.
     ok(unsafe { strata_partitioned_validate(p) });
     let t2 = build(p);
     let keys: Vec<i64> = (0..30).map(|_| rng.below(14) as i64).collect();
     assert_eq!(rows(t2.0, &keys, dim), rows(t.0, &keys, dim));
     drop(t2);
+    // SAFETY: p came from strata_table_partitioned and is freed once here; t2, which borrowed its
+    // data, was dropped above.
     unsafe { strata_partitioned_free(p) };
+    // SAFETY: freeing NULL is a documented no-op.
     unsafe { strata_partitioned_free(null_mut()) };
     // keyed tables have no array view
     let keyed = Owned::build(&vectors, 12, dim, Some(&(0..12).map(|i| i * 10).collect::<Vec<_>>()), &TableOptions::default());
     let mut p = null_mut();
+    // SAFETY: keyed is a live table (Owned); p is a reference.
     fails(unsafe { strata_table_partitioned(keyed.0, &mut p) }, Status::STRATA_INVALID_ARGUMENT, &["table: is keyed"]);
     assert!(p.is_null());
 }
@@ -170,9 +206,13 @@ fn every_validation_rule() {
     let dim = 4;
     let global: Vec<f32> = vec![0.0; 40 * dim];
     let check = |d: &mut Desc2, needles: &[&str]| {
+        // SAFETY: d.c() points at a description whose pointers all point into arrays d owns (see
+        // Desc2::c), its data at global, which has 40 rows, more than any broken partition reaches;
+        // only values are wrong, which strata refuses.
         let s = unsafe { strata_partitioned_validate(d.c()) };
         fails(s, Status::STRATA_INVALID_ARGUMENT, needles);
         let mut t = null_mut();
+        // SAFETY: the same description as above; t is a reference.
         let s = unsafe { strata_table_from_partitioned(d.c(), null(), null(), &mut t) };
         assert_eq!(s, Status::STRATA_INVALID_ARGUMENT);
         assert!(t.is_null());
@@ -224,16 +264,22 @@ fn every_validation_rule() {
     d.c();
     let mut c = *d.c.as_ref().unwrap();
     c.num_locals = -1;
+    // SAFETY: c is d's description with NULL locals and num_locals = -1; its other pointers point
+    // into arrays d owns, alive past the call.
     fails(unsafe { strata_partitioned_validate(&c) }, Status::STRATA_INVALID_ARGUMENT, &["locals is NULL with num_locals = -1"]);
     let locals = [0i64, 0];
     c.locals = locals.as_ptr();
     c.num_locals = 0;
+    // SAFETY: c's locals points at the two i64 of `locals`; its other pointers point into arrays d
+    // owns, all alive past the call.
     fails(unsafe { strata_partitioned_validate(&c) }, Status::STRATA_INVALID_ARGUMENT, &["locals is given with num_locals = 0"]);
 
     // from_partitioned specifics
     let mut d = base();
     d.data[3] = None;
     let mut t = null_mut();
+    // SAFETY: d.c() points into arrays d owns and its data at global; partition 3's data is NULL,
+    // which strata refuses. t is a reference.
     let s = unsafe { strata_table_from_partitioned(d.c(), null(), null(), &mut t) };
     fails(s, Status::STRATA_INVALID_ARGUMENT, &["partition (3,0) has no local data; without a communicator every partition must be local"]);
     let mut d = Desc2::split_rows(&global, dim, &[40]);
@@ -244,16 +290,22 @@ fn every_validation_rule() {
     let b = Desc::new(global.as_ptr().cast(), F32, &[40, 2], &[4, 1], 8);
     d.data = vec![Some(a), Some(b)];
     d.locations = vec![vec![loc(0)], vec![loc(1)]];
+    // SAFETY: d.c() points into arrays d owns; a and b describe columns 0-1 and 2-3 of global's 40
+    // rows of 4 floats, alive past the call.
     ok(unsafe { strata_partitioned_validate(d.c()) });
+    // SAFETY: the same description as above; t is a reference.
     let s = unsafe { strata_table_from_partitioned(d.c(), null(), null(), &mut t) };
     fails(s, Status::STRATA_INVALID_ARGUMENT, &["partition_tiling [1, 2] splits the columns; expected (1, 1)"]);
     let comm = 0i32;
     let mut d = base();
+    // SAFETY: d.c() points into arrays d owns and its data at global; comm is an i32 alive past the
+    // call; t is a reference.
     let s = unsafe { strata_table_from_partitioned(d.c(), &comm, null(), &mut t) };
     if !cfg!(feature = "mpi") {
         // with MPI, a non-NULL comm outside mpirun is tested by tests/mpi_build.rs
         fails(s, Status::STRATA_UNSUPPORTED_DEVICE, &["comm: distributed tables need a build with MPI support"]);
     }
+    // SAFETY: strata refuses the NULL description.
     fails(unsafe { strata_partitioned_validate(null()) }, Status::STRATA_NULL_ARGUMENT, &["desc"]);
 }
 
@@ -285,8 +337,13 @@ fn struct_sizes_of_a_description() {
     let global: Vec<f32> = (0..27 * dim).map(|_| rng.f32()).collect();
     let base = || Desc2::split_rows(&global, dim, &[7, 7, 7, 6]);
     let refused = |c: &Partitioned, needles: &[&str]| {
+        // SAFETY: c's pointers point into the arrays of a Desc2 (or the wider copies of its
+        // elements below), and its data at global, all alive past the call; only a struct_size or a
+        // tail is wrong, and every element is read at the stride its struct_size gives, inside its
+        // array.
         fails(unsafe { strata_partitioned_validate(c) }, Status::STRATA_INVALID_ARGUMENT, needles);
         let mut t = null_mut();
+        // SAFETY: the same description as above; t is a reference.
         let s = unsafe { strata_table_from_partitioned(c, null(), null(), &mut t) };
         fails(s, Status::STRATA_INVALID_ARGUMENT, needles);
         assert!(t.is_null());
@@ -337,6 +394,9 @@ fn struct_sizes_of_a_description() {
         extra: u64,
     }
     let mut c = NewerDesc { old: Partitioned { struct_size: 80, partitions: newer.as_ptr().cast(), ..d.c.unwrap() }, extra: 0 };
+    // SAFETY: c.old's partitions point at `newer` (64-byte elements, as their struct_size says),
+    // whose locations point at wide_locations (40-byte elements, as theirs say), and c.old is
+    // followed by the 8 bytes of c.extra, so the 80 bytes it claims are all inside c.
     ok(unsafe { strata_partitioned_validate(&c.old) });
     let t = build(&c.old);
     let keys: Vec<i64> = (0..60).map(|_| rng.below(30) as i64 - 1).collect();
@@ -354,12 +414,18 @@ fn produced_descriptions_carry_struct_sizes() {
     let vectors = vec![1.0f32; 6 * 3];
     let t = Owned::build(&vectors, 6, 3, None, &TableOptions::default());
     let mut p = null_mut();
+    // SAFETY: t is a live dense table; p is a reference.
     ok(unsafe { strata_table_partitioned(t.0, &mut p) });
+    // SAFETY: strata_table_partitioned succeeded, so p points at a description strata keeps until
+    // the free below.
     let d = unsafe { &*p };
     assert_eq!(d.struct_size, size_of::<Partitioned>());
+    // SAFETY: a dense table's description has exactly one partition, at d.partitions.
     let part = unsafe { &*d.partitions };
     assert_eq!(part.struct_size, size_of::<Partition>());
+    // SAFETY: that partition has one location, at part.locations.
     let l = unsafe { &*part.locations };
     assert_eq!((l.struct_size, l.rank, l.device_id), (size_of::<PartitionLocation>(), 0, -1));
+    // SAFETY: p came from strata_table_partitioned and is freed once here, not used after.
     unsafe { strata_partitioned_free(p) };
 }

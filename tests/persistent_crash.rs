@@ -100,23 +100,33 @@ fn server_config(dir: &Path) -> String {
     )
 }
 
-/// Upserts one batch through the C ABI.
+/// Upserts one batch through the C ABI into `table`, which must be a live table (the child's,
+/// borrowed from a server it never frees).
 fn server_upsert(table: *mut strata::ffi::strata_table, keys: &[u64], rows: &[f32]) {
     use common::*;
     let k = Desc::compact(keys.as_ptr().cast(), U64, &[keys.len() as i64]);
     let v = Desc::compact(rows.as_ptr().cast(), F32, &[keys.len() as i64, DIM as i64]);
+    // SAFETY: table is a live table (the caller's promise, above); k and v describe keys and rows,
+    // which strata reads during the call only.
     ok(unsafe { strata_table_upsert(table, &k.t, &v.t) });
 }
 
+/// Writes one batch of keys and their rows.
+type Upsert = Box<dyn FnMut(&[u64], &[f32])>;
+
 /// Child mode: upsert batches forever, acknowledging each on stdout once it returned Ok.
 fn child(dir: &Path, round: u64, via_server: bool) {
-    let mut upsert: Box<dyn FnMut(&[u64], &[f32])> = if via_server {
+    let mut upsert: Upsert = if via_server {
         use common::*;
         let json = std::ffi::CString::new(server_config(dir)).unwrap();
         let mut server = std::ptr::null_mut();
+        // SAFETY: json is a NUL-terminated string alive past the call; NULL base_dir means the
+        // current directory; server is a reference.
         ok(unsafe { strata_server_open_json(json.as_ptr(), std::ptr::null(), &mut server) });
         let model = std::ffi::CString::new("crash").unwrap();
         let mut table = std::ptr::null_mut();
+        // SAFETY: server is the live server just opened, which this child never frees (it is
+        // killed); model is a NUL-terminated string alive past the call; table is a reference.
         ok(unsafe { strata_server_table(server, model.as_ptr(), 0, &mut table) });
         Box::new(move |k: &[u64], r: &[f32]| server_upsert(table, k, r))
     } else {

@@ -27,9 +27,13 @@ fn value(key: i64, col: usize) -> f32 {
     (key % 1000) as f32 * 0.5 + col as f32
 }
 
+/// A server from `open_json`, freed on drop.
 struct Srv(*mut Server);
 impl Drop for Srv {
     fn drop(&mut self) {
+        // SAFETY: self.0 is the server strata_server_open_json returned to `open_json`, owned by
+        // this Srv alone and freed only here; the tables borrowed from it are not used after (see
+        // `table`).
         unsafe { strata_server_free(self.0) };
     }
 }
@@ -38,36 +42,51 @@ fn open_json(json: &str, base: &Path) -> Result<Srv, (Status, String)> {
     let j = CString::new(json).unwrap();
     let b = CString::new(base.to_str().unwrap()).unwrap();
     let mut s = null_mut();
+    // SAFETY: j and b are NUL-terminated strings alive past the call (strata only reads them during
+    // it); s is a reference.
     match unsafe { strata_server_open_json(j.as_ptr(), b.as_ptr(), &mut s) } {
         Status::STRATA_OK => Ok(Srv(s)),
         st => Err((st, last_error())),
     }
 }
 
+/// Table `id` of `model`, borrowed from `s`: valid while `s` lives, which every test respects.
 fn table(s: &Srv, model: &str, id: i32) -> *mut Table {
     let m = CString::new(model).unwrap();
     let mut t = null_mut();
+    // SAFETY: s.0 is a live server (Srv); m is a NUL-terminated string alive past the call; t is a
+    // reference.
     ok(unsafe { strata_server_table(s.0, m.as_ptr(), id, &mut t) });
     t
 }
 
+/// Looks up `keys` in `t`, which must be a live table (every caller passes one borrowed from a
+/// server that is still open), into a fresh [keys, dim] output.
 fn lookup(t: *mut Table, keys: &[i64], dim: usize) -> (Vec<f32>, LookupStats) {
     let mut out = vec![f32::NAN; keys.len() * dim];
     let k = Desc::compact(keys.as_ptr().cast(), I64, &[keys.len() as i64]);
     let mut o = Desc::compact(out.as_mut_ptr().cast(), F32, &[keys.len() as i64, dim as i64]);
     let mut st = LookupStats::default();
+    // SAFETY: t is a live table (the promise of every caller, above); k and o describe keys and
+    // out, which outlive the call; st is a reference.
     ok(unsafe { strata_lookup(t, &k.t, &mut o.t, null(), &mut st) });
     (out, st)
 }
 
+/// Upserts `rows` ([keys, dim]) under `keys` into `t`, which must be a live table (as for
+/// `lookup`).
 fn upsert(t: *mut Table, keys: &[i64], rows: &[f32], dim: usize) -> Status {
     let k = Desc::compact(keys.as_ptr().cast(), I64, &[keys.len() as i64]);
     let v = Desc::compact(rows.as_ptr().cast(), F32, &[keys.len() as i64, dim as i64]);
+    // SAFETY: t is a live table (the promise of every caller, above); k and v describe keys and
+    // rows, which strata reads during the call only.
     unsafe { strata_table_upsert(t, &k.t, &v.t) }
 }
 
+/// The counters of `t`, which must be a live table (as for `lookup`).
 fn stats(t: *mut Table) -> TableStats {
     let mut s = TableStats::default();
+    // SAFETY: t is a live table (the promise of every caller, above); s is a reference.
     ok(unsafe { strata_table_get_stats(t, &mut s) });
     s
 }
@@ -120,26 +139,41 @@ fn two_models_fall_through_the_tiers_with_exact_counts() {
     let s = open_json(&config(dir.path(), volatile, &persistent), dir.path()).unwrap();
 
     let mut n = 0;
+    // SAFETY: s.0 is a live server (Srv); n is a reference.
     ok(unsafe { strata_server_num_models(s.0, &mut n) });
     assert_eq!(n, 2);
     let (mut name, mut tables) = (null(), 0);
+    // SAFETY: s.0 is a live server (Srv); name and tables are references.
     ok(unsafe { strata_server_model(s.0, 0, &mut name, &mut tables) });
+    // SAFETY: strata_server_model succeeded, so name points at a NUL-terminated string the server
+    // owns until it is freed, which s outlives here.
     assert_eq!((unsafe { CStr::from_ptr(name) }.to_str().unwrap(), tables), ("wdl", 2));
     let m = CString::new("wdl").unwrap();
+    // SAFETY: s.0 is a live server (Srv); m is a NUL-terminated string alive past the call; name is
+    // a reference.
     ok(unsafe { strata_server_table_name(s.0, m.as_ptr(), 1, &mut name) });
+    // SAFETY: strata_server_table_name succeeded, so name points at a NUL-terminated string the
+    // server owns until it is freed, which s outlives here.
     assert_eq!(unsafe { CStr::from_ptr(name) }.to_str().unwrap(), "deep");
     let mut w = 0;
+    // SAFETY: s.0 is a live server (Srv); w is a reference.
     ok(unsafe { strata_server_num_warnings(s.0, &mut w) });
     assert!(w >= 1, "dense_file must be reported");
     let mut text = null();
     let found = (0..w).any(|i| {
+        // SAFETY: s.0 is a live server (Srv) and i < w, its number of warnings; text is a
+        // reference.
         ok(unsafe { strata_server_warning(s.0, i, &mut text) });
+        // SAFETY: strata_server_warning succeeded, so text points at a NUL-terminated string the
+        // server owns until it is freed, which s outlives here.
         unsafe { CStr::from_ptr(text) }.to_str().unwrap().contains("models[0].dense_file")
     });
     assert!(found);
 
     let t = table(&s, "wdl", 0);
+    // SAFETY: t is borrowed from the server s, which is still open.
     assert_eq!(unsafe { strata_table_len(t) }, 1000);
+    // SAFETY: t is borrowed from the server s, which is still open.
     assert_eq!(unsafe { strata_table_dim(t) }, 8);
     let present = rows_of(&(0..1000).map(|i| i * 7).collect::<Vec<_>>(), 8);
     let keys: Vec<i64> = (0..1000).map(|i| i * 7).chain([1, 2, 3]).collect();
@@ -187,6 +221,8 @@ fn updates_are_durable_and_visible_and_erase_falls_back_to_default() {
         let erase_keys = [14i64, 999_999];
         let k = Desc::compact(erase_keys.as_ptr().cast(), I64, &[2]);
         let mut erased = 0;
+        // SAFETY: t is borrowed from the server s, still open; k describes erase_keys, alive past
+        // the call; erased is a reference.
         ok(unsafe { strata_table_erase(t, &k.t, &mut erased) });
         assert_eq!(erased, 1);
         let (out, st) = lookup(t, &[14], 8);
@@ -231,6 +267,8 @@ fn read_only_and_static_tables_refuse_updates() {
     assert_eq!(out, (0..16).map(|c| value(100_001, c)).collect::<Vec<_>>());
     fails(upsert(t, &[1], &[0.0; 16], 16), Status::STRATA_READ_ONLY, &["parameter-server table"]);
     // strata_table_free on a borrowed table is a no-op; the server still serves it
+    // SAFETY: t is borrowed from the server s, still open, and freeing a borrowed table is a
+    // documented no-op, so it stays valid for the lookup below.
     unsafe { strata_table_free(t) };
     let (out2, _) = lookup(t, &[100_001], 16);
     assert_eq!(out2, out);
@@ -301,15 +339,23 @@ fn server_level_errors() {
     let s = open_json(&config(dir.path(), r#"{ "type": "disabled" }"#, r#"{ "type": "disabled" }"#), dir.path()).unwrap();
     let m = CString::new("nope").unwrap();
     let mut t = null_mut();
+    // SAFETY: s.0 is a live server (Srv); m is a NUL-terminated string alive past the call; t is a
+    // reference.
     fails(unsafe { strata_server_table(s.0, m.as_ptr(), 0, &mut t) }, Status::STRATA_INVALID_ARGUMENT, &["model: \"nope\" is not in the configuration", "wdl"]);
     let m = CString::new("wdl").unwrap();
+    // SAFETY: s.0 is a live server (Srv); m is a NUL-terminated string alive past the call; t is a
+    // reference.
     fails(unsafe { strata_server_table(s.0, m.as_ptr(), 2, &mut t) }, Status::STRATA_INVALID_ARGUMENT, &["table_id: 2"]);
+    // SAFETY: strata refuses the NULL server before reading anything else; m is a NUL-terminated
+    // string and t a reference.
     fails(unsafe { strata_server_table(null_mut(), m.as_ptr(), 0, &mut t) }, Status::STRATA_NULL_ARGUMENT, &["server"]);
     let (st, msg) = open_json(r#"{ "models": [ { "model": 3 } ] }"#, dir.path()).err().unwrap();
     assert_eq!(st, Status::STRATA_CONFIG_ERROR, "{msg}");
     assert!(msg.contains("models[0].model"), "{msg}");
     let p = CString::new(dir.path().join("missing.json").to_str().unwrap()).unwrap();
     let mut sv = null_mut();
+    // SAFETY: p is a NUL-terminated path alive past the call; sv is a reference.
     fails(unsafe { strata_server_open(p.as_ptr(), &mut sv) }, Status::STRATA_IO_ERROR, &["missing.json"]);
+    // SAFETY: freeing NULL is a documented no-op.
     unsafe { strata_server_free(null_mut()) };
 }

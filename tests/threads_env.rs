@@ -8,6 +8,9 @@ use std::collections::HashSet;
 #[test]
 fn env_sets_the_default_and_calls_stay_within_their_budget() {
     // The only test in this binary, so nothing has read the variable yet.
+    // SAFETY: set_var needs that no other thread reads or writes the environment meanwhile. This
+    // binary has one test, so only libtest's main thread exists besides this one, and it just
+    // waits; strata starts its pool threads later, on first use.
     unsafe { std::env::set_var("STRATA_NUM_THREADS", "3") };
     assert_eq!(strata_default_num_threads(), 3);
 
@@ -22,6 +25,8 @@ fn env_sets_the_default_and_calls_stay_within_their_budget() {
     let mut o = Desc::compact(out.as_mut_ptr().cast(), F32, &[q.len() as i64, 64]);
     for threads in [1, 2, 0] {
         let opts = LookupOptions { num_threads: threads, ..LookupOptions::default() };
+        // SAFETY: t is a live table (Owned); k and o describe q and out (200000 keys, 200000x64
+        // floats), alive past the call; opts is a reference.
         ok(unsafe { strata_lookup(t.0, &k.t, &mut o.t, &opts, std::ptr::null_mut()) });
     }
     let names: HashSet<String> = std::fs::read_dir("/proc/self/task")

@@ -21,6 +21,8 @@ pub type PartitionLocation = strata_partition_location;
 
 /// The message of the last failure on this thread.
 pub fn last_error() -> String {
+    // SAFETY: strata_last_error returns a NUL-terminated string that strata owns and keeps
+    // until the next failing call on this thread; it is copied here before any other call.
     unsafe { CStr::from_ptr(strata_last_error()) }.to_string_lossy().into_owned()
 }
 
@@ -50,7 +52,9 @@ pub const U32: DLDataType = DLDataType { code: DLDataTypeCode::UINT, bits: 32, l
 pub const U64: DLDataType = DLDataType { code: DLDataTypeCode::UINT, bits: 64, lanes: 1 };
 pub const CPU: DLDevice = DLDevice { device_type: DLDeviceType::CPU, device_id: 0 };
 
-/// A DLTensor description that owns its shape and strides (the data stays the caller's).
+/// A DLTensor description that owns its shape and strides (the data stays the caller's). The
+/// tests describe only buffers that outlive the description, so `&d.t` is valid to pass to
+/// strata while `d` lives (as long as the shape and strides fit the buffer).
 pub struct Desc {
     pub t: DLTensor,
     pub shape: Box<[i64]>,
@@ -117,61 +121,62 @@ pub fn elem_size(dt: DLDataType) -> usize {
     (dt.bits as usize * dt.lanes as usize).div_ceil(8)
 }
 
-/// Writes `v` as one element of the float dtype `dt` at `p` (unaligned-safe).
-pub fn write_float(dt: DLDataType, p: *mut u8, v: f32) {
-    unsafe {
-        match (dt.code, dt.bits) {
-            (DLDataTypeCode::FLOAT, 32) => (p as *mut f32).write_unaligned(v),
-            (DLDataTypeCode::FLOAT, 16) => (p as *mut u16).write_unaligned(half::f16::from_f32(v).to_bits()),
-            (DLDataTypeCode::BFLOAT, 16) => (p as *mut u16).write_unaligned(half::bf16::from_f32(v).to_bits()),
-            _ => panic!("not a float dtype"),
-        }
+/// Writes `v` as one element of the float dtype `dt` at the start of `dst` (native byte order,
+/// any alignment; panics if `dst` is shorter than the element).
+pub fn write_float(dt: DLDataType, dst: &mut [u8], v: f32) {
+    match (dt.code, dt.bits) {
+        (DLDataTypeCode::FLOAT, 32) => dst[..4].copy_from_slice(&v.to_ne_bytes()),
+        (DLDataTypeCode::FLOAT, 16) => dst[..2].copy_from_slice(&half::f16::from_f32(v).to_bits().to_ne_bytes()),
+        (DLDataTypeCode::BFLOAT, 16) => dst[..2].copy_from_slice(&half::bf16::from_f32(v).to_bits().to_ne_bytes()),
+        _ => panic!("not a float dtype"),
     }
 }
 
-/// Reads one element of the float dtype `dt` at `p` as f32.
-pub fn read_float(dt: DLDataType, p: *const u8) -> f32 {
-    unsafe {
-        match (dt.code, dt.bits) {
-            (DLDataTypeCode::FLOAT, 32) => (p as *const f32).read_unaligned(),
-            (DLDataTypeCode::FLOAT, 16) => half::f16::from_bits((p as *const u16).read_unaligned()).to_f32(),
-            (DLDataTypeCode::BFLOAT, 16) => half::bf16::from_bits((p as *const u16).read_unaligned()).to_f32(),
-            _ => panic!("not a float dtype"),
-        }
+/// Reads one element of the float dtype `dt` at the start of `src` as f32.
+pub fn read_float(dt: DLDataType, src: &[u8]) -> f32 {
+    match (dt.code, dt.bits) {
+        (DLDataTypeCode::FLOAT, 32) => f32::from_ne_bytes(src[..4].try_into().unwrap()),
+        (DLDataTypeCode::FLOAT, 16) => half::f16::from_bits(u16::from_ne_bytes(src[..2].try_into().unwrap())).to_f32(),
+        (DLDataTypeCode::BFLOAT, 16) => half::bf16::from_bits(u16::from_ne_bytes(src[..2].try_into().unwrap())).to_f32(),
+        _ => panic!("not a float dtype"),
     }
 }
 
 /// Rounds `v` through the float dtype `dt` (what a table or output of that dtype holds).
 pub fn round_to(dt: DLDataType, v: f32) -> f32 {
     let mut b = [0u8; 4];
-    write_float(dt, b.as_mut_ptr(), v);
-    read_float(dt, b.as_ptr())
+    write_float(dt, &mut b, v);
+    read_float(dt, &b)
 }
 
-/// Writes integer `v` as one element of the key dtype `dt` at `p`.
-pub fn write_key(dt: DLDataType, p: *mut u8, v: i64) {
-    unsafe {
-        match (dt.code, dt.bits) {
-            (DLDataTypeCode::INT, 32) => (p as *mut i32).write_unaligned(v as i32),
-            (DLDataTypeCode::INT, 64) => (p as *mut i64).write_unaligned(v),
-            (DLDataTypeCode::UINT, 32) => (p as *mut u32).write_unaligned(v as u32),
-            (DLDataTypeCode::UINT, 64) => (p as *mut u64).write_unaligned(v as u64),
-            _ => panic!("not a key dtype"),
-        }
+/// Writes integer `v` as one element of the key dtype `dt` at the start of `dst`.
+pub fn write_key(dt: DLDataType, dst: &mut [u8], v: i64) {
+    match (dt.code, dt.bits) {
+        (DLDataTypeCode::INT, 32) => dst[..4].copy_from_slice(&(v as i32).to_ne_bytes()),
+        (DLDataTypeCode::INT, 64) => dst[..8].copy_from_slice(&v.to_ne_bytes()),
+        (DLDataTypeCode::UINT, 32) => dst[..4].copy_from_slice(&(v as u32).to_ne_bytes()),
+        (DLDataTypeCode::UINT, 64) => dst[..8].copy_from_slice(&(v as u64).to_ne_bytes()),
+        _ => panic!("not a key dtype"),
     }
 }
 
-/// A table built by copy from f32 `vectors` [rows, dim], dense or keyed by i64 `keys`.
+/// A table this test owns and frees on drop: built by copy from f32 `vectors` [rows, dim], dense
+/// or keyed by i64 `keys`, or wrapped as `Owned(t)` around a table that a strata constructor
+/// returned and nothing else frees. So `.0` is a live table handle (or NULL) while this lives.
 pub struct Owned(pub *mut Table);
 
-// SAFETY: strata tables may be looked up from many threads at once (the contract under test).
+// SAFETY: a strata table is not tied to the thread that built it: strata_table_free may run on
+// any thread (tests/adopt.rs frees one from another thread).
 unsafe impl Send for Owned {}
+// SAFETY: strata tables may be looked up from many threads at once (the threading contract of
+// strata_lookup, which the tests that share an Owned check).
 unsafe impl Sync for Owned {}
 
 impl Owned {
     pub fn build(vectors: &[f32], rows: usize, dim: usize, keys: Option<&[i64]>, opts: &TableOptions) -> Owned {
         Owned::build_bytes(
-            // SAFETY: f32 values viewed as their bytes.
+            // SAFETY: the bytes of `vectors` (same address, size_of_val bytes), borrowed as long as
+            // it is; u8 has no alignment or validity requirement.
             unsafe { std::slice::from_raw_parts(vectors.as_ptr().cast(), std::mem::size_of_val(vectors)) },
             F32,
             rows,
@@ -186,6 +191,9 @@ impl Owned {
         let v = Desc::compact(vectors.as_ptr(), dtype, &[rows as i64, dim as i64]);
         let k = keys.map(|k| Desc::compact(k.as_ptr().cast(), I64, &[k.len() as i64]));
         let mut t = std::ptr::null_mut();
+        // SAFETY: v and k describe `vectors` and `keys`, borrowed for this whole function, with
+        // the shapes of those slices; opts and t are references. strata only reads them during
+        // the call (it copies the rows).
         ok(unsafe { strata_table_from_dlpack(&v.t, k.as_ref().map_or(std::ptr::null(), |k| &k.t), opts, &mut t) });
         Owned(t)
     }
@@ -193,6 +201,7 @@ impl Owned {
 
 impl Drop for Owned {
     fn drop(&mut self) {
+        // SAFETY: self.0 is NULL or a table this Owned holds and nothing else frees (see Owned).
         unsafe { strata_table_free(self.0) };
     }
 }

@@ -59,6 +59,9 @@ pub fn run() {
     drop(universe); // MPI_Finalize
     drop(late);
     let mut t = null_mut();
+    // SAFETY: d.c() points at a description whose pointers point into arrays d owns and at global,
+    // both alive past the call; strata finds MPI finalised before it reads them. cx.fint is an i32
+    // and t a reference.
     let s = unsafe { strata_table_from_partitioned(d.c(), &cx.fint, null(), &mut t) };
     fails(s, Status::STRATA_INVALID_ARGUMENT, &["comm: MPI is already finalised"]);
     if cx.rank == 0 {
@@ -72,13 +75,17 @@ fn random_values(dtype: DLDataType, n: usize, seed: u64) -> Vec<u8> {
     let e = elem_size(dtype);
     let mut b = vec![0u8; n * e];
     for i in 0..n {
-        write_float(dtype, b[i * e..].as_mut_ptr(), rng.f32());
+        write_float(dtype, &mut b[i * e..], rng.f32());
     }
     b
 }
 
+/// A distributed table over `cx`'s world from `d`, which must be a valid description (every
+/// caller passes `Split::c` of a live `Split`, or one strata produced and has not freed).
 fn dist(d: *const Partitioned, cx: &Ctx, opts: &TableOptions) -> Owned {
     let mut t = null_mut();
+    // SAFETY: d is a valid description for the call (the promise of every caller, above); cx.fint
+    // is the world communicator's Fortran handle; opts and t are references.
     ok(unsafe { strata_table_from_partitioned(d, &cx.fint, opts, &mut t) });
     Owned(t)
 }
@@ -87,6 +94,8 @@ fn dist(d: *const Partitioned, cx: &Ctx, opts: &TableOptions) -> Owned {
 fn reference(global: &[u8], dtype: DLDataType, rows: usize, dim: usize, opts: &TableOptions) -> Owned {
     let v = Desc::compact(global.as_ptr(), dtype, &[rows as i64, dim as i64]);
     let mut t = null_mut();
+    // SAFETY: v describes global ([rows, dim] of dtype, compact), alive past the call, which copies
+    // it; opts and t are references.
     ok(unsafe { strata_table_from_dlpack(&v.t, null(), opts, &mut t) });
     Owned(t)
 }
@@ -97,19 +106,21 @@ fn look(t: &Owned, keys: &[i64], kdt: DLDataType, shape: &[i64], odt: DLDataType
     let (ke, oe) = (elem_size(kdt), elem_size(odt));
     let mut kb = vec![0u8; keys.len() * ke];
     for (i, &k) in keys.iter().enumerate() {
-        write_key(kdt, kb[i * ke..].as_mut_ptr(), k);
+        write_key(kdt, &mut kb[i * ke..], k);
     }
     let mut ob = vec![0u8; keys.len() * dim * oe];
     for i in 0..keys.len() * dim {
-        write_float(odt, ob[i * oe..].as_mut_ptr(), f32::NAN);
+        write_float(odt, &mut ob[i * oe..], f32::NAN);
     }
     let k = Desc::compact(kb.as_ptr(), kdt, shape);
     let mut oshape = shape.to_vec();
     oshape.push(dim as i64);
     let mut o = Desc::compact(ob.as_mut_ptr(), odt, &oshape);
     let mut st = LookupStats::default();
+    // SAFETY: t.0 is a live table (Owned); k and o describe kb and ob (keys.len() keys, and as many
+    // rows of dim elements of odt), alive past the call; st is a reference.
     let s = unsafe { strata_lookup(t.0, &k.t, &mut o.t, null(), &mut st) };
-    (s, (0..keys.len() * dim).map(|i| read_float(odt, ob[i * oe..].as_ptr())).collect(), st)
+    (s, (0..keys.len() * dim).map(|i| read_float(odt, &ob[i * oe..])).collect(), st)
 }
 
 /// Asserts the distributed and the reference table give bit-identical rows and equal stats.
@@ -149,7 +160,9 @@ fn dense_uneven_rows(cx: &Ctx) {
         let mut d = Split::new(&global, dtype, dim, &[7, 7, 7, 6], &split_owners(4, cx.size), cx.rank);
         let t = dist(d.c(), cx, &opts);
         let r = reference(&global, dtype, 27, dim, &opts);
+        // SAFETY: t.0 is the table built above (Owned).
         assert_eq!(unsafe { strata_table_len(t.0) }, 27);
+        // SAFETY: t.0 is the table built above (Owned).
         assert_eq!(unsafe { strata_table_dim(t.0) }, dim as i64);
         let mut rng = Rng(100 + cx.rank as u64 * 7 + seed);
         for (i, kdt) in [I32, I64, U32, U64].into_iter().enumerate() {
@@ -203,7 +216,7 @@ fn zero_copy(cx: &Ctx) {
     let mut d = Split::new(&global, F32, dim, &[7, 7, 7, 6], &split_owners(4, cx.size), cx.rank);
     let t = dist(d.c(), cx, &opts);
     for row in 0..27 {
-        write_float(F32, global[(row * dim + 1) * 4..].as_mut_ptr(), 1000.0 + row as f32);
+        write_float(F32, &mut global[(row * dim + 1) * 4..], 1000.0 + row as f32);
     }
     let r = reference(&global, F32, 27, dim, &opts);
     same_as_reference(&t, &r, &keys, I64, &[27], F32, dim);
@@ -211,31 +224,51 @@ fn zero_copy(cx: &Ctx) {
     assert_eq!(v[1], 1026.0);
     // table -> producer view: this rank's partitions are the source memory, the others NULL
     let mut p = null_mut();
+    // SAFETY: t.0 is the distributed table built above (Owned); p is a reference.
     ok(unsafe { strata_table_partitioned(t.0, &mut p) });
+    // SAFETY: strata_table_partitioned succeeded, so p points at a description strata keeps until
+    // the free below.
     let desc = unsafe { &*p };
+    // SAFETY: desc.shape has desc.ndim = 2 elements.
     assert_eq!(unsafe { std::slice::from_raw_parts(desc.shape, 2) }, &[27, dim as i64]);
+    // SAFETY: desc.partition_tiling has desc.ndim = 2 elements.
     assert_eq!(unsafe { std::slice::from_raw_parts(desc.partition_tiling, 2) }, &[4, 1]);
     let get = desc.get.unwrap();
     // strata's own arrays are strided by this library's sizes, which its structs carry.
     assert_eq!(desc.struct_size, std::mem::size_of::<Partitioned>());
+    // SAFETY: a (4, 1) tiling has 4 partitions, and strata lays them out with its own struct_size,
+    // which is size_of::<Partition>() (strata::ffi defines both; checked just above for the
+    // description).
     for (i, part) in unsafe { std::slice::from_raw_parts(desc.partitions, 4) }.iter().enumerate() {
         let owner = i as i32 % cx.size;
         assert_eq!(part.struct_size, std::mem::size_of::<Partition>());
         assert_eq!(part.num_locations, 1);
+        // SAFETY: part.num_locations is 1 (checked above), so part.locations points at one
+        // location.
         assert_eq!(unsafe { (*part.locations).struct_size }, std::mem::size_of::<PartitionLocation>());
+        // SAFETY: part.num_locations is 1 (checked above), so part.locations points at one
+        // location.
         assert_eq!(unsafe { (*part.locations).rank }, owner);
+        // SAFETY: part.start has desc.ndim = 2 elements.
         assert_eq!(unsafe { *part.start }, d.starts[i][0]);
+        // SAFETY: get is strata's callback for this description, called with its own get_user and a
+        // handle from one of its partitions while the description is alive.
         assert_eq!(unsafe { get(desc.get_user, part.handle) }, part.data);
         if owner == cx.rank {
+            // SAFETY: this rank owns the partition, so part.data points at its DLTensor inside the
+            // description.
             assert_eq!(unsafe { (*part.data).data } as *const u8, global[d.starts[i][0] as usize * dim * 4..].as_ptr());
         } else {
             assert!(part.data.is_null() && part.handle.is_null());
         }
     }
     // ... and back: a second distributed table over the same memory
+    // SAFETY: p is the live description strata produced above.
     ok(unsafe { strata_partitioned_validate(p) });
     let t2 = dist(p, cx, &opts);
     same_as_reference(&t2, &r, &keys, U64, &[27], F16, dim);
+    // SAFETY: p came from strata_table_partitioned and is freed once here; t2 does not borrow it
+    // (its data is the source memory, global, which outlives t2).
     unsafe { strata_partitioned_free(p) };
     drop((t, t2));
     // Partitions whose columns are 2 elements apart are copied: later writes are not seen.
@@ -288,11 +321,15 @@ fn bad_lookup_input(cx: &Ctx) {
     // out with an integer dtype on the last rank only
     let odt = if cx.rank == cx.last() { I32 } else { F32 };
     let mut o = Desc::compact(out.as_mut_ptr().cast(), odt, &[10, dim as i64]);
+    // SAFETY: t.0 is a live table (Owned); k describes keys (10 i64) and o describes out (10 x dim
+    // elements, with an int32 dtype on the last rank, which strata refuses), alive past the call.
     let s = unsafe { strata_lookup(t.0, &k.t, &mut o.t, null(), null_mut()) };
     all_fail(cx, s, Status::STRATA_UNSUPPORTED_DTYPE, Some(cx.last()), &["out: dtype int32; expected float32"]);
     // a wrong out shape on rank 0 only
     let rows = if cx.rank == 0 { 9 } else { 10 };
     let mut o = Desc::compact(out.as_mut_ptr().cast(), F32, &[rows, dim as i64]);
+    // SAFETY: t.0 is a live table (Owned); k describes keys (10 i64) and o describes out (9 or 10
+    // rows of dim floats, within its 10), alive past the call.
     let s = unsafe { strata_lookup(t.0, &k.t, &mut o.t, null(), null_mut()) };
     all_fail(cx, s, Status::STRATA_INVALID_ARGUMENT, Some(0), &["out: shape [9, 3]; expected"]);
     same_as_reference(&t, &r, &keys, I64, &[10], F32, dim);
@@ -302,6 +339,9 @@ fn bad_lookup_input(cx: &Ctx) {
 #[track_caller]
 fn build_fails(cx: &Ctx, d: &mut Split, opts: &TableOptions, want: Status, culprit: Option<i32>, needles: &[&str]) {
     let mut t = null_mut();
+    // SAFETY: d.c() points at a description whose pointers point into arrays d owns and the data at
+    // the caller's buffers, alive past the call; cx.fint is the world communicator's Fortran
+    // handle; opts and t are references.
     let s = unsafe { strata_table_from_partitioned(d.c(), &cx.fint, opts, &mut t) };
     all_fail(cx, s, want, culprit, needles);
     assert!(t.is_null());
@@ -431,6 +471,9 @@ fn bad_comm(cx: &Ctx) {
     let null_comm = unsafe { mpi::ffi::MPI_Comm_c2f(mpi::ffi::RSMPI_COMM_NULL) };
     for fint in [null_comm, 987_654] {
         let mut t = null_mut();
+        // SAFETY: d.c() points at a description whose pointers point into arrays d owns and at
+        // global, alive past the call; fint is an i32 that strata asks MPI about before using; t is
+        // a reference.
         let s = unsafe { strata_table_from_partitioned(d.c(), &fint, null(), &mut t) };
         let want = format!("comm: *comm = {fint} is not a communicator");
         fails(s, Status::STRATA_INVALID_ARGUMENT, &[&want]);
@@ -438,6 +481,8 @@ fn bad_comm(cx: &Ctx) {
     }
     let mut t = null_mut();
     fails(
+        // SAFETY: the path is a static NUL-terminated string; strata refuses the NULL comm; t is a
+        // reference.
         unsafe { strata_table_open_distributed(c"/tmp".as_ptr(), 4, null(), null(), &mut t) },
         Status::STRATA_NULL_ARGUMENT,
         &["comm: is NULL"],
@@ -460,6 +505,8 @@ fn write_folder(dir: &std::path::Path, keys: &[i64], vectors: &[f32]) {
 fn open_dist(cx: &Ctx, dir: &std::path::Path, dim: i64, opts: &TableOptions) -> (Status, *mut Table) {
     let c = CString::new(dir.to_str().unwrap()).unwrap();
     let mut t = null_mut();
+    // SAFETY: c is a NUL-terminated path alive past the call; cx.fint is the world communicator's
+    // Fortran handle; opts and t are references.
     (unsafe { strata_table_open_distributed(c.as_ptr(), dim, &cx.fint, opts, &mut t) }, t)
 }
 
@@ -479,13 +526,17 @@ fn hugectr_shares(cx: &Ctx) {
     let t = Owned(t);
     let c = CString::new(dir.to_str().unwrap()).unwrap();
     let mut r = null_mut();
+    // SAFETY: c is a NUL-terminated path alive past the call; opts and r are references.
     ok(unsafe { strata_table_open(c.as_ptr(), dim as i64, &opts, &mut r) });
     let r = Owned(r);
+    // SAFETY: t.0 is the table opened above (Owned).
     assert_eq!(unsafe { strata_table_len(t.0) }, rows as i64);
     let mut info = strata_table_info_default();
+    // SAFETY: t.0 is the table opened above (Owned); info is a reference.
     ok(unsafe { strata_table_get_info(t.0, &mut info) });
     assert!(info.keyed && info.rows == rows as i64);
     let mut p = null_mut();
+    // SAFETY: t.0 is the table opened above (Owned); p is a reference.
     fails(unsafe { strata_table_partitioned(t.0, &mut p) }, Status::STRATA_INVALID_ARGUMENT, &["table: is keyed"]);
     assert!(p.is_null());
     let mut rng = Rng(30 + cx.rank as u64);
