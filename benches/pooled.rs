@@ -140,9 +140,14 @@ fn main() {
                 }
             })
         },
-        // SAFETY (these two): live tables and descriptions of this benchmark's buffers.
-        &mut || ok(unsafe { strata_lookup_pooled(dense.0, &rq.t, &od.t, null(), 1, op, &opts, null_mut()) }),
-        &mut || ok(unsafe { strata_lookup_pooled(keyed.0, &kq.t, &od.t, null(), 1, op, &opts, null_mut()) }),
+        &mut || {
+            // SAFETY: a live table and descriptions of this benchmark's buffers.
+            ok(unsafe { strata_lookup_pooled(dense.0, &rq.t, &od.t, null(), 1, op, &opts, null_mut()) })
+        },
+        &mut || {
+            // SAFETY: as above.
+            ok(unsafe { strata_lookup_pooled(keyed.0, &kq.t, &od.t, null(), 1, op, &opts, null_mut()) })
+        },
         // strata's own gather-then-reduce: every row gathered, then summed per bag.
         &mut || {
             // SAFETY: live table and descriptions.

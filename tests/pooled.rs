@@ -60,7 +60,7 @@ impl Fixture {
                 _ => None,
             };
             match d {
-                Some(d) if d == 0.0 => acc.fill(0.0),
+                Some(0.0) => acc.fill(0.0),
                 Some(d) => acc.iter_mut().for_each(|a| *a /= d),
                 None => {}
             }
@@ -94,7 +94,7 @@ fn key_bytes(keys: &[i64], dtype: DLDataType) -> Vec<u8> {
     let size = elem_size(dtype);
     let mut b = vec![0u8; keys.len() * size];
     for (i, &k) in keys.iter().enumerate() {
-        write_key(dtype, b[i * size..].as_mut_ptr(), k);
+        write_key(dtype, &mut b[i * size..], k);
     }
     b
 }
@@ -123,7 +123,7 @@ fn check_out(buf: &[u8], d: &Desc, dtype: DLDataType, want: &[f32], dim: usize, 
     for r in 0..b {
         for c in 0..dim {
             let at = (r * rs + c * cs) * size;
-            let got = read_float(dtype, buf[at..].as_ptr());
+            let got = read_float(dtype, &buf[at..]);
             let exp = round_to(dtype, want[r * dim + c]);
             assert!(got == exp || (got - exp).abs() <= 1e-6 * exp.abs().max(1.0), "{what}: bag {r} col {c}: got {got}, want {exp}");
             touched[at..at + size].iter_mut().for_each(|t| *t = true);
@@ -218,7 +218,7 @@ fn empty_bags_and_zero_weight_totals_give_zeros() {
     let wdesc = Desc::compact(weights.as_ptr().cast(), F32, &[3]);
     let (buf, mut out) = out_buffer(4, 4, F32, 4, 1);
     ok(pooled(&fx.table, &kdesc, Some(&odesc), Some(&wdesc), 2, &mut out, None));
-    let got: Vec<f32> = (0..16).map(|i| read_float(F32, buf[i * 4..].as_ptr())).collect();
+    let got: Vec<f32> = (0..16).map(|i| read_float(F32, &buf[i * 4..])).collect();
     assert!(got[..4].iter().all(|&x| x == 0.0), "an empty bag's mean is zeros: {got:?}");
     assert!(got[4..8].iter().all(|&x| x == 0.0), "a zero weight total's mean is zeros: {got:?}");
     assert!(got[8..12].iter().all(|&x| x == 0.0), "an empty bag: {got:?}");
@@ -307,7 +307,8 @@ fn a_batch_equals_separate_calls() {
     let tables: Vec<Fixture> = (0..26).map(|i| Fixture::new(&mut rng, 64 + i * 7, 1 + (i % 5) * 3, i as f32 * 0.5, false)).collect();
     struct Req {
         keys: Vec<i64>,
-        offsets: Vec<i64>,
+        /// Kept alive: `od` describes it.
+        _offsets: Vec<i64>,
         weights: Vec<f32>,
         pooling: i32,
         kd: Desc,
@@ -331,7 +332,7 @@ fn a_batch_equals_separate_calls() {
             let od = Desc::compact(offsets.as_ptr().cast(), I64, &[offsets.len() as i64]);
             let wd = Desc::compact(weights.as_ptr().cast(), F32, &[nnz as i64]);
             let dt = if i % 2 == 0 { F32 } else { F16 };
-            Req { out: out_buffer(rows, fx.dim, dt, fx.dim, 1), alone: out_buffer(rows, fx.dim, dt, fx.dim, 1), keys, offsets, weights, pooling, kd, od, wd, bags }
+            Req { out: out_buffer(rows, fx.dim, dt, fx.dim, 1), alone: out_buffer(rows, fx.dim, dt, fx.dim, 1), keys, _offsets: offsets, weights, pooling, kd, od, wd, bags }
         })
         .collect();
     let mut stats: Vec<LookupStats> = (0..reqs.len()).map(|_| strata_lookup_stats_default()).collect();
