@@ -3,7 +3,9 @@
 # what the tests need (cmake, valgrind, libabsl-dev for the baseline benchmark smoke run, and
 # NumPy/pytest from PyPI) when run as root, and says what to install otherwise.
 #   1. cargo test: unit tests, integration tests through the C ABI, the header freshness check,
-#      and the bounded property test (tests/fuzz.rs; PROPTEST_CASES, default 1000 here);
+#      the header's names and the exported symbols (tests/abi_surface.rs), the module layers
+#      (tests/layers.rs), and the bounded property test (tests/fuzz.rs; PROPTEST_CASES, default
+#      1000 here); then the build without CUDA and clippy, warnings denied;
 #   2. the C side (scripts/c-tests.sh): examples under ASan/UBSan and valgrind, header compiles;
 #   3. the Python tests (scripts/py-tests.sh: ctypes, the installed package, README snippets)
 #      and the TensorFlow op (scripts/tf-tests.sh, tensorflow-cpu in build/tf-venv);
@@ -55,8 +57,16 @@ export STRATA_REQUIRE_NVRTC=1
 export PROPTEST_CASES="${PROPTEST_CASES:-1000}"
 echo "== cargo test"
 cargo test
-echo "== the build without CUDA (cargo feature cuda off)"
-cargo build --lib --no-default-features
+echo "== the build without CUDA (cargo feature cuda off), warnings denied"
+nocuda_log="$(mktemp)"
+cargo build --lib --no-default-features 2>&1 | tee "$nocuda_log"
+if grep -q '^warning' "$nocuda_log"; then
+    echo "the build without CUDA has warnings" >&2
+    exit 1
+fi
+rm -f "$nocuda_log"
+echo "== clippy (all targets, features cuda and mpi; undocumented unsafe blocks and missing # Safety docs are errors)"
+cargo clippy --all-targets --features mpi -- -D warnings
 echo "== benchmark builds"
 cargo bench --no-run
 echo "== C tests"
@@ -74,4 +84,5 @@ echo "== MPI tests (feature mpi)"; bash scripts/mpi-tests.sh
 echo "== benchmark smoke run (small sizes; the numbers mean nothing here)"
 cargo bench --bench lookup -- 20000 64 5000 2
 cargo bench --bench tiered -- 20000 16 2000 3
+cargo bench --bench pooled -- 20000 32 500 8
 echo "all test suites passed"
