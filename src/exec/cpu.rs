@@ -20,6 +20,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Keys per chunk (stack buffers hold one chunk).
 const CHUNK: usize = 256;
+/// The chunk of lookups of at most this many keys.
+const SMALL: usize = 16;
 /// Keys a participant takes from the shared counter at a time.
 const TASK: usize = 2048;
 /// Output bytes below which one more participant is not worth waking.
@@ -318,8 +320,12 @@ impl Gather<'_> {
     /// Gathers flat key indices `lo..hi`.
     fn range(&self, lo: usize, hi: usize, rowf: &Kernels, track_first: bool, found: &mut Found) {
         match &self.table.rows {
-            Rows::Dense => self.range_with(&Dense(self.table.store.rows() as u64), lo, hi, rowf, track_first, found),
-            Rows::Keyed(ix) => self.range_with(ix, lo, hi, rowf, track_first, found),
+            // A few keys (online inference, batches of many small requests) use small buffers:
+            // zeroing the full chunk's stack buffers would cost more than the lookup.
+            Rows::Dense if hi - lo <= SMALL => self.range_with::<_, SMALL>(&Dense(self.table.store.rows() as u64), lo, hi, rowf, track_first, found),
+            Rows::Keyed(ix) if hi - lo <= SMALL => self.range_with::<_, SMALL>(ix, lo, hi, rowf, track_first, found),
+            Rows::Dense => self.range_with::<_, CHUNK>(&Dense(self.table.store.rows() as u64), lo, hi, rowf, track_first, found),
+            Rows::Keyed(ix) => self.range_with::<_, CHUNK>(ix, lo, hi, rowf, track_first, found),
         }
     }
 
@@ -327,18 +333,18 @@ impl Gather<'_> {
     /// index bucket of key `i + 2 * AHEAD`, resolves key `i + AHEAD` and prefetches its row, and
     /// copies row `i`, so the memory latency of buckets and rows overlaps the copies.
     #[inline(always)]
-    fn range_with<R: Resolve>(&self, r: &R, lo: usize, hi: usize, k: &Kernels, track_first: bool, found: &mut Found) {
+    fn range_with<R: Resolve, const N: usize>(&self, r: &R, lo: usize, hi: usize, k: &Kernels, track_first: bool, found: &mut Found) {
         let store = &self.table.store;
         let dim = self.table.dim();
         let row_bytes = dim * store.dtype().size();
         let out_size = self.out.dtype.size();
         let default = self.table.default_row_ptr();
-        let mut offs = [0isize; CHUNK];
-        let mut keys = [0u64; CHUNK];
-        let mut rows = [0usize; CHUNK];
+        let mut offs = [0isize; N];
+        let mut keys = [0u64; N];
+        let mut rows = [0usize; N];
         let mut start = lo;
         while start < hi {
-            let n = CHUNK.min(hi - start);
+            let n = N.min(hi - start);
             self.keys.read(start, &mut keys[..n], &mut offs[..n]);
             self.out.walk.fill(start, &mut offs[..n]);
             for &key in &keys[..n.min(2 * AHEAD)] {

@@ -40,6 +40,9 @@ pub(crate) unsafe trait Extensible: Copy + Default {
 /// Checks a caller's `struct_size` for `T`; `arg` names the argument in messages, and `at` the
 /// element of an array it belongs to (`"partitions[3]."`, or `""` for the argument itself).
 fn check_size<T: Extensible>(size: usize, arg: &'static str, at: &str) -> Result<()> {
+    if size >= T::FIRST_SIZE && size <= MAX_STRUCT_SIZE && size.is_multiple_of(8) {
+        return Ok(()); // the common case, without building any message
+    }
     let name = T::NAME;
     let init = format!("initialise it with {name}_default(), which sets struct_size = sizeof({name})");
     if size == 0 {
@@ -66,7 +69,7 @@ fn check_size<T: Extensible>(size: usize, arg: &'static str, at: &str) -> Result
 ///
 /// # Safety
 /// `p` must point to `size` readable bytes, aligned for `T`.
-unsafe fn read_checked<T: Extensible>(p: *const u8, size: usize, arg: &'static str, at: &str) -> Result<T> {
+unsafe fn read_checked<T: Extensible>(p: *const u8, size: usize, arg: &'static str, at: &dyn Fn() -> String) -> Result<T> {
     let known = size_of::<T>();
     if size > known {
         // SAFETY: the caller vouches for `size` readable bytes at p.
@@ -75,8 +78,9 @@ unsafe fn read_checked<T: Extensible>(p: *const u8, size: usize, arg: &'static s
             return Err(Error::invalid(
                 arg,
                 format!(
-                    "{at}struct_size = {size}, and byte {} is not zero: this library's {} has {known} bytes, so the \
+                    "{}struct_size = {size}, and byte {} is not zero: this library's {} has {known} bytes, so the \
                      caller set a field of a newer strata that this one cannot honour (use a strata of that version, or leave the field at its default)",
+                    at(),
                     known + i,
                     T::NAME
                 ),
@@ -104,7 +108,7 @@ pub(crate) unsafe fn read_in<T: Extensible>(p: *const T, arg: &'static str) -> R
     let size = unsafe { (p as *const usize).read() };
     check_size::<T>(size, arg, "")?;
     // SAFETY: the caller vouches for `size` readable bytes at p, aligned for T.
-    unsafe { read_checked(p as *const u8, size, arg, "") }
+    unsafe { read_checked(p as *const u8, size, arg, &String::new) }
 }
 
 /// A C array of in-structs (`desc->partitions`): its stride is its elements' `struct_size`,
@@ -151,7 +155,8 @@ impl<T: Extensible> InArray<T> {
     /// `struct_size` differs from element 0's, the array's stride.
     pub(crate) fn get(&self, i: usize) -> Result<T> {
         assert!(i < self.len, "element {i} of an array of {}", self.len);
-        let at = format!("{}[{i}].", self.name);
+        // Built only for a message: formatting it for every element would cost more than the read.
+        let at = || format!("{}[{i}].", self.name);
         // SAFETY: in_array's caller vouched for len elements `stride` bytes apart, each starting
         // with its usize struct_size; the stride is a checked size, a multiple of 8.
         let (p, size) = unsafe {
@@ -163,9 +168,11 @@ impl<T: Extensible> InArray<T> {
             return Err(Error::invalid(
                 self.arg,
                 format!(
-                    "{at}struct_size = {size}, but {}[0].struct_size = {}; expected the same in every element (the array's \
+                    "{}struct_size = {size}, but {}[0].struct_size = {}; expected the same in every element (the array's \
                      stride): initialise each with {name}_default(), which sets struct_size = sizeof({name})",
-                    self.name, self.stride
+                    at(),
+                    self.name,
+                    self.stride
                 ),
             ));
         }
