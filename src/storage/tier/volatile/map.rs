@@ -1,21 +1,19 @@
-//! A shard's key -> slot map.
+//! A shard's key -> slot map: a [`hashbrown::HashTable`] of 12-byte entries (key, slot).
 //!
-//! Open addressing with linear probing over 12-byte entries (key, slot + 1), a power-of-two
-//! table kept at most 3/4 full, with backward-shift deletion (no tombstones). The caller hashes
-//! each key once with [`mix`] and passes the hash in.
+//! The caller hashes each key once with [`mix`] and passes the hash in. The table holds at most
+//! 7/8 of its buckets, and 13 bytes per bucket (the entry and a control byte); it grows by
+//! doubling, and a table filled up by removed keys' tombstones is rebuilt at its size (see
+//! [`KeyMap::reserve_one`]).
 
 use crate::util::hash::mix;
+use hashbrown::HashTable;
 
-/// Smallest key-map table.
-const MIN_TABLE: usize = 16;
-
-/// One key-map entry: a key and `slot + 1` (0 = empty), 12 bytes.
-#[derive(Clone, Copy, Default)]
-#[repr(C)]
+/// One entry: a key (as two halves, so the entry is 12 bytes, not 16) and its slot.
+#[derive(Clone, Copy)]
 struct Entry {
     lo: u32,
     hi: u32,
-    slot1: u32,
+    slot: u32,
 }
 
 impl Entry {
@@ -25,131 +23,87 @@ impl Entry {
     }
 }
 
-/// Open-addressing key -> slot map with linear probing, at most 3/4 full.
+/// The table's hash for a key hashed `h = mix(key)`. The table places a key by the low bits of
+/// its hash and tags it with the top 7, but the shard already came from the top bits of `h`
+/// (every key in a shard shares them), so the tag is refreshed with bits 32..39 of `h`. The
+/// low bits, and so the place, are `h`'s own.
+#[inline(always)]
+fn table_hash(h: u64) -> u64 {
+    h ^ (h >> 32 << 57)
+}
+
+#[inline(always)]
+fn rehash(e: &Entry) -> u64 {
+    table_hash(mix(e.key()))
+}
+
+/// A key -> slot map.
 pub(super) struct KeyMap {
-    entries: Vec<Entry>,
-    mask: usize,
-    len: usize,
+    table: HashTable<Entry>,
 }
 
 impl KeyMap {
     pub(super) fn new() -> Self {
-        KeyMap { entries: Vec::new(), mask: 0, len: 0 }
+        KeyMap { table: HashTable::new() }
     }
 
     /// The slot of `key` (`h = mix(key)`).
     #[inline]
     pub(super) fn find(&self, key: u64, h: u64) -> Option<u32> {
-        if self.len == 0 {
-            return None;
-        }
-        let mut i = h as usize & self.mask;
-        loop {
-            let e = self.entries[i];
-            if e.slot1 == 0 {
-                return None;
-            }
-            if e.key() == key {
-                return Some(e.slot1 - 1);
-            }
-            i = (i + 1) & self.mask;
-        }
+        self.table.find(table_hash(h), |e| e.key() == key).map(|e| e.slot)
     }
 
     /// Makes room for one more key; false when the bigger table cannot be allocated.
+    ///
+    /// When the table is out of room it is rebuilt here, sized for its keys plus an eighth
+    /// more, instead of being left to [`HashTable::try_reserve`]: that one doubles any table
+    /// more than half full, even when the room went to the tombstones of removed keys, so a
+    /// shard that evicts and inserts at its margin would end up with twice the buckets it
+    /// needs. Rebuilding costs one move per key, at most once per `len / 8` inserts.
     pub(super) fn reserve_one(&mut self) -> bool {
-        let need = self.len + 1;
-        if need * 4 <= self.entries.len() * 3 {
+        let len = self.table.len();
+        if len < self.table.capacity() {
             return true;
         }
-        let mut cap = (self.entries.len() * 2).max(MIN_TABLE);
-        while need * 4 > cap * 3 {
-            cap *= 2;
-        }
-        let mut entries = Vec::new();
-        if entries.try_reserve_exact(cap).is_err() {
+        let mut fresh = HashTable::new();
+        if fresh.try_reserve(len + 1 + len / 8, rehash).is_err() {
             return false;
         }
-        entries.resize(cap, Entry::default());
-        let old = std::mem::replace(&mut self.entries, entries);
-        self.mask = cap - 1;
-        for e in old {
-            if e.slot1 != 0 {
-                self.place(e, mix(e.key()));
-            }
+        for e in std::mem::replace(&mut self.table, fresh) {
+            self.table.insert_unique(rehash(&e), e, rehash);
         }
         true
     }
 
-    /// Puts an entry whose key is absent into the first free position of its probe sequence.
-    #[inline]
-    fn place(&mut self, e: Entry, h: u64) {
-        let mut i = h as usize & self.mask;
-        while self.entries[i].slot1 != 0 {
-            i = (i + 1) & self.mask;
-        }
-        self.entries[i] = e;
-    }
-
-    /// Adds an absent key; [`KeyMap::reserve_one`] must have succeeded first.
+    /// Adds an absent key; [`KeyMap::reserve_one`] must have succeeded first (so this never
+    /// allocates).
     pub(super) fn insert_new(&mut self, key: u64, h: u64, slot: u32) {
         debug_assert!(self.find(key, h).is_none());
-        debug_assert!((self.len + 1) * 4 <= self.entries.len() * 3);
-        self.place(Entry { lo: key as u32, hi: (key >> 32) as u32, slot1: slot + 1 }, h);
-        self.len += 1;
+        debug_assert!(self.table.len() < self.table.capacity());
+        self.table.insert_unique(table_hash(h), Entry { lo: key as u32, hi: (key >> 32) as u32, slot }, rehash);
     }
 
-    /// Removes `key` and returns its slot. Backward-shift deletion: later entries of the
-    /// probe run move back into the hole when their home position allows it.
+    /// Removes `key` and returns its slot.
     pub(super) fn remove(&mut self, key: u64, h: u64) -> Option<u32> {
-        if self.len == 0 {
-            return None;
+        match self.table.find_entry(table_hash(h), |e| e.key() == key) {
+            Ok(entry) => Some(entry.remove().0.slot),
+            Err(_) => None,
         }
-        let mask = self.mask;
-        let mut i = h as usize & mask;
-        loop {
-            let e = self.entries[i];
-            if e.slot1 == 0 {
-                return None;
-            }
-            if e.key() == key {
-                break;
-            }
-            i = (i + 1) & mask;
-        }
-        let slot = self.entries[i].slot1 - 1;
-        let mut j = i;
-        loop {
-            j = (j + 1) & mask;
-            let e = self.entries[j];
-            if e.slot1 == 0 {
-                break;
-            }
-            let home = mix(e.key()) as usize & mask;
-            // `e` may fill the hole at `i` when `i` lies on its probe path (home ..= j).
-            if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(i) & mask) {
-                self.entries[i] = e;
-                i = j;
-            }
-        }
-        self.entries[i] = Entry::default();
-        self.len -= 1;
-        Some(slot)
     }
 
     /// Keys held.
     pub(super) fn len(&self) -> usize {
-        self.len
+        self.table.len()
     }
 
     /// Keys the map holds without growing.
     #[cfg(test)]
     pub(super) fn capacity(&self) -> usize {
-        self.entries.len() / 4 * 3
+        self.table.capacity()
     }
 
     /// Bytes of memory held.
     pub(super) fn bytes(&self) -> usize {
-        self.entries.capacity() * std::mem::size_of::<Entry>()
+        self.table.allocation_size()
     }
 }

@@ -421,6 +421,37 @@ fn key_map_matches_a_model_under_random_inserts_and_removes() {
     }
 }
 
+/// A map that removes and inserts keys at a steady size keeps its size: the tombstones of
+/// removed keys never make it double.
+#[test]
+fn key_map_keeps_its_size_under_churn() {
+    let mut table = KeyMap::new();
+    let mut live = std::collections::VecDeque::new();
+    let mut s = 26u64;
+    let mut slot = 0u32;
+    let mut insert = |table: &mut KeyMap, live: &mut std::collections::VecDeque<u64>| {
+        let key = splitmix(&mut s);
+        assert!(table.reserve_one());
+        table.insert_new(key, mix(key), slot);
+        live.push_back(key);
+        slot += 1;
+    };
+    for _ in 0..100_000 {
+        insert(&mut table, &mut live);
+    }
+    let full = table.bytes();
+    for _ in 0..1_000_000 {
+        let key = live.pop_front().unwrap();
+        assert!(table.remove(key, mix(key)).is_some());
+        insert(&mut table, &mut live);
+    }
+    assert_eq!(table.len(), 100_000);
+    assert_eq!(table.bytes(), full);
+    for (i, &k) in live.iter().enumerate() {
+        assert_eq!(table.find(k, mix(k)), Some(1_000_000 + i as u32));
+    }
+}
+
 #[test]
 fn tier_matches_a_model_under_random_operations() {
     let dim = 6;
