@@ -21,11 +21,12 @@
 //! - Per slot: its key (`u64`), its insertion sequence (`u64`, 0 = free slot; for
 //!   [`OverflowPolicy::EvictOldest`]) and its lookup count (`AtomicU32`, for
 //!   [`OverflowPolicy::EvictLeastUsed`]).
-//! - A key -> slot map ([`hashbrown::HashTable`]): 12-byte entries (key, slot) and a control
-//!   byte per bucket, in a power-of-two table at most 7/8 full.
+//! - A key -> slot map: open addressing with linear probing over 12-byte entries (key,
+//!   slot + 1), a power-of-two table kept at most 3/4 full, with backward-shift deletion (no
+//!   tombstones).
 //!
-//! For 128-dim rows that is 512 bytes of row plus 20 bytes of slot metadata plus 15-30 bytes
-//! of map per row: about 1.08x the raw vectors when full (measured in the tests; the target is
+//! For 128-dim rows that is 512 bytes of row plus 20 bytes of slot metadata plus 16-32 bytes
+//! of map per row: about 1.07x the raw vectors when full (measured in the tests; the target is
 //! at most 1.25x). [`VolatileTier::bytes`] reports the memory actually held.
 //!
 //! # Threading

@@ -421,8 +421,8 @@ fn key_map_matches_a_model_under_random_inserts_and_removes() {
     }
 }
 
-/// A map that removes and inserts keys at a steady size keeps its size: the tombstones of
-/// removed keys never make it double.
+/// A map that removes and inserts keys at a steady size keeps its size (a table that leaves
+/// tombstones behind could fill up with them and double).
 #[test]
 fn key_map_keeps_its_size_under_churn() {
     let mut table = KeyMap::new();
