@@ -496,3 +496,120 @@ fn bulk_load_timing() {
     assert!(found.iter().all(|&f| f));
 }
 
+/// The codecs write exactly the bytes of the first layout (`strata-persistent-1`), which the
+/// code before them wrote by hand: keys as `u64::to_be_bytes`, rows as float32 `to_le_bytes`
+/// one after another, records as three little-endian words.
+#[test]
+fn codecs_encode_the_first_layout_byte_for_byte() {
+    use format::{BeKey, LeRow, RecordCodec, RowCodec};
+    use heed::{BytesDecode, BytesEncode};
+    assert_eq!(&*BeKey::bytes_encode(&0x0102_0304_0506_0708).unwrap(), &[1, 2, 3, 4, 5, 6, 7, 8]);
+    for k in [0u64, 1, 9, 255, 256, 1 << 63, (1 << 63) - 1, u64::MAX - 1, u64::MAX] {
+        assert_eq!(&*BeKey::bytes_encode(&k).unwrap(), &k.to_be_bytes(), "key {k}");
+        assert_eq!(BeKey::bytes_decode(&k.to_be_bytes()).unwrap(), k);
+    }
+    for bad in [&[0u8; 7][..], &[0u8; 9], &[]] {
+        let e = BeKey::bytes_decode(bad).unwrap_err();
+        assert_eq!(e.to_string(), format!("corrupt key: {} bytes; expected 8", bad.len()));
+    }
+
+    let values = [1.5f32, -0.0, f32::MAX, f32::MIN_POSITIVE, -3.25e-7, f32::from_bits(0x7fc0_0001)];
+    let mut old = vec![0u8; values.len() * 4];
+    for (b, v) in old.chunks_exact_mut(4).zip(&values) {
+        b.copy_from_slice(&v.to_le_bytes());
+    }
+    assert_eq!(&old[..4], &[0x00, 0x00, 0xc0, 0x3f]);
+    let mut buf = Vec::new();
+    let row = LeRow::encode(&values, &mut buf);
+    assert_eq!(&*RowCodec::bytes_encode(&row).unwrap(), &old[..]);
+    let mut back = [0f32; 6];
+    RowCodec::bytes_decode(&old).unwrap().decode_into(7, &mut back).unwrap();
+    assert_eq!(back.map(f32::to_bits), values.map(f32::to_bits));
+    let e = RowCodec::bytes_decode(&old[..20]).unwrap().decode_into(7, &mut back).unwrap_err();
+    assert_eq!(e.to_string(), "corrupt row for key 7: 20 bytes; expected 24 (6 float32)");
+
+    let complete = TableRecord { complete: true, dim: 0x0102_0304_0506_0708 };
+    let loading = TableRecord { complete: false, dim: 32 };
+    assert_eq!(&*RecordCodec::bytes_encode(&complete).unwrap(), &[1, 0, 0, 0, 1, 0, 0, 0, 8, 7, 6, 5, 4, 3, 2, 1]);
+    assert_eq!(&*RecordCodec::bytes_encode(&loading).unwrap(), &[1, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0, 0, 0, 0, 0, 0]);
+    for r in [complete, loading] {
+        assert_eq!(RecordCodec::bytes_decode(&RecordCodec::bytes_encode(&r).unwrap()).unwrap(), r);
+    }
+    for (bytes, why) in [
+        (&[1u8, 0, 0, 0, 1, 0, 0, 0, 4, 0, 0, 0][..], "12 bytes; expected 16"),
+        (&[2, 0, 0, 0, 1, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0], "layout 2; this strata reads layout 1"),
+        (&[1, 0, 0, 0, 7, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0], "state 7; expected 0 (loading) or 1 (complete)"),
+    ] {
+        let e = RecordCodec::bytes_decode(bytes).unwrap_err();
+        assert_eq!(e.to_string(), format!("corrupt metadata record: {why}"));
+    }
+    assert_eq!(format::FORMAT, b"strata-persistent-1");
+    assert_eq!((format::META_DB, format::FORMAT_KEY, format::TABLE_PREFIX), ("strata.meta", "\0format", "t/"));
+}
+
+/// A store written with raw LMDB calls in the first layout, as the code before the typed codecs
+/// wrote it, opens and reads the same rows; rows written now land in the same bytes.
+#[test]
+fn a_store_in_the_first_layout_opens_and_reads_the_same_rows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ps");
+    std::fs::create_dir_all(&dir).unwrap();
+    let dim = 3;
+    let keys: Vec<u64> = vec![5, 1 << 63, u64::MAX, 0, 77];
+    let row = |k: u64| -> Vec<f32> { (0..dim).map(|j| k as f32 * 0.25 - j as f32).collect() };
+    {
+        let mut opts = heed::EnvOpenOptions::new();
+        opts.max_dbs(4);
+        // SAFETY: a fresh folder of this test's own, opened once, by this process only.
+        let env = unsafe { opts.open(&dir) }.unwrap();
+        let mut w = env.write_txn().unwrap();
+        let meta: heed::Database<Bytes, Bytes> = env.create_database(&mut w, Some("strata.meta")).unwrap();
+        meta.put(&mut w, b"\0format", b"strata-persistent-1").unwrap();
+        let mut record = Vec::new();
+        record.extend_from_slice(&1u32.to_le_bytes());
+        record.extend_from_slice(&1u32.to_le_bytes());
+        record.extend_from_slice(&(dim as u64).to_le_bytes());
+        meta.put(&mut w, b"m/t", &record).unwrap();
+        let rows: heed::Database<Bytes, Bytes> = env.create_database(&mut w, Some("t/m/t")).unwrap();
+        for &k in &keys {
+            let bytes: Vec<u8> = row(k).iter().flat_map(|v| v.to_le_bytes()).collect();
+            rows.put(&mut w, &k.to_be_bytes(), &bytes).unwrap();
+        }
+        w.commit().unwrap();
+        env.prepare_for_closing().wait();
+    }
+
+    let s = PersistentStore::open(&dir, false).unwrap();
+    let t = s.table("m/t", dim, None).unwrap();
+    assert_eq!(t.len().unwrap(), keys.len() as u64);
+    let (out, found) = read_all(&t, &keys);
+    assert!(found.iter().all(|&f| f));
+    for (i, &k) in keys.iter().enumerate() {
+        assert_eq!(&out[i * dim..(i + 1) * dim], &row(k)[..], "key {k}");
+    }
+    let mut order = Vec::new();
+    t.scan(usize::MAX, |k, r| {
+        assert_eq!(r, &row(k)[..]);
+        order.push(k);
+    })
+    .unwrap();
+    assert_eq!(order, vec![0, 5, 77, 1 << 63, u64::MAX]);
+    let m = store_msg(&s.table("m/t", 4, None).unwrap_err());
+    assert!(m.contains("dim 3") && m.contains("dim 4"), "{m}");
+
+    // Written now: the same key and row bytes, and the same record for a new table.
+    t.upsert(&[42, 5], &[1.0, 2.0, 3.0, -1.0, -2.0, -3.0]).unwrap();
+    let t2 = s.table("m/new", 2, None).unwrap();
+    let env = &s.inner.env;
+    let r = env.read_txn().unwrap();
+    let raw = t.inner.db.remap_types::<Bytes, Bytes>();
+    let le = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    assert_eq!(raw.get(&r, &42u64.to_be_bytes()).unwrap().unwrap(), &le(&[1.0, 2.0, 3.0])[..]);
+    assert_eq!(raw.get(&r, &5u64.to_be_bytes()).unwrap().unwrap(), &le(&[-1.0, -2.0, -3.0])[..]);
+    let meta: heed::Database<Bytes, Bytes> = env.open_database(&r, Some("strata.meta")).unwrap().unwrap();
+    assert_eq!(meta.get(&r, b"\0format").unwrap().unwrap(), b"strata-persistent-1");
+    assert_eq!(meta.get(&r, b"m/new").unwrap().unwrap(), &[1, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]);
+    let new_rows: heed::Database<Bytes, Bytes> = env.open_database(&r, Some("t/m/new")).unwrap().unwrap();
+    assert_eq!(new_rows.len(&r).unwrap(), 0);
+    drop((r, t2));
+}
