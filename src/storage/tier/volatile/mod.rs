@@ -9,9 +9,9 @@
 //!
 //! # Layout of this module
 //! - this file: the tier, its shards and their locks, batching keys by shard, counters;
-//! - [`slots`]: the contents of one shard (rows, per-slot metadata, insert, erase, evict);
-//! - [`map`]: a shard's key -> slot map;
-//! - [`evict`]: the [`OverflowPolicy`] and the choice of the rows it evicts.
+//! - `slots`: the contents of one shard (rows, per-slot metadata, insert, erase, evict);
+//! - `map`: a shard's key -> slot map;
+//! - `evict`: the [`OverflowPolicy`] and the choice of the rows it evicts.
 //!
 //! # Memory layout (per shard)
 //! - Rows live in a slab of fixed-size chunks (`Box<[f32]>`, about 256 KiB each, the last one
