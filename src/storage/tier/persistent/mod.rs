@@ -131,7 +131,7 @@ impl PersistentStore {
         self.read_only
     }
 
-    /// Opens table `name` (e.g. `"wdl/table0"`, at most [`MAX_TABLE_NAME`] bytes, no NUL) with
+    /// Opens table `name` (e.g. `"wdl/table0"`, at most `MAX_TABLE_NAME` (400) bytes, no NUL) with
     /// rows of `dim` float32.
     ///
     /// - If the table exists (a completed earlier load or creation), checks `dim` against the

@@ -34,7 +34,7 @@
 //! [`RwLock`]: lookups share it (and copy the row while holding it, so a reader sees the
 //! whole old row or the whole new row, never a mix), inserts and erases hold it exclusively.
 //! No call ever holds two shard locks at once. Batched calls sort each block of
-//! [`BLOCK`] keys by shard and take each shard's lock once per block. A poisoned lock is
+//! `BLOCK` (1024) keys by shard and take each shard's lock once per block. A poisoned lock is
 //! recovered (a panic inside this module cannot leave a shard half-updated in a way that
 //! breaks memory safety, and a cache may always drop rows). Counters are atomics kept per
 //! shard and summed on demand.
@@ -333,7 +333,7 @@ impl VolatileTier {
     /// A key given twice ends with its last row. A new key in a full shard first makes that
     /// shard evict by the policy down to the resolution target. Returns the number of rows
     /// evicted. Writers to one shard are serialised; readers of that shard wait for the
-    /// current block (at most [`BLOCK`] keys). If memory for a new row cannot be
+    /// current block (at most `BLOCK` = 1024 keys). If memory for a new row cannot be
     /// allocated the row is silently not cached. Panics if `rows.len() != keys.len() * dim`.
     pub fn insert_many(&self, keys: &[u64], rows: &[f32]) -> u64 {
         let g = &self.geo;
