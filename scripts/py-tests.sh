@@ -3,6 +3,8 @@
 # python3 (pip install, no compiler needed) and runs the pytest suites in python/tests:
 #   test_ctypes.py, test_partitioned.py   the C ABI through raw ctypes mirrors;
 #   test_package.py                       the installed package, against $STRATA_LIBRARY;
+#   test_pooled.py                        lookup_pooled / lookup_batch (package and raw ctypes);
+#                                         its PyTorch cases skip unless torch is installed;
 #   test_readme.py                        the README's ctypes and cffi snippets, as written.
 # Needs python3 with pip; installs numpy>=2.1 (for __dlpack__(max_version=...)), pytest, cffi
 # (ABI mode, for the README snippet), mypy (the package is checked with --strict) and jax[cpu]

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The TensorFlow custom op (c_examples/tensorflow): installs tensorflow-cpu and pytest from PyPI
 # into a virtual environment (build/tf-venv, so the main environment's NumPy is left alone),
-# builds strata_lookup_op.so with g++ against tf.sysconfig's flags and libstrata.so
-# (-Wall -Wextra -Werror on our code; TF's headers are -isystem), and runs its pytest file.
+# builds strata_lookup_op.so (StrataLookup and StrataSparseLookup) with g++ against
+# tf.sysconfig's flags and libstrata.so (-Wall -Wextra -Werror on our code; TF's headers are
+# -isystem), and runs the pytest files there.
 # Measured on the 2-core dev machine: venv + install about 55 s (once), op build about 25 s,
 # tests about 10 s. scripts/test.sh runs it; STRATA_SKIP_TF=1 there leaves it out.
 set -euo pipefail

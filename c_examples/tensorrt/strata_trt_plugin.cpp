@@ -3,8 +3,13 @@
 //
 // Fields (PluginField, as HPS_TRT's): ps_config_file (kCHAR, an HPS ps.json), model_name
 // (kCHAR), table_id (kINT32), emb_vec_size (kINT32, the table's dim), and optionally out_type
-// (kINT32: a nvinfer1::DataType value, kFLOAT by default; kHALF and kBF16 also work).
-// Input 0: keys, kINT32 or kINT64, any shape; output 0: keys' shape + [emb_vec_size].
+// (kINT32: a nvinfer1::DataType value, kFLOAT by default; kHALF and kBF16 also work) and
+// combiner (kCHAR: "none", the default, or "sum", "mean", "sqrtn"; or kINT32, the STRATA_POOL_*
+// value).
+// Input 0: keys, kINT32 or kINT64. combiner none: any shape; output 0: keys' shape +
+// [emb_vec_size]. combiner sum | mean | sqrtn (fixed hotness): keys [B, L]; output 0
+// [B, emb_vec_size], each sample's L rows pooled by strata_lookup_pooled (mean = sum / L,
+// sqrtn = sum / sqrt(L), as TensorFlow's embedding_lookup_sparse combiners).
 //
 // Built only when TensorRT's headers are found (CMake option STRATA_TENSORRT). The mapping of
 // TensorRT's tensors to DLPack lives in trt_dlpack.cpp, which the tests build and run without
@@ -40,6 +45,8 @@ struct Config {
     std::string ps_config_file, model_name;
     int32_t table_id = 0, emb_vec_size = 0;
     int32_t out_type = static_cast<int32_t>(nvinfer1::DataType::kFLOAT);
+    Combiner combiner = Combiner::kNONE;
+    std::string combiner_text = "none";  // the serialized field
 };
 
 static std::shared_ptr<Shared> open_table(Config const &c) {
@@ -68,6 +75,8 @@ class StrataLookupPlugin : public IPluginV3, public IPluginV3OneCore, public IPl
         fields_.emplace_back(PluginField{"table_id", &config_.table_id, PluginFieldType::kINT32, 1});
         fields_.emplace_back(PluginField{"emb_vec_size", &config_.emb_vec_size, PluginFieldType::kINT32, 1});
         fields_.emplace_back(PluginField{"out_type", &config_.out_type, PluginFieldType::kINT32, 1});
+        fields_.emplace_back(PluginField{"combiner", config_.combiner_text.c_str(), PluginFieldType::kCHAR,
+                                         static_cast<int32_t>(config_.combiner_text.size() + 1)});
         collection_.nbFields = static_cast<int32_t>(fields_.size());
         collection_.fields = fields_.data();
     }
@@ -102,6 +111,18 @@ class StrataLookupPlugin : public IPluginV3, public IPluginV3OneCore, public IPl
     int32_t getOutputShapes(DimsExprs const *inputs, int32_t nbInputs, DimsExprs const *, int32_t, DimsExprs *outputs,
                             int32_t nbOutputs, IExprBuilder &exprBuilder) noexcept override {
         if (nbInputs != 1 || nbOutputs != 1 || inputs[0].nbDims >= kMaxDims) return 1;
+        if (config_.combiner != Combiner::kNONE) {
+            // Fixed hotness: keys [B, L] -> [B, emb_vec_size].
+            if (inputs[0].nbDims != 2) {
+                std::fprintf(stderr, "StrataLookup: combiner %s needs keys [B, L]; got %d dims\n",
+                             combiner_name(config_.combiner), inputs[0].nbDims);
+                return 1;
+            }
+            outputs[0].nbDims = 2;
+            outputs[0].d[0] = inputs[0].d[0];
+            outputs[0].d[1] = exprBuilder.constant(config_.emb_vec_size);
+            return 0;
+        }
         outputs[0].nbDims = inputs[0].nbDims + 1;
         for (int32_t i = 0; i < inputs[0].nbDims; i++) outputs[0].d[i] = inputs[0].d[i];
         outputs[0].d[inputs[0].nbDims] = exprBuilder.constant(config_.emb_vec_size);
@@ -126,8 +147,8 @@ class StrataLookupPlugin : public IPluginV3, public IPluginV3OneCore, public IPl
         if (cudaGetDevice(&device) != cudaSuccess) return 1;
         TensorDesc keys = describe(inputDesc[0], inputs[0], device), out = describe(outputDesc[0], outputs[0], device);
         std::string error;
-        // strata enqueues the gather on TensorRT's stream and returns without waiting for it.
-        strata_status s = lookup(shared_->table, keys, out, reinterpret_cast<void *>(stream), 0, &error);
+        // strata enqueues the gather (pooled or not) on TensorRT's stream and returns without waiting.
+        strata_status s = run(shared_->table, config_.combiner, keys, out, reinterpret_cast<void *>(stream), 0, &error);
         if (s != STRATA_OK) {
             std::fprintf(stderr, "StrataLookup::enqueue: %s\n", error.c_str());
             return 1;
@@ -163,6 +184,7 @@ class StrataLookupPluginCreator : public IPluginCreatorV3One {
         fields_.emplace_back(PluginField{"table_id", nullptr, PluginFieldType::kINT32, 1});
         fields_.emplace_back(PluginField{"emb_vec_size", nullptr, PluginFieldType::kINT32, 1});
         fields_.emplace_back(PluginField{"out_type", nullptr, PluginFieldType::kINT32, 1});
+        fields_.emplace_back(PluginField{"combiner", nullptr, PluginFieldType::kCHAR, 0});
         collection_.nbFields = static_cast<int32_t>(fields_.size());
         collection_.fields = fields_.data();
     }
@@ -182,6 +204,22 @@ class StrataLookupPluginCreator : public IPluginCreatorV3One {
                 c.emb_vec_size = *static_cast<int32_t const *>(f.data);
             } else if (name == "out_type") {
                 c.out_type = *static_cast<int32_t const *>(f.data);
+            } else if (name == "combiner") {
+                std::string why;
+                if (f.type == PluginFieldType::kINT32) {
+                    const int32_t v = *static_cast<int32_t const *>(f.data);
+                    why = v >= 0 && v <= static_cast<int32_t>(Combiner::kSQRTN)
+                              ? ""
+                              : "combiner: " + std::to_string(v) + "; expected 0..3 (none, sum, mean, sqrtn)";
+                    if (why.empty()) c.combiner = static_cast<Combiner>(v);
+                } else {
+                    why = parse_combiner(static_cast<char const *>(f.data), f.length, &c.combiner);
+                }
+                if (!why.empty()) {
+                    std::fprintf(stderr, "StrataLookup: %s\n", why.c_str());
+                    return nullptr;
+                }
+                c.combiner_text = combiner_name(c.combiner);
             }
         }
         if (c.ps_config_file.empty() || c.model_name.empty() || c.emb_vec_size <= 0) {

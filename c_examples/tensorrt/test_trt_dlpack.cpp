@@ -1,5 +1,6 @@
 // Tests of the TensorRT -> DLPack mapping (trt_dlpack.cpp) without TensorRT: shapes, data types,
-// refusals and their messages, and end-to-end lookups through strata on host memory. Built and
+// refusals and their messages, and end-to-end lookups through strata on host memory; the pooled
+// mode (combiner sum | mean | sqrtn on [B, L] keys) against a plain loop. Built and
 // run under AddressSanitizer/UBSan by the CMake project (ctest trt_dlpack).
 #include <cmath>
 #include <cstdint>
@@ -203,6 +204,230 @@ int main() {
         float o2[5][4];
         s = strata_trt::lookup(t2, desc({5}, DataType::kINT64, k64), desc({5, 4}, DataType::kFLOAT, o2), nullptr, 0, &err);
         CHECK(s == STRATA_KEY_NOT_FOUND && contains(err, "STRATA_KEY_NOT_FOUND: ") && contains(err, "99"), "%d %s", s,
+              err.c_str());
+        strata_table_free(t2);
+    }
+
+    // ---- the pooled mode (combiner sum | mean | sqrtn, fixed hotness) ----------------------------
+    using strata_trt::Combiner;
+    const Combiner pooled[3] = {Combiner::kSUM, Combiner::kMEAN, Combiner::kSQRTN};
+    // The contract as a plain loop: per sample, rows (or the default row) summed in float32 in key
+    // order, then / L (mean) or / sqrt(L) (sqrtn); L = 0 gives zeros.
+    auto pooled_want = [&](const int64_t *keys, int64_t l, Combiner c, float *row) {
+        for (int64_t j = 0; j < dim; j++) row[j] = 0.0f;
+        for (int64_t i = 0; i < l; i++)
+            for (int64_t j = 0; j < dim; j++) row[j] += want(keys[i], j);
+        const float d = c == Combiner::kMEAN ? static_cast<float>(l)
+                        : c == Combiner::kSQRTN ? std::sqrt(static_cast<float>(l))
+                                                : 1.0f;
+        for (int64_t j = 0; j < dim; j++) row[j] = d == 0.0f ? 0.0f : row[j] / d;
+    };
+
+    // The field: names, parsing (with or without the NUL, as PluginField lengths come), output dims.
+    {
+        Combiner c = Combiner::kNONE;
+        const char *names[4] = {"none", "sum", "mean", "sqrtn"};
+        for (int i = 0; i < 4; i++) {
+            err = strata_trt::parse_combiner(names[i], static_cast<int64_t>(std::strlen(names[i]) + 1), &c);
+            CHECK(err.empty() && static_cast<int32_t>(c) == i && std::strcmp(strata_trt::combiner_name(c), names[i]) == 0,
+                  "combiner %s: %s", names[i], err.c_str());
+        }
+        CHECK(static_cast<int32_t>(Combiner::kSUM) == STRATA_POOL_SUM && static_cast<int32_t>(Combiner::kMEAN) ==
+                  STRATA_POOL_MEAN && static_cast<int32_t>(Combiner::kSQRTN) == STRATA_POOL_SQRTN,
+              "combiner values are strata_pooling values");
+        err = strata_trt::parse_combiner("mean", 4, &c);
+        CHECK(err.empty() && c == Combiner::kMEAN, "no NUL: %s", err.c_str());
+        err = strata_trt::parse_combiner("sqrtnXX", 5, &c);
+        CHECK(err.empty() && c == Combiner::kSQRTN, "length bounds the text: %s", err.c_str());
+        c = Combiner::kSUM;
+        err = strata_trt::parse_combiner("max", 4, &c);
+        CHECK(err == "combiner: 'max'; expected none, sum, mean or sqrtn" && c == Combiner::kSUM, "%s", err.c_str());
+        err = strata_trt::parse_combiner(nullptr, 0, &c);
+        CHECK(err == "combiner: ''; expected none, sum, mean or sqrtn", "%s", err.c_str());
+
+        strata_trt::Dims in, out;
+        in.nbDims = 2;
+        in.d[0] = 5;
+        in.d[1] = 3;
+        err = strata_trt::output_dims(in, 4, Combiner::kNONE, &out);
+        CHECK(err.empty() && out.nbDims == 3 && out.d[0] == 5 && out.d[1] == 3 && out.d[2] == 4, "none: [5, 3] -> [5, 3, 4]");
+        for (Combiner pc : pooled) {
+            err = strata_trt::output_dims(in, 4, pc, &out);
+            CHECK(err.empty() && out.nbDims == 2 && out.d[0] == 5 && out.d[1] == 4, "%s: [5, 3] -> [5, 4]",
+                  strata_trt::combiner_name(pc));
+        }
+        in.d[0] = -1;  // a dynamic batch stays dynamic
+        err = strata_trt::output_dims(in, 4, Combiner::kMEAN, &out);
+        CHECK(err.empty() && out.d[0] == -1 && out.d[1] == 4, "dynamic B");
+        in.nbDims = 1;
+        err = strata_trt::output_dims(in, 4, Combiner::kSUM, &out);
+        CHECK(err == "keys: dims [-1]; expected [B, L] (L keys per sample) for combiner sum", "%s", err.c_str());
+        in.nbDims = 3;
+        err = strata_trt::output_dims(in, 4, Combiner::kSQRTN, &out);
+        CHECK(contains(err, "keys: dims [-1, 3, 0]; expected [B, L]") && contains(err, "for combiner sqrtn"), "%s",
+              err.c_str());
+        CHECK(strata_trt::output_dims(in, 4, Combiner::kNONE, &out).empty() && out.nbDims == 4 && out.d[3] == 4,
+              "none: 3-D keys -> 4-D");
+        in.nbDims = 8;
+        err = strata_trt::output_dims(in, 4, Combiner::kNONE, &out);
+        CHECK(contains(err, "keys: nbDims 8; expected 0..7"), "%s", err.c_str());
+    }
+
+    // The DLTensors of the pooled mode: keys [B, L] and out [B, dim], row-major.
+    {
+        int64_t keys[3][2] = {{1, 2}, {3, 4}, {5, 6}};
+        float out[3][4];
+        strata_trt::DLTensorView k, o;
+        err = strata_trt::map_pooled(desc({3, 2}, DataType::kINT64, keys), desc({3, 4}, DataType::kFLOAT, out), 4, k, o);
+        CHECK(err.empty(), "%s", err.c_str());
+        CHECK(k.tensor.ndim == 2 && k.tensor.shape[0] == 3 && k.tensor.shape[1] == 2 && k.tensor.strides[0] == 2 &&
+                  k.tensor.strides[1] == 1 && k.tensor.dtype.code == kDLInt && k.tensor.dtype.bits == 64 &&
+                  k.tensor.data == keys && k.tensor.device.device_type == kDLCPU,
+              "keys [3, 2]");
+        CHECK(o.tensor.ndim == 2 && o.tensor.shape[0] == 3 && o.tensor.shape[1] == 4 && o.tensor.strides[0] == 4 &&
+                  o.tensor.strides[1] == 1 && o.tensor.dtype.code == kDLFloat && o.tensor.dtype.bits == 32 &&
+                  o.tensor.data == out,
+              "out [3, 4]");
+        TensorDesc dk = desc({3, 2}, DataType::kINT32, keys, Location::kDevice), dout = desc({3, 4}, DataType::kBF16, out,
+                                                                                          Location::kDevice);
+        dk.device_id = dout.device_id = 2;
+        err = strata_trt::map_pooled(dk, dout, 4, k, o);
+        CHECK(err.empty() && k.tensor.device.device_type == kDLCUDA && k.tensor.device.device_id == 2 &&
+                  o.tensor.device.device_type == kDLCUDA && o.tensor.dtype.code == kDLBfloat && k.tensor.dtype.bits == 32,
+              "device tensors: %s", err.c_str());
+        err = strata_trt::map_pooled(desc({6}, DataType::kINT64, keys), desc({6, 4}, DataType::kFLOAT, out), 4, k, o);
+        CHECK(err == "keys: dims [6]; expected [B, L] (L keys per sample) for the pooled mode", "%s", err.c_str());
+        err = strata_trt::map_pooled(desc({3, 2}, DataType::kINT64, keys), desc({3, 2, 4}, DataType::kFLOAT, out), 4, k, o);
+        CHECK(err == "out: dims [3, 2, 4]; expected [B, emb_vec_size] = [3, 4] (one pooled row per sample)", "%s",
+              err.c_str());
+        err = strata_trt::map_pooled(desc({3, 2}, DataType::kINT64, keys), desc({2, 4}, DataType::kFLOAT, out), 4, k, o);
+        CHECK(contains(err, "out: dims [2, 4]; expected [B, emb_vec_size] = [3, 4]"), "%s", err.c_str());
+        err = strata_trt::map_pooled(desc({3, 2}, DataType::kINT64, keys), desc({3, 5}, DataType::kFLOAT, out), 4, k, o);
+        CHECK(contains(err, "out: dims [3, 5]"), "%s", err.c_str());
+        err = strata_trt::map_pooled(desc({3, 2}, DataType::kFLOAT, keys), desc({3, 4}, DataType::kFLOAT, out), 4, k, o);
+        CHECK(err == "keys: data type kFLOAT; expected kINT32 or kINT64", "%s", err.c_str());
+        err = strata_trt::map_pooled(desc({3, 2}, DataType::kINT64, keys), desc({3, 4}, DataType::kINT32, out), 4, k, o);
+        CHECK(err == "out: data type kINT32; expected kFLOAT, kHALF or kBF16", "%s", err.c_str());
+        err = strata_trt::map_pooled(desc({3, 2}, DataType::kINT64, keys),
+                                     desc({3, 4}, DataType::kFLOAT, out, Location::kDevice), 4, k, o);
+        CHECK(contains(err, "one on the host, one on the device"), "%s", err.c_str());
+    }
+
+    // End to end through strata_lookup_pooled: every combiner, int32 and int64 keys, misses, float32
+    // compared bit for bit with the loop, float16 and bfloat16 rows.
+    {
+        // int64 keys [4, 3]: 10, 11 and -1 are missing (the default row, -7 everywhere)
+        const int64_t k64[4][3] = {{0, 9, 3}, {10, 2, 2}, {-1, 11, 5}, {7, 7, 7}};
+        int32_t k32[4][3];
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 3; j++) k32[i][j] = static_cast<int32_t>(k64[i][j]);
+        for (Combiner c : pooled) {
+            for (int width = 32; width <= 64; width += 32) {
+                float out[4][4];
+                for (auto &r : out)
+                    for (float &x : r) x = NAN;
+                strata_status s = width == 32
+                                      ? strata_trt::run(table, c, desc({4, 3}, DataType::kINT32, k32),
+                                                        desc({4, 4}, DataType::kFLOAT, out), nullptr, 0, &err)
+                                      : strata_trt::lookup_pooled(table, desc({4, 3}, DataType::kINT64, k64),
+                                                                  desc({4, 4}, DataType::kFLOAT, out), c, nullptr, 1, &err);
+                CHECK(s == STRATA_OK, "%s int%d: %s", strata_trt::combiner_name(c), width, err.c_str());
+                bool same = true;
+                for (int i = 0; i < 4; i++) {
+                    float row[4];
+                    pooled_want(k64[i], 3, c, row);
+                    for (int j = 0; j < 4; j++) same = same && f32_bits(out[i][j]) == f32_bits(row[j]);
+                }
+                CHECK(same, "%s from int%d keys [4, 3] equals the loop", strata_trt::combiner_name(c), width);
+            }
+        }
+        // sum into float16 and bfloat16 (the sums are exact in both)
+        uint16_t h[4][4], bf[4][4];
+        std::memset(h, 0xFF, sizeof h);
+        std::memset(bf, 0xFF, sizeof bf);
+        strata_status s = strata_trt::lookup_pooled(table, desc({4, 3}, DataType::kINT64, k64),
+                                                    desc({4, 4}, DataType::kHALF, h), Combiner::kSUM, nullptr, 0, &err);
+        CHECK(s == STRATA_OK, "%s", err.c_str());
+        s = strata_trt::lookup_pooled(table, desc({4, 3}, DataType::kINT64, k64), desc({4, 4}, DataType::kBF16, bf),
+                                      Combiner::kSUM, nullptr, 0, &err);
+        CHECK(s == STRATA_OK, "%s", err.c_str());
+        bool hs = true, bs = true;
+        for (int i = 0; i < 4; i++) {
+            float row[4];
+            pooled_want(k64[i], 3, Combiner::kSUM, row);
+            for (int j = 0; j < 4; j++) {
+                hs = hs && h[i][j] == half_bits(row[j]);
+                bs = bs && bf[i][j] == static_cast<uint16_t>(f32_bits(row[j]) >> 16);
+            }
+        }
+        CHECK(hs, "sum into float16");
+        CHECK(bs, "sum into bfloat16");
+        // L = 0: every sample's bag is empty, zeros; B = 0: nothing
+        float z[2][4];
+        for (auto &r : z)
+            for (float &x : r) x = NAN;
+        s = strata_trt::lookup_pooled(table, desc({2, 0}, DataType::kINT64, k64), desc({2, 4}, DataType::kFLOAT, z),
+                                      Combiner::kMEAN, nullptr, 0, &err);
+        bool zeros = true;
+        for (auto &r : z)
+            for (float x : r) zeros = zeros && x == 0.0f;
+        CHECK(s == STRATA_OK && zeros, "[2, 0] keys give zero rows: %s", err.c_str());
+        s = strata_trt::lookup_pooled(table, desc({0, 3}, DataType::kINT64, nullptr), desc({0, 4}, DataType::kFLOAT, nullptr),
+                                      Combiner::kSUM, nullptr, 0, &err);
+        CHECK(s == STRATA_OK, "B = 0: %s", err.c_str());
+        // run() with kNONE is the plain lookup: [4, 3] -> [4, 3, 4]
+        float plain[4][3][4];
+        s = strata_trt::run(table, Combiner::kNONE, desc({4, 3}, DataType::kINT64, k64),
+                            desc({4, 3, 4}, DataType::kFLOAT, plain), nullptr, 0, &err);
+        bool ps = s == STRATA_OK;
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 3; j++)
+                for (int c = 0; c < 4; c++) ps = ps && plain[i][j][c] == want(k64[i][j], c);
+        CHECK(ps, "run(kNONE) is the plain lookup: %s", err.c_str());
+
+        // Refusals leave out as it was; strata's own refusals carry its message.
+        float out[4][4];
+        for (auto &r : out)
+            for (float &x : r) x = NAN;
+        s = strata_trt::lookup_pooled(table, desc({4, 3}, DataType::kINT64, k64), desc({4, 4}, DataType::kFLOAT, out),
+                                      Combiner::kNONE, nullptr, 0, &err);
+        CHECK(s == STRATA_INVALID_ARGUMENT && err == "combiner: none; expected sum, mean or sqrtn for a pooled lookup",
+              "%s", err.c_str());
+        s = strata_trt::lookup_pooled(table, desc({4, 3}, DataType::kINT64, k64), desc({4, 4}, DataType::kFLOAT, out),
+                                      static_cast<Combiner>(7), nullptr, 0, &err);
+        CHECK(s == STRATA_INVALID_ARGUMENT && contains(err, "STRATA_INVALID_ARGUMENT: pooling: 7; expected"), "%s",
+              err.c_str());
+        s = strata_trt::lookup_pooled(nullptr, desc({4, 3}, DataType::kINT64, k64), desc({4, 4}, DataType::kFLOAT, out),
+                                      Combiner::kSUM, nullptr, 0, &err);
+        CHECK(s == STRATA_NULL_ARGUMENT && contains(err, "table: NULL"), "%s", err.c_str());
+        s = strata_trt::run(table, Combiner::kMEAN, desc({12}, DataType::kINT64, k64), desc({12, 4}, DataType::kFLOAT, out),
+                            nullptr, 0, &err);
+        CHECK(s == STRATA_INVALID_ARGUMENT && contains(err, "keys: dims [12]; expected [B, L]"), "%s", err.c_str());
+        s = strata_trt::run(table, Combiner::kSUM, desc({4, 3}, DataType::kINT64, k64), desc({4, 3, 4}, DataType::kFLOAT, out),
+                            nullptr, 0, &err);
+        CHECK(s == STRATA_INVALID_ARGUMENT && contains(err, "out: dims [4, 3, 4]"), "%s", err.c_str());
+        s = strata_trt::run(table, Combiner::kSUM, desc({4, 3}, DataType::kINT64, k64), desc({3, 4}, DataType::kFLOAT, out),
+                            nullptr, 0, &err);
+        CHECK(s == STRATA_INVALID_ARGUMENT && contains(err, "out: dims [3, 4]; expected [B, emb_vec_size] = [4, 4]"), "%s",
+              err.c_str());
+        bool untouched = true;
+        for (auto &r : out)
+            for (float x : r) untouched = untouched && std::isnan(x);
+        CHECK(untouched, "refused pooled calls leave out as it was");
+        if (!strata_cuda_available()) {
+            s = strata_trt::lookup_pooled(table, desc({4, 3}, DataType::kINT64, k64, Location::kDevice),
+                                          desc({4, 4}, DataType::kFLOAT, out, Location::kDevice), Combiner::kSUM, nullptr,
+                                          0, &err);
+            CHECK(s == STRATA_UNSUPPORTED_DEVICE && contains(err, "STRATA_UNSUPPORTED_DEVICE: "), "%d %s", s, err.c_str());
+        }
+        // A missing key fails the call in a table that says so, with strata's message.
+        strata_table_options strict = strata_table_options_default();
+        strict.missing_key = STRATA_MISSING_ERROR;
+        strata_table *t2 = nullptr;
+        CHECK(strata_table_from_dlpack(&v, nullptr, &strict, &t2) == STRATA_OK, "%s", strata_last_error());
+        s = strata_trt::lookup_pooled(t2, desc({4, 3}, DataType::kINT64, k64), desc({4, 4}, DataType::kFLOAT, out),
+                                      Combiner::kSQRTN, nullptr, 0, &err);
+        CHECK(s == STRATA_KEY_NOT_FOUND && contains(err, "STRATA_KEY_NOT_FOUND: ") && contains(err, "10"), "%d %s", s,
               err.c_str());
         strata_table_free(t2);
     }

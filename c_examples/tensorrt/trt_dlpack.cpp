@@ -120,4 +120,101 @@ strata_status lookup(strata_table *table, const TensorDesc &keys, const TensorDe
     return s;
 }
 
+const char *combiner_name(Combiner c) {
+    switch (c) {
+        case Combiner::kNONE: return "none";
+        case Combiner::kSUM: return "sum";
+        case Combiner::kMEAN: return "mean";
+        case Combiner::kSQRTN: return "sqrtn";
+    }
+    return "unknown combiner";
+}
+
+std::string parse_combiner(const char *text, int64_t length, Combiner *out) {
+    std::string t;
+    if (text != nullptr && length > 0) {
+        t.assign(text, static_cast<size_t>(length));
+        t = t.substr(0, t.find('\0'));
+    }
+    for (Combiner c : {Combiner::kNONE, Combiner::kSUM, Combiner::kMEAN, Combiner::kSQRTN}) {
+        if (t == combiner_name(c)) {
+            *out = c;
+            return "";
+        }
+    }
+    return "combiner: '" + t + "'; expected none, sum, mean or sqrtn";
+}
+
+static std::string pooled_keys_error(const Dims &keys, const std::string &mode) {
+    return "keys: dims " + dims_text(keys) + "; expected [B, L] (L keys per sample) for " + mode;
+}
+
+std::string output_dims(const Dims &keys, int64_t dim, Combiner combiner, Dims *out) {
+    if (combiner == Combiner::kNONE) {
+        if (keys.nbDims < 0 || keys.nbDims >= kMaxDims) {
+            return "keys: nbDims " + std::to_string(keys.nbDims) + "; expected 0.." + std::to_string(kMaxDims - 1) +
+                   " (the output has one more)";
+        }
+        *out = keys;
+        out->d[keys.nbDims] = dim;
+        out->nbDims = keys.nbDims + 1;
+        return "";
+    }
+    if (keys.nbDims != 2) return pooled_keys_error(keys, std::string("combiner ") + combiner_name(combiner));
+    *out = Dims{};
+    out->nbDims = 2;
+    out->d[0] = keys.d[0];
+    out->d[1] = dim;
+    return "";
+}
+
+std::string check_pooled_shapes(const TensorDesc &keys, const TensorDesc &out, int64_t dim) {
+    if (keys.dims.nbDims != 2) return pooled_keys_error(keys.dims, "the pooled mode");
+    const Dims &o = out.dims;
+    if (o.nbDims == 2 && o.d[0] == keys.dims.d[0] && o.d[1] == dim) return "";
+    return "out: dims " + dims_text(o) + "; expected [B, emb_vec_size] = [" + std::to_string(keys.dims.d[0]) + ", " +
+           std::to_string(dim) + "] (one pooled row per sample)";
+}
+
+std::string map_pooled(const TensorDesc &keys, const TensorDesc &out, int64_t dim, DLTensorView &k, DLTensorView &o) {
+    std::string why = to_dltensor(keys, "keys", false, k);
+    if (why.empty()) why = to_dltensor(out, "out", true, o);
+    if (why.empty()) why = check_pooled_shapes(keys, out, dim);
+    if (why.empty() && keys.location != out.location) why = "keys and out: one on the host, one on the device";
+    return why;
+}
+
+strata_status lookup_pooled(strata_table *table, const TensorDesc &keys, const TensorDesc &out, Combiner combiner,
+                            void *stream, int32_t num_threads, std::string *error) {
+    std::string why;
+    strata_status status = STRATA_INVALID_ARGUMENT;
+    DLTensorView k, o;
+    if (table == nullptr) {
+        why = "table: NULL (the plugin has no table)";
+        status = STRATA_NULL_ARGUMENT;
+    } else if (combiner == Combiner::kNONE) {
+        why = "combiner: none; expected sum, mean or sqrtn for a pooled lookup";
+    } else {
+        why = map_pooled(keys, out, strata_table_dim(table), k, o);
+    }
+    if (!why.empty()) {
+        if (error) *error = why;
+        return status;
+    }
+    strata_lookup_options opts = strata_lookup_options_default();
+    opts.stream = stream;
+    opts.num_threads = num_threads;
+    // strata checks the combiner's value itself (and names `pooling` when it refuses one).
+    strata_status s = strata_lookup_pooled(table, &k.tensor, nullptr, nullptr, static_cast<int32_t>(combiner),
+                                           &o.tensor, &opts, nullptr);
+    if (s != STRATA_OK && error) *error = std::string(strata_status_name(s)) + ": " + strata_last_error();
+    return s;
+}
+
+strata_status run(strata_table *table, Combiner combiner, const TensorDesc &keys, const TensorDesc &out, void *stream,
+                  int32_t num_threads, std::string *error) {
+    if (combiner == Combiner::kNONE) return lookup(table, keys, out, stream, num_threads, error);
+    return lookup_pooled(table, keys, out, combiner, stream, num_threads, error);
+}
+
 }  // namespace strata_trt

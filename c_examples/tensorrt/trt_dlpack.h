@@ -29,6 +29,19 @@ enum class DataType : int32_t {
     kINT4 = 9,
 };
 
+// The plugin's `combiner` field: how a sample's keys become rows. kNONE (the default) looks every
+// key up: keys of any shape, output keys' dims + [dim]. The others are the fixed-hotness pooled
+// mode: keys [B, L] (L keys per sample, HPS's maxnum_catfeature_query_per_table_per_sample),
+// output [B, dim], each sample's L rows pooled by strata_lookup_pooled as TensorFlow's
+// embedding_lookup_sparse combiners: sum, mean (sum / L), sqrtn (sum / sqrt(L)); L = 0 gives
+// zeros. The values are strata's STRATA_POOL_* values.
+enum class Combiner : int32_t {
+    kNONE = STRATA_POOL_NONE,
+    kSUM = STRATA_POOL_SUM,
+    kMEAN = STRATA_POOL_MEAN,
+    kSQRTN = STRATA_POOL_SQRTN,
+};
+
 // Where a tensor's memory lives. TensorRT hands enqueue() device memory; host memory is for
 // tests and CPU-only hosts.
 enum class Location : int32_t { kHost = 0, kDevice = 1 };
@@ -73,6 +86,33 @@ std::string check_shapes(const TensorDesc &keys, const TensorDesc &out, int64_t 
 // (strata's own message for strata's refusals).
 strata_status lookup(strata_table *table, const TensorDesc &keys, const TensorDesc &out, void *stream,
                      int32_t num_threads, std::string *error);
+
+// The field's text for a combiner ("none", "sum", "mean", "sqrtn"; "unknown combiner" otherwise).
+const char *combiner_name(Combiner c);
+
+// Parses the `combiner` field: `length` bytes of `text` (a PluginField of kCHAR, with or without
+// its NUL), one of "none", "sum", "mean", "sqrtn". Returns "" and sets *out, or says why not.
+std::string parse_combiner(const char *text, int64_t length, Combiner *out);
+
+// The output dims for input dims `keys` (what getOutputShapes computes, on known dims): keys +
+// [dim] for kNONE, [B, dim] from [B, L] when pooled. Returns "" and sets *out, or says why not.
+std::string output_dims(const Dims &keys, int64_t dim, Combiner combiner, Dims *out);
+
+// Checks the pooled mode's shapes: keys [B, L] and out [B, dim]. "" when they are.
+std::string check_pooled_shapes(const TensorDesc &keys, const TensorDesc &out, int64_t dim);
+
+// The DLTensors of a pooled lookup: keys [B, L] and out [B, dim], row-major, on one location,
+// checked against `dim`. "" on success, else why not (naming keys or out).
+std::string map_pooled(const TensorDesc &keys, const TensorDesc &out, int64_t dim, DLTensorView &k, DLTensorView &o);
+
+// The pooled mode: maps both tensors, checks them, and calls strata_lookup_pooled (offsets and
+// weights NULL: fixed hotness, weights 1) with `combiner` on `stream`. Errors as lookup().
+strata_status lookup_pooled(strata_table *table, const TensorDesc &keys, const TensorDesc &out, Combiner combiner,
+                            void *stream, int32_t num_threads, std::string *error);
+
+// What enqueue() runs: lookup() for kNONE, else lookup_pooled().
+strata_status run(strata_table *table, Combiner combiner, const TensorDesc &keys, const TensorDesc &out, void *stream,
+                  int32_t num_threads, std::string *error);
 
 }  // namespace strata_trt
 

@@ -11,12 +11,21 @@ search path.
 
 Ownership in one line each: :meth:`Table.from_array` copies (``copy=False`` adopts the
 producer's memory); :meth:`Table.open` memory-maps; :func:`from_partitioned` borrows a single
-partition (keeping its producer alive) and copies several; :func:`lookup` borrows its tensors
-for the call; ``Table.__partitioned__`` hands out read-only views that keep the table alive.
+partition (keeping its producer alive) and copies several; :func:`lookup`,
+:func:`lookup_pooled` and :func:`lookup_batch` borrow their tensors for the call;
+``Table.__partitioned__`` hands out read-only views that keep the table alive.
+
+Pooled lookups (TensorFlow's ``embedding_lookup_sparse``, PyTorch's ``embedding_bag``) and many
+tables in one call (a DLRM's categorical features):
+
+>>> with strata.Table.from_array(np.arange(12, dtype=np.float32).reshape(4, 3)) as t:
+...     strata.lookup_pooled(t, np.array([0, 1, 3]), offsets=np.array([0, 2, 3]), pooling="mean").tolist()
+[[1.5, 2.5, 3.5], [9.0, 10.0, 11.0]]
 """
 
 from ._core import (
     LookupStats,
+    Request,
     Server,
     Table,
     TableInfo,
@@ -25,6 +34,9 @@ from ._core import (
     default_num_threads,
     from_partitioned,
     lookup,
+    lookup_batch,
+    lookup_batch_with_stats,
+    lookup_pooled,
     version,
 )
 from .errors import (
@@ -60,6 +72,7 @@ __all__ = [
     "NullArgument",
     "OutOfMemory",
     "ReadOnly",
+    "Request",
     "Server",
     "StoreError",
     "StrataError",
@@ -72,5 +85,8 @@ __all__ = [
     "default_num_threads",
     "from_partitioned",
     "lookup",
+    "lookup_batch",
+    "lookup_batch_with_stats",
+    "lookup_pooled",
     "version",
 ]

@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from . import _ffi
-from ._dlpack import Borrowed, View
+from ._dlpack import Borrowed, View, exportable
 from .errors import InvalidArgument, NullArgument, ReadOnly, UnsupportedDevice, UnsupportedDtype, error_for
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -22,6 +22,11 @@ _MISSING = {"fill": _ffi.STRATA_MISSING_FILL, "error": _ffi.STRATA_MISSING_ERROR
 _PLACEMENT = {"static": _ffi.STRATA_GPU_STATIC, "uvm": _ffi.STRATA_GPU_UVM, "cache": _ffi.STRATA_GPU_CACHE}
 _SHARDING = {"replicate": _ffi.STRATA_GPU_REPLICATE, "shard": _ffi.STRATA_GPU_SHARD}
 _OUT_DTYPES = ("float32", "float16", "bfloat16")
+#: Poolings by name (TensorFlow's ``combiner`` names). "none" is a plain lookup (batch requests only).
+_POOLING = {"sum": _ffi.STRATA_POOL_SUM, "mean": _ffi.STRATA_POOL_MEAN, "sqrtn": _ffi.STRATA_POOL_SQRTN}
+_POOLING_OR_NONE = {"none": _ffi.STRATA_POOL_NONE, **_POOLING}
+
+Pooling = Union[str, int]
 
 
 def _check(status: int) -> None:
@@ -95,6 +100,10 @@ class LookupStats:
     misses: int
     volatile_hits: int
     persistent_hits: int
+
+
+def _stats_of(st: _ffi.strata_lookup_stats) -> LookupStats:
+    return LookupStats(int(st.hits), int(st.misses), int(st.volatile_hits), int(st.persistent_hits))
 
 
 _C = TypeVar("_C", bound="_Closeable")
@@ -173,7 +182,7 @@ class Table(_Closeable):
         The ``gpu_*`` and ``hit_rate_threshold`` options are for CUDA builds (HPS's
         ``gpucacheper`` and ``hit_rate_threshold``); libraries that predate them ignore them."""
         opts = _options(default_value, missing, gpu_placement, gpu_cache_fraction, hit_rate_threshold, gpu_sharding)
-        v = Borrowed(vectors, "vectors")
+        v = Borrowed(exportable(vectors), "vectors")
         k = None if keys is None else Borrowed(_as_dlpack(keys), "keys")
         out = _ffi.TABLE_P()
         kp = None if k is None else k.tensor
@@ -295,7 +304,39 @@ class Table(_Closeable):
         makes the call wait for the stream."""
         st = _ffi.strata_lookup_stats()
         result = _lookup(self, keys, out, stream, num_threads, dtype, st)
-        return result, LookupStats(int(st.hits), int(st.misses), int(st.volatile_hits), int(st.persistent_hits))
+        return result, _stats_of(st)
+
+    def lookup_pooled(
+        self,
+        keys: Any,
+        offsets: Any = None,
+        weights: Any = None,
+        pooling: Pooling = "sum",
+        out: Any = None,
+        stream: Any = None,
+        num_threads: Optional[int] = None,
+        *,
+        dtype: str = "float32",
+    ) -> Any:
+        """:func:`lookup_pooled` on this table."""
+        return lookup_pooled(self, keys, offsets, weights, pooling, out, stream, num_threads, dtype=dtype)
+
+    def lookup_pooled_with_stats(
+        self,
+        keys: Any,
+        offsets: Any = None,
+        weights: Any = None,
+        pooling: Pooling = "sum",
+        out: Any = None,
+        stream: Any = None,
+        num_threads: Optional[int] = None,
+        *,
+        dtype: str = "float32",
+    ) -> Tuple[Any, LookupStats]:
+        """:func:`lookup_pooled` that also returns hits and misses (counted per key)."""
+        st = _ffi.strata_lookup_stats()
+        result = _lookup_pooled(self, keys, offsets, weights, pooling, out, stream, num_threads, dtype, st)
+        return result, _stats_of(st)
 
     # ---- updates (server tables with a writable tier) -----------------------------------------
 
@@ -502,7 +543,7 @@ def _lookup(
     result = out
     if out is None:
         result = _allocate(keys, k.device, (*k.shape, table.dim), dtype)
-    o = Borrowed(result, "out", s)
+    o = Borrowed(exportable(result), "out", s)
     if o.read_only and not k.versioned:
         raise ReadOnly("out: the tensor is flagged read-only (DLPACK_FLAG_BITMASK_READ_ONLY); expected a writable one")
     opts = _ffi.strata_lookup_options(s, 0 if num_threads is None else int(num_threads))
@@ -517,6 +558,262 @@ def _lookup(
     if out is not None:
         return out
     return _as_framework_of(keys, result)
+
+
+# ---- pooled and batched lookups --------------------------------------------------------------
+
+
+def _pooling_value(pooling: Pooling, what: str, allow_none: bool) -> int:
+    """A pooling name ("sum", "mean", "sqrtn"; "none" where allowed) as its ``strata_pooling``
+    value. An int is passed on as it is, for strata to check (and name ``what`` if refused)."""
+    if isinstance(pooling, (int, np.integer)) and not isinstance(pooling, bool):
+        return int(pooling)
+    names = _POOLING_OR_NONE if allow_none else _POOLING
+    if not isinstance(pooling, str):
+        raise InvalidArgument(f"{what}: {pooling!r}; expected one of {', '.join(map(repr, names))}")
+    return _choice(names, pooling, what)
+
+
+def _as_weights(x: Any) -> Any:
+    """Weights as a DLPack producer: ``x`` itself when it speaks DLPack (strata checks its dtype),
+    else ``np.asarray(x, float32)`` (lists and scalars of numbers)."""
+    return x if hasattr(x, "__dlpack__") else np.asarray(x, dtype=np.float32)
+
+
+def _require(fn: Optional[Any], name: str) -> Any:
+    if fn is None:
+        raise NotImplementedError(
+            f"{name}: the loaded libstrata ({version()}) predates it; load a newer library (STRATA_LIBRARY)"
+        )
+    return fn
+
+
+class _Prepared:
+    """One lookup's tensors, borrowed for a call: keys, optional offsets and weights, and out
+    (allocated when None). ``prefix`` starts every message ("requests[3]." in a batch)."""
+
+    def __init__(
+        self,
+        table: Any,
+        keys: Any,
+        out: Any,
+        offsets: Any,
+        weights: Any,
+        pooled: bool,
+        dtype: str,
+        stream: Optional[int],
+        prefix: str,
+    ) -> None:
+        if not isinstance(table, Table):
+            raise InvalidArgument(f"{prefix}table: a {type(table).__name__}; expected a strata.Table")
+        self.handle = table._handle()
+        self.keys_obj = _as_dlpack(keys)
+        self.out_given = out
+        self.k = Borrowed(self.keys_obj, prefix + "keys", stream)
+        self.off = None if offsets is None else Borrowed(_as_dlpack(offsets), prefix + "offsets", stream)
+        self.w = None if weights is None else Borrowed(_as_weights(weights), prefix + "weights", stream)
+        result = out
+        if out is None:
+            shape = _pooled_shape(self.k, self.off, table.dim) if pooled else (*self.k.shape, table.dim)
+            result = _allocate(self.keys_obj, self.k.device, shape, dtype)
+        self.result = result
+        self.o = Borrowed(exportable(result), prefix + "out", stream)
+        if self.o.read_only:
+            raise ReadOnly(
+                f"{prefix}out: the tensor is flagged read-only (DLPACK_FLAG_BITMASK_READ_ONLY); expected a writable one"
+            )
+
+    @property
+    def offsets(self) -> Any:
+        return None if self.off is None else self.off.tensor
+
+    @property
+    def weights(self) -> Any:
+        return None if self.w is None else self.w.tensor
+
+    def finish(self) -> Any:
+        """The result: ``out`` as given, or the allocated output in the keys' framework. Lets the
+        capsules go (the producers stay alive through the result and the caller)."""
+        result, keys_obj, given = self.result, self.keys_obj, self.out_given
+        del self.k, self.off, self.w, self.o
+        return given if given is not None else _as_framework_of(keys_obj, result)
+
+
+def _pooled_shape(k: Borrowed, off: Optional[Borrowed], dim: int) -> Tuple[int, int]:
+    """[B, dim] for a pooled output: B = len(offsets) - 1 with offsets, keys.shape[0] for 2-D keys
+    without. Any other combination is refused by strata before it looks at ``out``, so a [0, dim]
+    placeholder stands in for it and strata's message names the argument at fault."""
+    if off is not None:
+        oshape = off.shape
+        return (max(0, oshape[0] - 1) if len(oshape) == 1 else 0, dim)
+    kshape = k.shape
+    return (kshape[0] if len(kshape) == 2 else 0, dim)
+
+
+def _options_for(stream: Optional[int], num_threads: Optional[int]) -> _ffi.strata_lookup_options:
+    return _ffi.strata_lookup_options(stream, 0 if num_threads is None else int(num_threads))
+
+
+def _stream_arg(stream: Any) -> Optional[int]:
+    s = _stream_value(stream)
+    return None if s == 0 else s  # 0 is ambiguous in the array API; NULL is CUDA's legacy default stream
+
+
+def lookup_pooled(
+    table: Table,
+    keys: Any,
+    offsets: Any = None,
+    weights: Any = None,
+    pooling: Pooling = "sum",
+    out: Any = None,
+    stream: Any = None,
+    num_threads: Optional[int] = None,
+    *,
+    dtype: str = "float32",
+) -> Any:
+    """Looks bags of ``keys`` up in ``table`` and pools each bag's rows into one row: TensorFlow's
+    ``embedding_lookup_sparse``, HPS's ``SparseLookupLayer``, PyTorch's ``embedding_bag``.
+
+    Bags: ``keys`` 1-D ``[nnz]`` with ``offsets``, ``B + 1`` int32/int64 entries (``offsets[0]``
+    = 0, non-decreasing, ``offsets[B]`` = nnz: PyTorch's ``include_last_offset=True`` form), bag
+    ``b`` being ``keys[offsets[b]:offsets[b + 1]]``; or ``keys`` 2-D ``[B, L]`` with
+    ``offsets=None`` (fixed hotness: each row is a bag). Keys are int32, int64, uint32 or uint64,
+    any strides. ``weights``: None (all 1) or float32 of the keys' shape (a list is converted to
+    float32; a DLPack tensor of another dtype is refused).
+
+    ``pooling``: "sum" (Σ wⱼ·row(kⱼ)), "mean" (the sum / Σ wⱼ) or "sqrtn" (the sum / √Σ wⱼ²), or a
+    ``strata_pooling`` int. An empty bag, or a zero weight total for "mean" and "sqrtn", gives
+    zeros. A missing key contributes the table's default row (and counts as a miss), or raises
+    :class:`KeyNotFound` in a ``missing="error"`` table. Accumulation is float32 in key order.
+
+    ``out``: None, or a writable ``[B, dim]`` float32, float16 or bfloat16 tensor (any
+    non-overlapping strides), filled in place and returned; nothing outside it is written. With
+    ``out=None`` a ``[B, dim]`` array of ``dtype`` is allocated as :func:`lookup` does (NumPy for
+    NumPy keys, the keys' framework otherwise). ``stream`` and ``num_threads`` as in
+    :func:`lookup`. Bad input raises the :class:`StrataError` subclass of strata's status, whose
+    message names the argument (``offsets: offsets[0] = 1; expected 0``)."""
+    return _lookup_pooled(table, keys, offsets, weights, pooling, out, stream, num_threads, dtype, None)
+
+
+def _lookup_pooled(
+    table: Table,
+    keys: Any,
+    offsets: Any,
+    weights: Any,
+    pooling: Pooling,
+    out: Any,
+    stream: Any,
+    num_threads: Optional[int],
+    dtype: str,
+    stats: Optional[_ffi.strata_lookup_stats],
+) -> Any:
+    fn = _require(_ffi.strata_lookup_pooled, "lookup_pooled")
+    p_value = _pooling_value(pooling, "pooling", allow_none=False)
+    s = _stream_arg(stream)
+    p = _Prepared(table, keys, out, offsets, weights, True, dtype, s, "")
+    opts = _options_for(s, num_threads)
+    st = None if stats is None else byref(stats)
+    _check(fn(p.handle, p.k.tensor, p.offsets, p.weights, p_value, p.o.tensor, byref(opts), st))
+    return p.finish()
+
+
+@dataclass
+class Request:
+    """One lookup of :func:`lookup_batch`: ``table``, ``keys``, ``out`` (None: allocated), and for
+    a pooled lookup ``offsets``, ``weights`` and ``pooling`` ("sum", "mean", "sqrtn"; the default
+    "none" is a plain :func:`lookup`, where offsets and weights must be None). The tensors are any
+    DLPack producers, as in :func:`lookup` and :func:`lookup_pooled`."""
+
+    table: Table
+    keys: Any
+    out: Any = None
+    offsets: Any = None
+    weights: Any = None
+    pooling: Pooling = "none"
+
+
+RequestLike = Union[Request, Sequence[Any], Mapping[str, Any]]
+
+
+def _request(r: RequestLike, i: int) -> Request:
+    if isinstance(r, Request):
+        return r
+    try:
+        if isinstance(r, Mapping):
+            return Request(**r)
+        if isinstance(r, (tuple, list)):
+            return Request(*r)
+    except TypeError as e:
+        raise InvalidArgument(f"requests[{i}]: {e}; expected the fields of strata.Request") from None
+    raise InvalidArgument(
+        f"requests[{i}]: a {type(r).__name__}; expected a strata.Request, a tuple "
+        "(table, keys, out, offsets, weights, pooling) or a dict of those fields"
+    )
+
+
+def lookup_batch(
+    requests: Sequence[RequestLike],
+    stream: Any = None,
+    num_threads: Optional[int] = None,
+    *,
+    dtype: str = "float32",
+) -> List[Any]:
+    """Runs many lookups, plain or pooled, on tables of any dims and dtypes as one call
+    (``strata_lookup_batch``): a DLRM's 26 tables in one dispatch instead of 26. Returns the
+    outputs in order; each equals what :func:`lookup` (pooling "none") or :func:`lookup_pooled`
+    would give for that request.
+
+    ``requests``: :class:`Request` objects, tuples ``(table, keys, out, offsets, weights,
+    pooling)`` (trailing fields optional) or dicts of those fields. Outputs that are None are
+    allocated as the single calls do, with ``dtype``. ``stream`` and ``num_threads`` apply to
+    every request. strata checks every request before writing any output; an error names the
+    request (``requests[1].offsets: ...``)."""
+    return _lookup_batch(requests, stream, num_threads, dtype, False)[0]
+
+
+def lookup_batch_with_stats(
+    requests: Sequence[RequestLike],
+    stream: Any = None,
+    num_threads: Optional[int] = None,
+    *,
+    dtype: str = "float32",
+) -> Tuple[List[Any], List[LookupStats]]:
+    """:func:`lookup_batch` that also returns each request's hits and misses."""
+    return _lookup_batch(requests, stream, num_threads, dtype, True)
+
+
+def _lookup_batch(
+    requests: Sequence[RequestLike],
+    stream: Any,
+    num_threads: Optional[int],
+    dtype: str,
+    want_stats: bool,
+) -> Tuple[List[Any], List[LookupStats]]:
+    fn = _require(_ffi.strata_lookup_batch, "lookup_batch")
+    s = _stream_arg(stream)
+    reqs = [_request(r, i) for i, r in enumerate(requests)]
+    if not reqs:
+        return [], []
+    prepared: List[_Prepared] = []
+    stats = [_ffi.strata_lookup_stats() for _ in reqs] if want_stats else []
+    arr = (_ffi.strata_lookup_request * len(reqs))()
+    for i, r in enumerate(reqs):
+        prefix = f"requests[{i}]."
+        p_value = _pooling_value(r.pooling, prefix + "pooling", allow_none=True)
+        p = _Prepared(r.table, r.keys, r.out, r.offsets, r.weights, p_value != 0, dtype, s, prefix)
+        prepared.append(p)
+        arr[i] = _ffi.strata_lookup_request(
+            p.handle,
+            p.k.tensor,
+            p.offsets,
+            p.weights,
+            p_value,
+            p.o.tensor,
+            ctypes.pointer(stats[i]) if want_stats else None,
+        )
+    opts = _options_for(s, num_threads)
+    _check(fn(arr, len(reqs), byref(opts)))
+    return [p.finish() for p in prepared], [_stats_of(st) for st in stats]
 
 
 # ---- servers ---------------------------------------------------------------------------------

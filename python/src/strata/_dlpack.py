@@ -9,6 +9,8 @@ import threading
 from ctypes import POINTER, c_int64
 from typing import Any, Dict, Optional, Tuple
 
+import numpy as np
+
 from . import _ffi
 from .errors import InvalidArgument
 
@@ -182,6 +184,44 @@ class View:
     def shape(self) -> Tuple[int, ...]:
         t = self._tensor
         return tuple(int(t.shape[i]) for i in range(t.ndim))
+
+
+class HostArray:
+    """A DLPack producer over a host NumPy array whose dtype NumPy cannot export itself
+    (ml_dtypes' ``bfloat16``): the same memory, shape and strides, described as ``code``/``bits``.
+    Writable when the array is. Keeps the array alive while a consumer holds the memory."""
+
+    def __init__(self, arr: Any, code: int, bits: int) -> None:
+        self.arr = arr
+        elem = bits // 8
+        n = max(1, arr.ndim)
+        self._shape = (c_int64 * n)(*(list(arr.shape) or [0]))
+        self._strides = (c_int64 * n)(*([st // elem for st in arr.strides] or [0]))
+        t = _ffi.DLTensor()
+        t.data = arr.ctypes.data
+        t.device = _ffi.DLDevice(_ffi.kDLCPU, 0)
+        t.ndim = arr.ndim
+        t.dtype = _ffi.DLDataType(code, bits, 1)
+        t.shape = ctypes.cast(self._shape, POINTER(c_int64))
+        t.strides = ctypes.cast(self._strides, POINTER(c_int64))
+        self._tensor = t
+
+    def __dlpack_device__(self) -> Tuple[int, int]:
+        return (_ffi.kDLCPU, 0)
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        view = View(self._tensor, self)
+        view.read_only = not self.arr.flags.writeable
+        return view.__dlpack__(**kwargs)
+
+
+def exportable(obj: Any) -> Any:
+    """``obj``, or a :class:`HostArray` over it when it is a NumPy array of ml_dtypes' bfloat16
+    (which ``ndarray.__dlpack__`` refuses)."""
+    dt = getattr(obj, "dtype", None)
+    if isinstance(dt, np.dtype) and dt.name == "bfloat16" and dt.itemsize == 2 and hasattr(obj, "ctypes"):
+        return HostArray(obj, _ffi.kDLBfloat, 16)
+    return obj
 
 
 def live_exports() -> int:

@@ -111,6 +111,7 @@ STRATA_MISSING_FILL, STRATA_MISSING_ERROR = 0, 1
 STRATA_GPU_STATIC, STRATA_GPU_UVM, STRATA_GPU_CACHE = 0, 1, 2
 STRATA_GPU_REPLICATE, STRATA_GPU_SHARD = 0, 1
 STRATA_FEATURE_CUDA, STRATA_FEATURE_MPI = 1, 2
+STRATA_POOL_NONE, STRATA_POOL_SUM, STRATA_POOL_MEAN, STRATA_POOL_SQRTN = 0, 1, 2, 3
 
 
 class _Sized(Structure):
@@ -148,6 +149,26 @@ class strata_lookup_stats(_Sized):
         ("misses", c_uint64),
         ("volatile_hits", c_uint64),
         ("persistent_hits", c_uint64),
+    ]
+
+
+class strata_table(Structure):  # opaque
+    pass
+
+
+class strata_lookup_request(_Sized):
+    """``strata_lookup_request``: one lookup of a ``strata_lookup_batch``. An array of them strides
+    by ``struct_size``: every element is built with this constructor (this package's sizeof)."""
+
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("table", POINTER(strata_table)),
+        ("keys", POINTER(DLTensor)),
+        ("offsets", POINTER(DLTensor)),
+        ("weights", POINTER(DLTensor)),
+        ("pooling", c_int32),
+        ("out", POINTER(DLTensor)),
+        ("stats", POINTER(strata_lookup_stats)),
     ]
 
 
@@ -261,10 +282,6 @@ def sized_element(array: Any, i: int) -> Any:
     return array._type_.from_address(base + i * stride)
 
 
-class strata_table(Structure):  # opaque
-    pass
-
-
 class strata_server(Structure):  # opaque
     pass
 
@@ -341,6 +358,29 @@ strata_lookup_managed_versioned = _bind(
     POINTER(DLManagedTensorVersioned),
     POINTER(DLManagedTensorVersioned),
     *_LOOKUP_ARGS,
+)
+# Pooled and batched lookups (0.4): None when the loaded library predates them.
+strata_lookup_pooled: Optional[Any] = (
+    _bind(
+        "strata_lookup_pooled",
+        STATUS_T,
+        TABLE_P,
+        POINTER(DLTensor),
+        POINTER(DLTensor),
+        POINTER(DLTensor),
+        c_int32,
+        POINTER(DLTensor),
+        *_LOOKUP_ARGS,
+    )
+    if hasattr(lib, "strata_lookup_pooled")
+    else None
+)
+strata_lookup_batch: Optional[Any] = (
+    _bind(
+        "strata_lookup_batch", STATUS_T, POINTER(strata_lookup_request), c_size_t, POINTER(strata_lookup_options)
+    )
+    if hasattr(lib, "strata_lookup_batch")
+    else None
 )
 _OPTS_OUT = (POINTER(strata_table_options), POINTER(TABLE_P))
 strata_table_from_dlpack = _bind("strata_table_from_dlpack", STATUS_T, POINTER(DLTensor), POINTER(DLTensor), *_OPTS_OUT)
