@@ -767,7 +767,7 @@ def test_c_lookup_batch(rng):
         arr = batch_array(reqs, big)
         ctypes.c_uint8.from_address(ctypes.addressof(arr) + big + big - 1).value = 1  # requests[1]'s tail
         C.expect(c_lookup_batch(arr, 3, None), C.STRATA_INVALID_ARGUMENT, "non-zero tail")
-        assert C.last_error().startswith("requests: [1].struct_size = 72, and byte 71 is not zero"), C.last_error()
+        assert C.last_error().startswith("requests: requests[1].struct_size = 72, and byte 71 is not zero"), C.last_error()
         # NULL requests with n > 0 (strata 0.4 says STRATA_INVALID_ARGUMENT, "requests:  is NULL; ...")
         s = c_lookup_batch(None, 2, None)
         assert s in (C.STRATA_NULL_ARGUMENT, C.STRATA_INVALID_ARGUMENT), s
