@@ -9,31 +9,60 @@ use crate::error::{Error, Result};
 use crate::server::Server;
 use dlpark::ffi::DLTensor;
 use std::ffi::c_char;
+use crate::util::lock::lock;
 use std::path::Path;
+use std::sync::{Arc, Mutex, Weak};
 
-/// The tables of every model of a configuration, and a `strata_table` handle for each, which
-/// the server owns (`strata_server_table` lends them; `strata_table_free` on them is a no-op).
+/// A handle to the parameter server of a configuration. Every handle opened on the same
+/// configuration in one process shares one server and one set of `strata_table` handles for its
+/// tables (see `strata_server_open`).
 ///
-/// Ownership: the caller owns the server and frees it with `strata_server_free`, which frees
-/// its tables. Threading: any thread may use it; lookups and updates on its tables may run at
-/// once from many threads.
+/// Ownership: each handle is counted; `strata_server_free` drops one, and the server closes
+/// with the last. Threading: any thread may use or free a handle; lookups and updates on the
+/// tables may run at once from many threads.
 pub struct strata_server {
+    shared: Arc<Tables>,
+}
+
+/// A server and the `strata_table` handles of its tables, shared by every `strata_server`
+/// handle of the server.
+struct Tables {
     /// Per model, per table; boxed so the handles handed out never move.
     #[allow(clippy::vec_box)]
     handles: Vec<Vec<Box<strata_table>>>,
     /// Declared after the handles, which point into it, so it is dropped after them.
-    server: Server,
+    server: Arc<Server>,
 }
 
+// SAFETY: the table handles point into `server`'s tables, which are Send + Sync and live as long
+// as this value (it holds the server); the handles themselves are only read.
+unsafe impl Send for Tables {}
+// SAFETY: as above.
+unsafe impl Sync for Tables {}
+
+/// The table handles of each live server, so every `strata_server` handle of one server lends
+/// the same `strata_table` pointers (valid while any of them is open).
+static TABLES: Mutex<Vec<Weak<Tables>>> = Mutex::new(Vec::new());
+
 impl strata_server {
-    /// A new handle owning `server`, for the caller to free with `strata_server_free`.
-    fn into_raw(server: Server) -> *mut strata_server {
-        let handles = server
-            .models()
-            .iter()
-            .map(|m| m.tables.iter().map(|t| Box::new(strata_table::borrowed_from_server(t))).collect())
-            .collect();
-        Box::into_raw(Box::new(strata_server { handles, server }))
+    /// A new handle on `server`, for the caller to free with `strata_server_free`.
+    fn into_raw(server: Arc<Server>) -> *mut strata_server {
+        let mut all = lock(&TABLES);
+        all.retain(|t| t.strong_count() > 0);
+        let shared = match all.iter().filter_map(Weak::upgrade).find(|t| Arc::ptr_eq(&t.server, &server)) {
+            Some(t) => t,
+            None => {
+                let handles = server
+                    .models()
+                    .iter()
+                    .map(|m| m.tables.iter().map(|t| Box::new(strata_table::borrowed_from_server(t))).collect())
+                    .collect();
+                let t = Arc::new(Tables { handles, server });
+                all.push(Arc::downgrade(&t));
+                t
+            }
+        };
+        Box::into_raw(Box::new(strata_server { shared }))
     }
 }
 
@@ -69,7 +98,17 @@ pub extern "C" fn strata_table_stats_default() -> strata_table_stats {
 /// (`models[1].sparse_files[0]`) and the reason. Fields strata ignores or does not know are
 /// listed by `strata_server_warning`.
 ///
-/// Ownership: on success `*out` receives a server the caller frees with `strata_server_free`.
+/// One server per configuration per process, as HPS kept: opening a configuration that is
+/// already open in this process (the same canonical file path, however spelled, with unchanged
+/// content) returns another handle to the same server, with the same tiers and tables, so an
+/// update through one handle is seen through every other and memory does not multiply with the
+/// number of plugin instances or op kernels. A different configuration whose `persistent_db`
+/// names the store folder of one already open is refused with `STRATA_CONFIG_ERROR` naming
+/// both (it would keep a volatile tier of its own over the same store and serve stale rows).
+/// Thread-safe: many threads may open and free at once.
+///
+/// Ownership: on success `*out` receives a counted handle the caller frees with
+/// `strata_server_free`; the server closes with the last handle.
 ///
 /// # Safety
 /// `ps_json_path` is NULL or a NUL-terminated string; `out` is NULL or writable.
@@ -80,13 +119,14 @@ pub unsafe extern "C" fn strata_server_open(ps_json_path: *const c_char, out: *m
         let out = unsafe { out_handle(out, "out") }?;
         // SAFETY: `ps_json_path` is NULL or valid as this export's # Safety section requires.
         let path = unsafe { c_str(ps_json_path, "ps_json_path") }?;
-        *out = strata_server::into_raw(Server::open(Path::new(path))?);
+        *out = strata_server::into_raw(crate::server::open_shared(Path::new(path))?);
         Ok(())
     })
 }
 
 /// `strata_server_open` from JSON text; relative paths are relative to `base_dir` (NULL: the
-/// current directory). The text is only read during the call.
+/// current directory). The text is only read during the call. The same text with the same
+/// (canonical) base folder opens the same server, as `strata_server_open` does for a file.
 ///
 /// # Safety
 /// `json` is NULL or a NUL-terminated string; `base_dir` is NULL or a NUL-terminated string; `out`
@@ -104,13 +144,14 @@ pub unsafe extern "C" fn strata_server_open_json(
         let json = unsafe { c_str(json, "json") }?;
         // SAFETY: `base_dir` is NULL or valid as this export's # Safety section requires.
         let base = if base_dir.is_null() { "." } else { unsafe { c_str(base_dir, "base_dir") }? };
-        *out = strata_server::into_raw(Server::from_json(json, Path::new(base))?);
+        *out = strata_server::into_raw(crate::server::open_json_shared(json, Path::new(base))?);
         Ok(())
     })
 }
 
-/// Frees a server and all its tables. NULL is a no-op. No lookup or update on its tables may
-/// be running or start afterwards.
+/// Frees one handle of a server; the last handle of a server frees it and all its tables, in
+/// whatever order the handles go. NULL is a no-op. After the last handle, no lookup or update on
+/// its tables may be running or start.
 ///
 /// # Safety
 /// `server` is NULL or a live server handle.
@@ -125,8 +166,9 @@ pub unsafe extern "C" fn strata_server_free(server: *mut strata_server) {
     })
 }
 
-/// Table `table_id` (its index in the model's `sparse_files`) of `model`. Ownership: borrowed
-/// from the server, valid until `strata_server_free`; `strata_table_free` on it is a no-op.
+/// Table `table_id` (its index in the model's `sparse_files`) of `model`. Every handle of one
+/// server lends the same table pointer. Ownership: borrowed from the server, valid while any
+/// handle of the server is open; `strata_table_free` on it is a no-op.
 ///
 /// # Safety
 /// `server` is NULL or a live server handle; `model` is NULL or a NUL-terminated string; `out` is
@@ -145,9 +187,9 @@ pub unsafe extern "C" fn strata_server_table(
         let s = unsafe { server_arg(server) }?;
         // SAFETY: `model` is NULL or valid as this export's # Safety section requires.
         let model = unsafe { c_str(model, "model") }?;
-        s.server.table(model, table_id)?;
-        let m = s.server.models().iter().position(|m| m.name.to_bytes() == model.as_bytes()).expect("found above");
-        *out = &*s.handles[m][table_id as usize] as *const strata_table as *mut strata_table;
+        s.shared.server.table(model, table_id)?;
+        let m = s.shared.server.models().iter().position(|m| m.name.to_bytes() == model.as_bytes()).expect("found above");
+        *out = &*s.shared.handles[m][table_id as usize] as *const strata_table as *mut strata_table;
         Ok(())
     })
 }
@@ -162,7 +204,7 @@ pub unsafe extern "C" fn strata_server_num_models(server: *const strata_server, 
         // SAFETY: `server` is NULL or valid as this export's # Safety section requires.
         let s = unsafe { server_arg(server) }?;
         // SAFETY: `count` is NULL or valid as this export's # Safety section requires.
-        unsafe { write_count(count, "count", s.server.models().len()) }
+        unsafe { write_count(count, "count", s.shared.server.models().len()) }
     })
 }
 
@@ -181,7 +223,7 @@ pub unsafe extern "C" fn strata_server_model(
 ) -> Status {
     boundary(|| {
         // SAFETY: `server` is NULL or valid as this export's # Safety section requires.
-        let server = &unsafe { server_arg(server) }?.server;
+        let server = &unsafe { server_arg(server) }?.shared.server;
         // SAFETY: `name` is NULL or valid as this export's # Safety section requires.
         let name = unsafe { arg_mut(name, "name") }?;
         let m = usize::try_from(index).ok().and_then(|i| server.models().get(i)).ok_or_else(|| {
@@ -209,7 +251,7 @@ pub unsafe extern "C" fn strata_server_table_name(
 ) -> Status {
     boundary(|| {
         // SAFETY: `server` is NULL or valid as this export's # Safety section requires.
-        let server = &unsafe { server_arg(server) }?.server;
+        let server = &unsafe { server_arg(server) }?.shared.server;
         // SAFETY: `model` is NULL or valid as this export's # Safety section requires.
         let model = unsafe { c_str(model, "model") }?;
         // SAFETY: `name` is NULL or valid as this export's # Safety section requires.
@@ -230,7 +272,7 @@ pub unsafe extern "C" fn strata_server_num_warnings(server: *const strata_server
         // SAFETY: `server` is NULL or valid as this export's # Safety section requires.
         let s = unsafe { server_arg(server) }?;
         // SAFETY: `count` is NULL or valid as this export's # Safety section requires.
-        unsafe { write_count(count, "count", s.server.warnings().len()) }
+        unsafe { write_count(count, "count", s.shared.server.warnings().len()) }
     })
 }
 
@@ -242,7 +284,7 @@ pub unsafe extern "C" fn strata_server_num_warnings(server: *const strata_server
 pub unsafe extern "C" fn strata_server_warning(server: *const strata_server, index: i32, text: *mut *const c_char) -> Status {
     boundary(|| {
         // SAFETY: `server` is NULL or valid as this export's # Safety section requires.
-        let server = &unsafe { server_arg(server) }?.server;
+        let server = &unsafe { server_arg(server) }?.shared.server;
         // SAFETY: `text` is NULL or valid as this export's # Safety section requires.
         let text = unsafe { arg_mut(text, "text") }?;
         let w = usize::try_from(index).ok().and_then(|i| server.warnings().get(i)).ok_or_else(|| {

@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use super::options::MissingKey;
 use crate::storage::tier::persistent::PersistentTable;
 use crate::storage::tier::volatile::VolatileTier;
+use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Cumulative counters of one table, all tiers (`strata_table_get_stats`).
@@ -53,6 +54,11 @@ pub struct TieredTable {
     default_row: Vec<f32>,
     missing: MissingKey,
     counters: Counters,
+    /// Orders promotions against writes: a writer holds it exclusively from its persistent
+    /// commit through its volatile update and then bumps the count; a promotion notes the
+    /// count before its persistent read and inserts, under the shared lock, only if the count
+    /// has not moved, so it never puts back a row older than a committed write.
+    writes: RwLock<u64>,
 }
 
 #[derive(Default)]
@@ -90,6 +96,7 @@ impl TieredTable {
             default_row: vec![default_value; dim],
             missing,
             counters: Counters::default(),
+            writes: RwLock::new(0),
         }
     }
 
@@ -148,6 +155,7 @@ impl TieredTable {
             s.missing.clear();
             s.missing.extend((0..n).filter(|&i| !present[i]));
             if !s.missing.is_empty() {
+                let before = *self.writes.read().unwrap_or_else(|e| e.into_inner());
                 let m = s.missing.len();
                 s.miss_keys.clear();
                 s.miss_keys.extend(s.missing.iter().map(|&i| keys[i]));
@@ -155,6 +163,8 @@ impl TieredTable {
                 s.miss_found.clear();
                 s.miss_found.resize(m, false);
                 let (h, _) = t.get_many(&s.miss_keys, &mut s.miss_rows, &mut s.miss_found)?;
+                #[cfg(test)]
+                tests::after_persistent_read(self);
                 ph = h;
                 for (j, &i) in s.missing.iter().enumerate() {
                     if s.miss_found[j] {
@@ -172,7 +182,10 @@ impl TieredTable {
                                 s.promote_rows.extend_from_slice(&s.miss_rows[j * dim..(j + 1) * dim]);
                             }
                         }
-                        v.insert_many(&s.promote_keys, &s.promote_rows);
+                        let writes = self.writes.read().unwrap_or_else(|e| e.into_inner());
+                        if *writes == before {
+                            v.insert_many(&s.promote_keys, &s.promote_rows);
+                        }
                     }
             }
         }
@@ -208,12 +221,15 @@ impl TieredTable {
     /// (durable on return), then the volatile tier.
     pub(crate) fn upsert(&self, keys: &[u64], rows: &[f32]) -> Result<()> {
         self.writable()?;
+        let mut writes = self.writes.write().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = &self.persistent {
             p.upsert(keys, rows)?;
         }
         if let Some(v) = &self.volatile {
             v.insert_many(keys, rows);
         }
+        *writes += 1;
+        drop(writes);
         self.counters.upserts.fetch_add(keys.len() as u64, Ordering::Relaxed);
         Ok(())
     }
@@ -221,11 +237,14 @@ impl TieredTable {
     /// Removes keys from every tier; returns how many the table held.
     pub(crate) fn erase(&self, keys: &[u64]) -> Result<u64> {
         self.writable()?;
+        let mut writes = self.writes.write().unwrap_or_else(|e| e.into_inner());
         let from_persistent = match &self.persistent {
             Some(p) => Some(p.erase(keys)?),
             None => None,
         };
         let from_volatile = self.volatile.as_ref().map_or(0, |v| v.erase_many(keys));
+        *writes += 1;
+        drop(writes);
         let erased = from_persistent.unwrap_or(from_volatile);
         self.counters.erases.fetch_add(erased, Ordering::Relaxed);
         Ok(erased)
@@ -251,4 +270,127 @@ pub(crate) struct TierScratch {
     miss_found: Vec<bool>,
     promote_keys: Vec<u64>,
     promote_rows: Vec<f32>,
+}
+
+#[cfg(test)]
+mod tests {
+    //! The promotion race, forced through a hook between a promotion's persistent read and its
+    //! volatile insert (no sleeps), and a stress test of readers against a writer.
+    use super::*;
+    use crate::server::Server;
+    use std::cell::RefCell;
+    use std::sync::Arc;
+
+    thread_local! {
+        /// Run once, on this thread, right after a promotion's persistent read.
+        static HOOK: RefCell<Option<Box<dyn FnOnce(&TieredTable)>>> = RefCell::new(None);
+    }
+
+    /// Called by `fetch` (test builds only) after the persistent read of a chunk's misses.
+    pub(super) fn after_persistent_read(t: &TieredTable) {
+        if let Some(f) = HOOK.with(|h| h.borrow_mut().take()) {
+            f(t);
+        }
+    }
+
+    /// A server of one table (`dim` 4) with a tiny volatile tier that promotes misses, over a
+    /// persistent store holding keys 0..rows with rows `[k, k, k, k]`, nothing warmed.
+    fn server(dir: &std::path::Path, rows: u64, capacity: usize) -> Server {
+        let sparse = dir.join("sparse");
+        std::fs::create_dir_all(&sparse).unwrap();
+        let keys: Vec<u8> = (0..rows as i64).flat_map(|k| k.to_le_bytes()).collect();
+        let vecs: Vec<u8> = (0..rows).flat_map(|k| [k as f32; 4]).flat_map(|v| v.to_le_bytes()).collect();
+        std::fs::write(sparse.join("key"), keys).unwrap();
+        std::fs::write(sparse.join("emb_vector"), vecs).unwrap();
+        let json = format!(
+            r#"{{"supportlonglong": true,
+                "volatile_db": {{"type": "parallel_hash_map", "num_partitions": 2, "overflow_margin": {capacity},
+                                 "initial_cache_rate": 0.0, "cache_missed_embeddings": true}},
+                "persistent_db": {{"type": "rocks_db", "path": "db"}},
+                "models": [{{"model": "m", "sparse_files": ["sparse"], "embedding_vecsize_per_table": [4],
+                             "default_value_for_each_table": [-1.0],
+                             "maxnum_catfeature_query_per_table_per_sample": [1], "deployed_device_list": [0],
+                             "max_batch_size": 64}}]}}"#
+        );
+        Server::from_json(&json, dir).unwrap()
+    }
+
+    fn tiered(s: &Server) -> &TieredTable {
+        match &s.table("m", 0).unwrap().kind {
+            crate::table::TableKind::Tiered(t) => t,
+            _ => panic!("a tiered table"),
+        }
+    }
+
+    fn read(t: &TieredTable, key: u64) -> Option<f32> {
+        let (mut rows, mut found) = (vec![0f32; 4], vec![false]);
+        t.fetch(&[key], &mut rows, &mut found, &mut TierScratch::default()).unwrap();
+        found[0].then_some(rows[0])
+    }
+
+    #[test]
+    fn a_promotion_never_resurrects_an_upsert_or_an_erase_committed_after_its_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = server(dir.path(), 100, 64);
+        let t = tiered(&s);
+        // Key 7 is only in the persistent tier; the lookup reads [7; 4] and, before it
+        // promotes that row, an upsert of [70; 4] commits.
+        HOOK.with(|h| *h.borrow_mut() = Some(Box::new(|t: &TieredTable| t.upsert(&[7], &[70.0; 4]).unwrap())));
+        assert_eq!(read(t, 7), Some(7.0), "the lookup that raced the write returns what it read");
+        assert_eq!(read(t, 7), Some(70.0), "the promotion put back the row the upsert replaced");
+        // Key 9: an erase commits between the read and the promotion.
+        HOOK.with(|h| *h.borrow_mut() = Some(Box::new(|t: &TieredTable| assert_eq!(t.erase(&[9]).unwrap(), 1))));
+        assert_eq!(read(t, 9), Some(9.0));
+        assert_eq!(read(t, 9), None, "the promotion resurrected an erased row");
+        // Without a racing write, a promotion does happen (the next read is a volatile hit).
+        assert_eq!(read(t, 11), Some(11.0));
+        let (mut rows, mut found) = (vec![0f32; 4], vec![false]);
+        let (vh, ph) = t.fetch(&[11], &mut rows, &mut found, &mut TierScratch::default()).unwrap();
+        assert_eq!((vh, ph), (1, 0), "key 11 was promoted");
+    }
+
+    #[test]
+    fn readers_and_a_writer_over_a_tiny_volatile_tier_end_coherent() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Arc::new(server(dir.path(), 64, 8));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let readers: Vec<_> = (0..3)
+            .map(|r| {
+                let (s, stop) = (s.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let t = tiered(&s);
+                    let mut k = r as u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        read(t, k % 64);
+                        k = k.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407) >> 3;
+                    }
+                })
+            })
+            .collect();
+        // The writer: 2,000 writes over 64 keys (upserts of increasing values, some erases),
+        // remembering each key's last committed state.
+        let t = tiered(&s);
+        let mut last: Vec<Option<f32>> = (0..64).map(|k| Some(k as f32)).collect();
+        let mut x = 12345u64;
+        for i in 0..2000u32 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let k = (x >> 40) % 64;
+            if i % 7 == 0 {
+                t.erase(&[k]).unwrap();
+                last[k as usize] = None;
+            } else {
+                let v = 1000.0 + i as f32;
+                t.upsert(&[k], &[v; 4]).unwrap();
+                last[k as usize] = Some(v);
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        for r in readers {
+            r.join().unwrap();
+        }
+        for (k, want) in last.iter().enumerate() {
+            assert_eq!(read(t, k as u64), *want, "key {k} reads a row older than its last write");
+            assert_eq!(read(t, k as u64), *want, "key {k}, read again (through the volatile tier)");
+        }
+    }
 }

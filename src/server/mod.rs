@@ -7,6 +7,9 @@
 //! disabled a table is served straight from its memory-mapped sparse files and is immutable.
 //! A [`Server`] is `Send + Sync`; its tables live as long as it does.
 
+mod shared;
+pub use shared::{open as open_shared, open_json as open_json_shared};
+
 use crate::config::{self, PersistentDbKind, PsConfig, VolatileDbKind};
 use crate::error::{Error, Result};
 use crate::table::{Table, TableKind};
