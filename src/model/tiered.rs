@@ -281,9 +281,12 @@ mod tests {
     use std::cell::RefCell;
     use std::sync::Arc;
 
+    /// A write to make between a promotion's persistent read and its volatile insert.
+    type Hook = Box<dyn FnOnce(&TieredTable)>;
+
     thread_local! {
         /// Run once, on this thread, right after a promotion's persistent read.
-        static HOOK: RefCell<Option<Box<dyn FnOnce(&TieredTable)>>> = RefCell::new(None);
+        static HOOK: RefCell<Option<Hook>> = RefCell::new(None);
     }
 
     /// Called by `fetch` (test builds only) after the persistent read of a chunk's misses.
