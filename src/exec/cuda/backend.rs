@@ -4,7 +4,7 @@
 //! (`emulate`), so that the planning, parameter marshalling and cache protocol run in CI.
 
 use super::device::{Device, cuda_call};
-use super::params::{CacheParams, GatherParams};
+use super::params::{BatchParams, CacheParams, GatherParams, PooledParams};
 use crate::error::Result;
 use cudarc::driver::sys;
 use std::ffi::c_void;
@@ -31,6 +31,7 @@ enum MemOwner {
 
 // SAFETY: the memory is owned; freeing it binds the owning context first.
 unsafe impl Send for Mem {}
+// SAFETY: as for Send: the owner frees it, and nothing else changes it through `&self`.
 unsafe impl Sync for Mem {}
 
 impl Mem {
@@ -50,6 +51,7 @@ impl Mem {
             format!("cuMemAlloc of {bytes} bytes for {what} on device {}", device.ordinal)
         })?;
         let m = Mem { dev, host: std::ptr::null_mut(), bytes, owner: MemOwner::Device(device.clone()) };
+        // SAFETY: dev is the `bytes` just allocated in the bound context.
         cuda_call(unsafe { sys::cuMemsetD8_v2(dev, 0, bytes) }, || format!("cuMemsetD8 of {what}"))?;
         Ok(m)
     }
@@ -67,6 +69,7 @@ impl Mem {
         // SAFETY: the allocation is `bytes` long.
         unsafe { std::ptr::write_bytes(m.host, 0, bytes) };
         let mut dev: sys::CUdeviceptr = 0;
+        // SAFETY: `host` was just allocated with CU_MEMHOSTALLOC_DEVICEMAP in the bound context.
         cuda_call(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0) }, || {
             format!("cuMemHostGetDevicePointer for {what}")
         })?;
@@ -82,6 +85,8 @@ impl Mem {
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn host_slice<T>(&self, len: usize) -> &mut [T] {
         assert!(!self.host.is_null() && len * std::mem::size_of::<T>() <= self.bytes);
+        // SAFETY: asserted non-NULL host memory of at least `len` elements; the caller guarantees
+        // no other access (see # Safety).
         unsafe { std::slice::from_raw_parts_mut(self.host as *mut T, len) }
     }
 }
@@ -105,6 +110,8 @@ impl Drop for Mem {
             }
             MemOwner::Pinned(d) => {
                 if d.bind().is_ok() {
+                    // SAFETY: allocated by cuMemHostAlloc; freed once, on drop, after the work that
+                    // used it (as for device memory).
                     unsafe { sys::cuMemFreeHost(self.host as *mut c_void) };
                 }
             }
@@ -148,6 +155,16 @@ pub(crate) trait Backend {
     /// # Safety
     /// As for [`Backend::launch_gather`].
     unsafe fn launch_cache(&self, name: &str, grid: u32, p: &CacheParams) -> Result<()>;
+    /// Queues a pooled kernel (`strata_pooled_*`, `strata_pool_rows`).
+    ///
+    /// # Safety
+    /// As for [`Backend::launch_gather`].
+    unsafe fn launch_pooled(&self, name: &str, grid: u32, p: &PooledParams) -> Result<()>;
+    /// Queues the batch kernel (`strata_batch`).
+    ///
+    /// # Safety
+    /// As for [`Backend::launch_gather`], for `p` and every request it points to.
+    unsafe fn launch_batch(&self, name: &str, grid: u32, p: &BatchParams) -> Result<()>;
     /// Queues zeroing `bytes` of device memory at `dev`.
     ///
     /// # Safety
@@ -193,6 +210,7 @@ pub(crate) struct Stream {
 
 // SAFETY: a CUstream may be used from any thread; the caller keeps it alive during the call.
 unsafe impl Send for Stream {}
+// SAFETY: as for Send: the handle is only passed to the driver, which serialises work on the stream.
 unsafe impl Sync for Stream {}
 
 impl Stream {
@@ -243,6 +261,8 @@ impl Backend for Stream {
 
     unsafe fn copy_to_device(&self, dst: u64, src: *const u8, bytes: usize) -> Result<()> {
         self.device.bind()?;
+        // SAFETY: the caller passes device memory `dst` of `bytes` and a readable source (see the
+        // trait's # Safety).
         cuda_call(unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, bytes, self.stream) }, || {
             format!("cuMemcpyHtoDAsync of {bytes} bytes")
         })
@@ -256,13 +276,24 @@ impl Backend for Stream {
         self.launch(name, grid, p as *const CacheParams as *const c_void)
     }
 
+    unsafe fn launch_pooled(&self, name: &str, grid: u32, p: &PooledParams) -> Result<()> {
+        self.launch(name, grid, p as *const PooledParams as *const c_void)
+    }
+
+    unsafe fn launch_batch(&self, name: &str, grid: u32, p: &BatchParams) -> Result<()> {
+        self.launch(name, grid, p as *const BatchParams as *const c_void)
+    }
+
     unsafe fn zero(&self, dev: u64, bytes: usize) -> Result<()> {
         self.device.bind()?;
+        // SAFETY: the caller passes device memory `dev` of `bytes` this work may write.
         cuda_call(unsafe { sys::cuMemsetD8Async(dev, 0, bytes, self.stream) }, || "cuMemsetD8Async".into())
     }
 
     unsafe fn copy_to_host(&self, dst: *mut u8, src: u64, bytes: usize) -> Result<()> {
         self.device.bind()?;
+        // SAFETY: the caller passes device memory `src` and host memory `dst` valid for `bytes`
+        // until the copy completes.
         cuda_call(unsafe { sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, bytes, self.stream) }, || {
             format!("cuMemcpyDtoHAsync of {bytes} bytes")
         })
@@ -308,6 +339,8 @@ impl Backend for Stream {
         let r = unsafe { sys::cuLaunchHostFunc(self.stream, Some(run_host_fn), data) };
         if r != sys::CUresult::CUDA_SUCCESS {
             // Not queued: free the closure here.
+            // SAFETY: cuLaunchHostFunc failed, so the driver never took `data`: the box leaked above,
+            // freed once.
             drop(unsafe { Box::from_raw(data as *mut HostFn) });
         }
         cuda_call(r, || "cuLaunchHostFunc".into())
@@ -315,6 +348,7 @@ impl Backend for Stream {
 
     fn synchronize(&self) -> Result<()> {
         self.device.bind()?;
+        // SAFETY: synchronises the caller's stream in the bound context.
         cuda_call(unsafe { sys::cuStreamSynchronize(self.stream) }, || {
             format!("cuStreamSynchronize (an earlier launch on this stream may have failed) on device {}", self.device.ordinal)
         })
