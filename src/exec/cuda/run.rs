@@ -64,6 +64,8 @@ pub(crate) enum Counts {
     None,
     Device(Vec<Mem>),
     Cache(Arc<Mutex<CacheCounts>>),
+    /// `[hits, misses]` at this device address (memory the caller keeps alive).
+    Slot(u64),
 }
 
 impl Counts {
@@ -82,8 +84,13 @@ impl Counts {
                 Ok(Some((h, m)))
             }
             Counts::Cache(c) => {
-                let c = *lock(&c);
+                let c = *lock(c);
                 Ok(Some((c.hits, c.misses)))
+            }
+            Counts::Slot(at) => {
+                let mut c = [0u64; 2];
+                b.download(c.as_mut_ptr() as *mut u8, *at, 16)?;
+                Ok(Some((c[0], c[1])))
             }
         }
     }
@@ -103,18 +110,22 @@ pub(crate) unsafe fn execute(
 ) -> Result<Counts> {
     match placed {
         Placed::Gather(src) => {
+            // SAFETY: forwarded from the caller: io's memory is valid until the stream has run this work.
             let counts = unsafe { gather(b, src, io, want_counts) }?;
             Ok(counts.map_or(Counts::None, |c| Counts::Device(vec![c])))
         }
         Placed::Cache(cache) => {
             let counts = want_counts.then(|| Arc::new(Mutex::new(CacheCounts::default())));
             // A table whose missing keys are errors needs every miss resolved to tell.
+            // SAFETY: forwarded from the caller; the cache belongs to `table`, whose residency owns
+            // `inflight`.
             unsafe { cache.lookup(b, table, inflight, io, counts.clone(), table.missing_is_error()) }?;
             Ok(counts.map_or(Counts::None, Counts::Cache))
         }
         Placed::EmulatedShards(shards) => {
             let mut counts = Vec::new();
             for src in shards {
+                // SAFETY: forwarded from the caller (the emulator's shards all run on `b`).
                 counts.extend(unsafe { gather(b, src, io, want_counts) }?);
             }
             Ok(if want_counts { Counts::Device(counts) } else { Counts::None })
@@ -123,6 +134,7 @@ pub(crate) unsafe fn execute(
             let Some(s) = b.as_stream() else {
                 return Err(Error::Internal("sharded tables run on CUDA streams only".into()));
             };
+            // SAFETY: forwarded from the caller.
             unsafe { execute_shards(s, shards, io, want_counts) }
         }
     }
@@ -137,6 +149,8 @@ unsafe fn gather(b: &dyn Backend, src: &GatherSource, io: &Io, want_counts: bool
     let counts = if want_counts { Some(b.alloc_device(16, "lookup counts")?) } else { None };
     let p = gather_params(&src.params, io, counts.as_ref().map_or(0, |c| c.dev));
     let name = format!("strata_gather_{}_{}_{}", key_name(io.key_dtype), float_name(src.dtype), float_name(io.out_dtype));
+    // SAFETY: `p` holds the caller's keys and out (valid until the stream has run this work) and
+    // the table's memory.
     unsafe { b.launch_gather(&name, grid(b.sms(), io.n), &p) }?;
     Ok(counts)
 }
@@ -158,10 +172,13 @@ fn gather_params(table: &GatherParams, io: &Io, counts: u64) -> GatherParams {
 fn record(device: &Device, stream: sys::CUstream) -> Result<sys::CUevent> {
     device.bind()?;
     let mut ev: sys::CUevent = std::ptr::null_mut();
+    // SAFETY: creates an event in the context just bound.
     cuda_call(unsafe { sys::cuEventCreate(&mut ev, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) }, || {
         "cuEventCreate".into()
     })?;
+    // SAFETY: `ev` was just created in this context; `stream` is the caller's stream of this device.
     let r = unsafe { sys::cuEventRecord(ev, stream) };
+    // SAFETY: `ev` was created above and not recorded: destroyed once, here.
     cuda_call(r, || "cuEventRecord".into()).inspect_err(|_| unsafe {
         sys::cuEventDestroy_v2(ev);
     })
@@ -171,7 +188,9 @@ fn record(device: &Device, stream: sys::CUstream) -> Result<sys::CUevent> {
 /// Makes `stream` wait for `ev`, then releases `ev` (the driver frees it once it completed).
 fn wait_and_release(device: &Device, stream: sys::CUstream, ev: sys::CUevent) -> Result<()> {
     device.bind()?;
+    // SAFETY: `ev` is a live event recorded on another stream; `stream` belongs to this device.
     let r = unsafe { sys::cuStreamWaitEvent(stream, ev, 0) };
+    // SAFETY: `ev` is ours; the driver frees it once it has completed (after the wait above is queued).
     unsafe { sys::cuEventDestroy_v2(ev) };
     cuda_call(r, || "cuStreamWaitEvent".into())
 }
@@ -188,9 +207,13 @@ unsafe fn execute_shards(s: &Stream, shards: &[(Arc<Device>, GatherSource)], io:
             let stream = if own { s.stream } else { device.internal };
             if !own {
                 device.bind()?;
+                // SAFETY: `start` is a live event recorded on the caller's stream; `stream` is this device's
+                // internal one.
                 cuda_call(unsafe { sys::cuStreamWaitEvent(stream, start, 0) }, || "cuStreamWaitEvent".into())?;
             }
             let b = Stream { device: device.clone(), stream };
+            // SAFETY: forwarded from the caller: every shard's device may read and write the caller's
+            // device memory (peer access).
             counts.extend(unsafe { gather(&b, src, io, want_counts) }?);
             if !own {
                 done.push((device.clone(), record(device, stream)?));
@@ -198,6 +221,7 @@ unsafe fn execute_shards(s: &Stream, shards: &[(Arc<Device>, GatherSource)], io:
         }
         Ok(())
     })();
+    // SAFETY: `start` was created by `record` above and is released once; queued waits on it stay valid.
     unsafe { sys::cuEventDestroy_v2(start) };
     for (_, ev) in done {
         wait_and_release(&s.device, s.stream, ev)?;
@@ -207,7 +231,7 @@ unsafe fn execute_shards(s: &Stream, shards: &[(Arc<Device>, GatherSource)], io:
 }
 
 /// Whether the kernels can address memory of this device type directly.
-fn device_visible(t: DLDeviceType) -> bool {
+pub(crate) fn device_visible(t: DLDeviceType) -> bool {
     matches!(t, DLDeviceType::CUDA | DLDeviceType::CUDAMANAGED | DLDeviceType::CUDAHOST)
 }
 
@@ -241,10 +265,10 @@ fn lookup_device(k: &TensorView, o: &TensorView) -> Result<usize> {
 
 /// Restores the calling thread's current CUDA context when dropped: strata binds the device's
 /// primary context for its own calls and leaves the host's thread as it found it.
-struct CurrentContext(sys::CUcontext);
+pub(crate) struct CurrentContext(sys::CUcontext);
 
 impl CurrentContext {
-    fn save() -> Self {
+    pub(crate) fn save() -> Self {
         let mut ctx: sys::CUcontext = std::ptr::null_mut();
         // SAFETY: reads the calling thread's current context (NULL when none).
         unsafe { sys::cuCtxGetCurrent(&mut ctx) };
@@ -282,6 +306,7 @@ pub(crate) unsafe fn lookup(
 ) -> Result<LookupStats> {
     let dim = table.dim();
     crate::util::threads::resolve_threads(opts.num_threads)?;
+    // SAFETY: forwarded from the caller: shape and strides readable for ndim elements.
     let Some(c) = check(dim, unsafe { TensorView::new(keys, "keys") }?, unsafe { TensorView::new(out, "out") }?)? else {
         return Ok(LookupStats::default());
     };
@@ -315,6 +340,7 @@ pub(crate) unsafe fn lookup(
         return Err(Error::layout("out", "overlaps the memory of keys; expected separate buffers"));
     }
     let placed = resident.placed(table, gpu, &device, &s)?;
+    // SAFETY: forwarded from the caller; in-place tensors are device-visible (checked above).
     unsafe { lookup_on(&s, table, &resident.inflight, &placed, &c, keys_visible, out_visible, want_stats) }
 }
 
@@ -343,6 +369,7 @@ pub(crate) unsafe fn lookup_on(
         _ => {
             let canonical = c.host_keys();
             let buf = b.alloc_stream(n * 8, "the keys")?;
+            // SAFETY: `buf` holds n u64 keys of device memory for this work; `canonical` is n readable keys.
             unsafe { b.copy_to_device(buf.dev, canonical.as_ptr() as *const u8, n * 8) }?;
             let addr = buf.dev;
             key_buf = Some(buf);
@@ -361,6 +388,7 @@ pub(crate) unsafe fn lookup_on(
     let io = Io { keys: keys_addr, key_dtype, key_stride, n: n as u64, out: out_addr, out_dtype: od, out_row_stride, out_col_stride };
     let missing_error = table.missing_is_error();
     let want_counts = want_stats || missing_error;
+    // SAFETY: forwarded from the caller; the staged buffers live until the end of this function.
     let counts = unsafe { execute(b, table, inflight, placed, &io, want_counts) }?;
 
     if let Some(buf) = &out_buf {
@@ -377,7 +405,7 @@ pub(crate) unsafe fn lookup_on(
             stats.misses = misses;
         }
         if missing_error && stats.misses > 0 {
-            return Err(first_missing(table, c, b, keys_in_place, keys_addr, key_dtype, key_stride, n));
+            return Err(super::requests::first_missing(table, c.kd, b, keys_addr, key_dtype, key_stride, n));
         }
     }
     drop(out_buf);
@@ -385,57 +413,18 @@ pub(crate) unsafe fn lookup_on(
     Ok(stats)
 }
 
-fn ranges_overlap(a: (usize, usize), b: (usize, usize)) -> bool {
+pub(crate) fn ranges_overlap(a: (usize, usize), b: (usize, usize)) -> bool {
     a.0 < a.1 && b.0 < b.1 && a.0 < b.1 && b.0 < a.1
 }
 
-/// The error for the first key the table lacks (keys read back from the device when needed).
-#[allow(clippy::too_many_arguments)]
-fn first_missing(
-    table: &dyn RowSource,
-    c: &Checked,
-    s: &dyn Backend,
-    keys_in_place: bool,
-    keys: u64,
-    dtype: KeyDtype,
-    stride: i64,
-    n: usize,
-) -> Error {
-    let canonical: Vec<u64> = if !keys_in_place {
-        c.host_keys()
-    } else {
-        let elem = match dtype {
-            KeyDtype::I32 | KeyDtype::U32 => 4,
-            KeyDtype::I64 | KeyDtype::U64 => 8,
-        };
-        let (lo, hi) = if stride >= 0 { (0, (n as i64 - 1) * stride) } else { ((n as i64 - 1) * stride, 0) };
-        let bytes = ((hi - lo + 1) * elem) as usize;
-        let mut raw = vec![0u8; bytes];
-        let base = (keys as i64 + lo * elem) as u64;
-        if s.download(raw.as_mut_ptr(), base, bytes).is_err() {
-            return Error::KeyNotFound { key: -1, index: 0 };
-        }
-        (0..n as i64)
-            .map(|i| unsafe { dtype.read(raw.as_ptr().add(((i * stride - lo) * elem) as usize)) })
-            .collect()
-    };
-    let mut rows = vec![0f32; canonical.len() * table.dim()];
-    let mut found = vec![false; canonical.len()];
-    if table.resolve(&canonical, &mut rows, &mut found).is_ok()
-        && let Some(i) = found.iter().position(|&f| !f)
-    {
-        return Error::KeyNotFound { key: c.kd.value(canonical[i]), index: i };
-    }
-    Error::Internal("the GPU lookup counted missing keys that the host finds in the table".into())
-}
-
 /// Fails unless `stream` is NULL, a special handle, or a stream of `device`'s primary context.
-fn check_stream(device: &Device, stream: sys::CUstream) -> Result<()> {
+pub(crate) fn check_stream(device: &Device, stream: sys::CUstream) -> Result<()> {
     // NULL is the legacy default stream; 1 and 2 are cudaStreamLegacy and cudaStreamPerThread.
     if (stream as usize) <= 2 {
         return Ok(());
     }
     let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: queries the context of the caller's stream handle (an invalid handle is an error, not UB).
     cuda_call(unsafe { sys::cuStreamGetCtx(stream, &mut ctx) }, || "cuStreamGetCtx(opts->stream)".into())?;
     if ctx != device.ctx.cu_ctx() {
         return Err(Error::invalid(
