@@ -279,12 +279,13 @@ typedef int32_t strata_pooling;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
-// The tables of every model of a configuration, and a `strata_table` handle for each, which
-// the server owns (`strata_server_table` lends them; `strata_table_free` on them is a no-op).
+// A handle to the parameter server of a configuration. Every handle opened on the same
+// configuration in one process shares one server and one set of `strata_table` handles for its
+// tables (see `strata_server_open`).
 //
-// Ownership: the caller owns the server and frees it with `strata_server_free`, which frees
-// its tables. Threading: any thread may use it; lookups and updates on its tables may run at
-// once from many threads.
+// Ownership: each handle is counted; `strata_server_free` drops one, and the server closes
+// with the last. Threading: any thread may use or free a handle; lookups and updates on the
+// tables may run at once from many threads.
 typedef struct strata_server strata_server;
 
 // The table behind a `strata_table*` handle: a static table, a tiered table of a parameter
@@ -770,14 +771,25 @@ struct strata_table_stats strata_table_stats_default(void);
 // (`models[1].sparse_files[0]`) and the reason. Fields strata ignores or does not know are
 // listed by `strata_server_warning`.
 //
-// Ownership: on success `*out` receives a server the caller frees with `strata_server_free`.
+// One server per configuration per process, as HPS kept: opening a configuration that is
+// already open in this process (the same canonical file path, however spelled, with unchanged
+// content) returns another handle to the same server, with the same tiers and tables, so an
+// update through one handle is seen through every other and memory does not multiply with the
+// number of plugin instances or op kernels. A different configuration whose `persistent_db`
+// names the store folder of one already open is refused with `STRATA_CONFIG_ERROR` naming
+// both (it would keep a volatile tier of its own over the same store and serve stale rows).
+// Thread-safe: many threads may open and free at once.
+//
+// Ownership: on success `*out` receives a counted handle the caller frees with
+// `strata_server_free`; the server closes with the last handle.
 //
 // # Safety
 // `ps_json_path` is NULL or a NUL-terminated string; `out` is NULL or writable.
 strata_status strata_server_open(const char *ps_json_path, struct strata_server **out);
 
 // `strata_server_open` from JSON text; relative paths are relative to `base_dir` (NULL: the
-// current directory). The text is only read during the call.
+// current directory). The text is only read during the call. The same text with the same
+// (canonical) base folder opens the same server, as `strata_server_open` does for a file.
 //
 // # Safety
 // `json` is NULL or a NUL-terminated string; `base_dir` is NULL or a NUL-terminated string; `out`
@@ -786,15 +798,17 @@ strata_status strata_server_open_json(const char *json,
                                       const char *base_dir,
                                       struct strata_server **out);
 
-// Frees a server and all its tables. NULL is a no-op. No lookup or update on its tables may
-// be running or start afterwards.
+// Frees one handle of a server; the last handle of a server frees it and all its tables, in
+// whatever order the handles go. NULL is a no-op. After the last handle, no lookup or update on
+// its tables may be running or start.
 //
 // # Safety
 // `server` is NULL or a live server handle.
 void strata_server_free(struct strata_server *server);
 
-// Table `table_id` (its index in the model's `sparse_files`) of `model`. Ownership: borrowed
-// from the server, valid until `strata_server_free`; `strata_table_free` on it is a no-op.
+// Table `table_id` (its index in the model's `sparse_files`) of `model`. Every handle of one
+// server lends the same table pointer. Ownership: borrowed from the server, valid while any
+// handle of the server is open; `strata_table_free` on it is a no-op.
 //
 // # Safety
 // `server` is NULL or a live server handle; `model` is NULL or a NUL-terminated string; `out` is

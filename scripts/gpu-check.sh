@@ -9,7 +9,9 @@
 #
 # What runs: c_examples/cuda_lookup.c (static, uvm, cache), tests/cuda.rs (every placement, dtype and host/device mix against the CPU path,
 # 1M keys, a lookup queued behind a spinning kernel, two streams, errors, several devices when
-# present), tests/cuda_emulated.rs (the kernels on the CPU emulator, as in CI), and
+# present; pooled lookups (strata_lookup_pooled: every placement, pooling, dtype, ragged and fixed
+# hotness, weights, host/device mixes, 20,000 bags, queued behind a spinning kernel, bad device
+# offsets) and a 26-table strata_lookup_batch against separate CPU calls), tests/cuda_emulated.rs (the kernels on the CPU emulator, as in CI), and
 # benches/gpu.rs (GB/s of static/uvm/cache gathers beside a device memcpy and the CPU path).
 # NVRTC is found in a CUDA toolkit or the nvidia-cuda-nvrtc wheel; a CUDA 13 libnvrtc.so.13 is
 # offered to cudarc under the name libnvrtc.so.

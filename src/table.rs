@@ -366,8 +366,12 @@ enum Work<'a> {
     Tiered(&'a TieredTable, Option<Plan>),
     PooledStatic(&'a StaticTable, PooledPlan),
     PooledTiered(&'a TieredTable, PooledPlan),
-    /// Distributed tables and CUDA tensors run as their own calls (collective, or queued on
-    /// the stream), after every host request was validated.
+    /// CUDA tensors, validated for their device: every such request of the batch runs together
+    /// on the stream (`exec::cuda::pooled::run`).
+    #[cfg(feature = "cuda")]
+    Cuda(Box<crate::exec::cuda::pooled::Valid<'a>>),
+    /// Distributed tables run as their own calls (collective), after every request was
+    /// validated.
     Own(&'a BatchRequest<'a>),
 }
 
@@ -387,6 +391,25 @@ impl BatchRequest<'_> {
     /// # Safety
     /// As for [`lookup_batch`].
     unsafe fn validate(&self, opts: &LookupOptions) -> Result<Work<'_>> {
+        #[cfg(feature = "cuda")]
+        if self.on_cuda()
+            && let Some(source) = self.table.source()
+        {
+            let (t, r) = (self.table, self);
+            let cuda = crate::exec::cuda::pooled::Request {
+                source,
+                gpu: &t.gpu,
+                resident: &t.resident,
+                keys: r.keys,
+                offsets: r.offsets,
+                weights: r.weights,
+                pooling: r.pooling,
+                out: r.out,
+                want_stats: r.want_stats,
+            };
+            // SAFETY: the caller vouches for the tensors.
+            return Ok(Work::Cuda(Box::new(unsafe { crate::exec::cuda::pooled::validate(&cuda, opts) }?)));
+        }
         if self.on_cuda() || matches!(self.table.kind, TableKind::Dist(_)) {
             return Ok(Work::Own(self));
         }
@@ -414,6 +437,8 @@ impl Work<'_> {
             Work::Tiered(t, p) => p.as_ref().map_or(0, |p| p.n) * t.dim() * 4,
             Work::PooledStatic(t, p) => p.nnz * t.dim() * 4,
             Work::PooledTiered(t, p) => p.nnz * t.dim() * 4,
+            #[cfg(feature = "cuda")]
+            Work::Cuda(_) => 0,
             Work::Own(_) => 0,
         }
     }
@@ -432,6 +457,9 @@ impl Work<'_> {
                 crate::exec::pooled::pool_static(t, &PooledPlan { threads: p.threads.min(threads), ..p }).map(pooled_stats)
             }
             Work::PooledTiered(t, p) => crate::exec::pooled::pool_tiered(t, &PooledPlan { threads: p.threads.min(threads), ..p }),
+            // SAFETY: the caller of lookup_batch vouches for the tensors.
+            #[cfg(feature = "cuda")]
+            Work::Cuda(v) => unsafe { crate::exec::cuda::pooled::run(vec![*v], opts) }.map(|mut s| s.remove(0)).map_err(|(_, e)| e),
             // SAFETY (both arms): the caller of lookup_batch vouches for the tensors.
             #[allow(clippy::undocumented_unsafe_blocks)]
             Work::Own(r) => match r.pooling {
@@ -477,10 +505,34 @@ pub unsafe fn lookup_batch(requests: &[BatchRequest], opts: &LookupOptions) -> R
     }
     let bytes: usize = work.iter().map(Work::bytes).sum();
     let threads = if bytes < INLINE_BYTES { 1 } else { usize::MAX };
-    let mut stats = Vec::with_capacity(work.len());
+    let mut stats = vec![LookupStats::default(); work.len()];
+    let mut rest = Vec::with_capacity(work.len());
+    #[cfg(feature = "cuda")]
+    let (mut at, mut cuda) = (Vec::new(), Vec::new());
     for (i, w) in work.into_iter().enumerate() {
+        match w {
+            #[cfg(feature = "cuda")]
+            Work::Cuda(v) => {
+                at.push(i);
+                cuda.push(*v);
+            }
+            w => rest.push((i, w)),
+        }
+    }
+    // The CUDA requests first, all together: queued on the stream, they run while the host
+    // requests do (unless one of them makes the call wait).
+    #[cfg(feature = "cuda")]
+    if !cuda.is_empty() {
         // SAFETY: forwarded from the caller.
-        stats.push(unsafe { w.run(threads, opts) }.map_err(|e| e.within(format!("requests[{i}].")))?);
+        let found = unsafe { crate::exec::cuda::pooled::run(cuda, opts) }
+            .map_err(|(j, e): (usize, Error)| e.within(format!("requests[{}].", at[j])))?;
+        for (i, s) in at.into_iter().zip(found) {
+            stats[i] = s;
+        }
+    }
+    for (i, w) in rest {
+        // SAFETY: forwarded from the caller.
+        stats[i] = unsafe { w.run(threads, opts) }.map_err(|e| e.within(format!("requests[{i}].")))?;
     }
     Ok(stats)
 }

@@ -10,8 +10,12 @@
 //!   and mix of host and device tensors is compared with the CPU path on random data with
 //!   poisoned outputs (1 key, sizes that are not a multiple of 32, 1M keys); a lookup queued
 //!   behind a spinning kernel returns before the stream finishes; two streams look up at once;
-//!   several devices are used when present (replicas, shards). Without a device each of these
-//!   prints "skipped: no CUDA device".
+//!   several devices are used when present (replicas, shards). Pooled lookups
+//!   (`strata_lookup_pooled`: every placement, pooling, table and out dtype, ragged and fixed
+//!   hotness, weights, host/device mixes) and batches (`strata_lookup_batch`: 26 tables, plain
+//!   and pooled, one device) are compared with the CPU path the same way; a pooled lookup queued
+//!   behind a spinning kernel returns before the stream finishes; bad device offsets fail the
+//!   call when it waits. Without a device each of these prints "skipped: no CUDA device".
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -44,7 +48,7 @@ fn every_kernel_compiles_with_nvrtc_for_sm80_and_sm90() {
         for name in cuda::kernel_names() {
             assert!(ptx.contains(&format!(".entry {name}(")), "{name} is missing from the PTX for {arch}");
         }
-        assert_eq!(cuda::kernel_names().len(), 84);
+        assert_eq!(cuda::kernel_names().len(), 89);
     }
 }
 
@@ -457,6 +461,410 @@ fn gpu_several_devices_replicate_and_shard() {
                 assert_eq!((gs.hits, gs.misses), (cs.hits, cs.misses), "{name} on device {ordinal}");
                 assert!(dout.read() == want, "{name} keyed={keyed} on device {ordinal}");
             }
+        }
+    }
+}
+
+// ---- pooled lookups and batches ----
+
+fn pool_code(i: usize) -> i32 {
+    [strata_pooling::STRATA_POOL_SUM, strata_pooling::STRATA_POOL_MEAN, strata_pooling::STRATA_POOL_SQRTN][i] as i32
+}
+
+#[test]
+fn pooled_and_batch_cuda_tensors_without_a_driver_get_a_clear_status() {
+    if cuda::device_count() > 0 {
+        skipped("a CUDA device is present (this checks the refusal without one)");
+        return;
+    }
+    let vectors: Vec<f32> = (0..8).map(|i| i as f32).collect();
+    let table = Owned::build(&vectors, 4, 2, None, &TableOptions::default());
+    let keys = [1i64, 2, 3];
+    let offsets = [0i64, 1, 3];
+    let mut out = [0f32; 4];
+    let k = Desc::compact(keys.as_ptr().cast(), I64, &[3]);
+    let o = Desc::compact(offsets.as_ptr().cast(), I64, &[3]).device(DLDeviceType::CUDA);
+    let mut out_d = Desc::compact(out.as_mut_ptr().cast(), F32, &[2, 2]);
+    // SAFETY: the tensors describe live buffers of the shapes they give (host memory labelled CUDA: refused
+    // before any access).
+    let s = unsafe {
+        strata_lookup_pooled(table.0, &k.t, &o.t, std::ptr::null(), pool_code(0), &mut out_d.t, std::ptr::null(), std::ptr::null_mut())
+    };
+    fails(s, Status::STRATA_UNSUPPORTED_DEVICE, &["offsets: device kDLCUDA:0", "no CUDA driver or device is present"]);
+    let hk = Desc::compact(keys.as_ptr().cast(), I64, &[3]);
+    let mut dout = Desc::compact(out.as_mut_ptr().cast(), F32, &[3, 2]).device(DLDeviceType::CUDA);
+    let mut req = [strata_lookup_request_default(), strata_lookup_request_default()];
+    req[0].table = table.0;
+    req[0].keys = &hk.t;
+    req[0].out = &mut out_d.t;
+    req[0].offsets = &o.t;
+    req[0].pooling = pool_code(1);
+    req[1].table = table.0;
+    req[1].keys = &hk.t;
+    req[1].out = &mut dout.t;
+    // SAFETY: two requests of live descriptions; refused before any access.
+    let s = unsafe { strata_lookup_batch(req.as_ptr(), 2, std::ptr::null()) };
+    fails(s, Status::STRATA_UNSUPPORTED_DEVICE, &["requests[0].offsets: device kDLCUDA:0"]);
+    assert_eq!(out, [0.0; 4]);
+}
+
+/// Bags on the host: keys (bytes of `kd`), ragged (`offsets`) or fixed hotness, weights.
+struct HostBags {
+    kb: Vec<u8>,
+    kd: dlpark::ffi::DLDataType,
+    nnz: usize,
+    b: usize,
+    offsets: Option<Vec<i64>>,
+    hotness: usize,
+    weights: Option<Vec<f32>>,
+}
+
+impl HostBags {
+    fn random(rng: &mut Rng, keys: &[i64], kd: dlpark::ffi::DLDataType, b: usize, ragged: bool, weighted: bool) -> HostBags {
+        let (nnz, offsets, hotness) = if ragged {
+            let mut off = vec![0i64];
+            for _ in 0..b {
+                let len = if rng.below(5) == 0 { 0 } else { 1 + rng.below(50) as i64 };
+                off.push(off.last().unwrap() + len);
+            }
+            (*off.last().unwrap() as usize, Some(off), 0)
+        } else {
+            let l = 1 + rng.below(40) as usize;
+            (b * l, None, l)
+        };
+        let kb = random_keys(rng, keys, nnz, kd);
+        let weights = weighted.then(|| (0..nnz).map(|_| if rng.below(8) == 0 { 0.0 } else { rng.f32() * 3.0 }).collect());
+        HostBags { kb, kd, nnz, b, offsets, hotness, weights }
+    }
+
+    fn key_shape(&self) -> Vec<i64> {
+        if self.offsets.is_some() { vec![self.nnz as i64] } else { vec![self.b as i64, self.hotness as i64] }
+    }
+}
+
+/// Where a pooled lookup's tensors live.
+#[derive(Debug, Clone, Copy)]
+enum PoolMix {
+    AllDevice,
+    HostInputsDeviceOut,
+    DeviceInputsHostOut,
+}
+
+/// A pooled lookup on the CPU and through the GPU (tensors placed as `mix`, on stream `s`, stats
+/// asked for), into poisoned outputs; returns both outputs and both stats.
+#[allow(clippy::too_many_arguments)]
+fn pooled_cpu_and_gpu(
+    ctx: &std::sync::Arc<cudarc::driver::CudaContext>,
+    s: cudarc::driver::sys::CUstream,
+    t: &Owned,
+    bags: &HostBags,
+    pooling: i32,
+    od: dlpark::ffi::DLDataType,
+    dim: usize,
+    mix: PoolMix,
+) -> ((Vec<u8>, LookupStats), (Vec<u8>, LookupStats)) {
+    let bytes = bags.b * dim * elem_size(od);
+    let shape = bags.key_shape();
+    let ob: Vec<u8> = bags.offsets.iter().flatten().flat_map(|o| o.to_le_bytes()).collect();
+    let wb: Vec<u8> = bags.weights.iter().flatten().flat_map(|w| w.to_le_bytes()).collect();
+    let nb = bags.b as i64 + 1;
+    let mut want = vec![0x5Au8; bytes];
+    let k = Desc::compact(bags.kb.as_ptr(), bags.kd, &shape);
+    let o = bags.offsets.as_ref().map(|_| Desc::compact(ob.as_ptr(), I64, &[nb]));
+    let w = bags.weights.as_ref().map(|_| Desc::compact(wb.as_ptr(), F32, &shape));
+    let opt = |d: &Option<Desc>| d.as_ref().map_or(std::ptr::null(), |d| &d.t as *const _);
+    let mut wd = Desc::compact(want.as_mut_ptr(), od, &[bags.b as i64, dim as i64]);
+    let mut cs = LookupStats::default();
+    // SAFETY: the tensors describe live buffers of the shapes they give (host memory).
+    ok(unsafe { strata_lookup_pooled(t.0, &k.t, opt(&o), opt(&w), pooling, &mut wd.t, std::ptr::null(), &mut cs) });
+
+    let on_device = !matches!(mix, PoolMix::HostInputsDeviceOut);
+    let (dk, dof, dw) = (gpu::Buf::new(ctx, &bags.kb), gpu::Buf::new(ctx, &ob), gpu::Buf::new(ctx, &wb));
+    let dout = gpu::Buf::new(ctx, &vec![0xA5u8; bytes]);
+    let mut host_out = vec![0xA5u8; bytes];
+    let place = |d: Desc| if on_device { d.device(DLDeviceType::CUDA) } else { d };
+    let gk = place(Desc::compact(if on_device { dk.ptr as *const u8 } else { bags.kb.as_ptr() }, bags.kd, &shape));
+    let go = bags.offsets.as_ref().map(|_| place(Desc::compact(if on_device { dof.ptr as *const u8 } else { ob.as_ptr() }, I64, &[nb])));
+    let gw = bags.weights.as_ref().map(|_| place(Desc::compact(if on_device { dw.ptr as *const u8 } else { wb.as_ptr() }, F32, &shape)));
+    let mut gout = match mix {
+        PoolMix::DeviceInputsHostOut => Desc::compact(host_out.as_mut_ptr(), od, &[bags.b as i64, dim as i64]),
+        _ => Desc::compact(dout.ptr as *const u8, od, &[bags.b as i64, dim as i64]).device(DLDeviceType::CUDA),
+    };
+    let opts = LookupOptions { stream: s as *mut std::ffi::c_void, num_threads: 0, ..LookupOptions::default() };
+    let mut gs = LookupStats::default();
+    // SAFETY: the tensors describe live buffers of the shapes they give (host, or device memory of `ctx`), on
+    // a stream of that device.
+    let st = unsafe { strata_lookup_pooled(t.0, &gk.t, opt(&go), opt(&gw), pooling, &mut gout.t, &opts, &mut gs) };
+    assert_eq!(st, Status::STRATA_OK, "{mix:?}: {}", last_error());
+    gpu::sync(s);
+    let got = match mix {
+        PoolMix::DeviceInputsHostOut => host_out,
+        _ => dout.read(),
+    };
+    ((want, cs), (got, gs))
+}
+
+#[test]
+fn gpu_pooled_placements_dtypes_and_mixes_match_the_cpu_path() {
+    if cuda::device_count() == 0 {
+        skipped("no CUDA device");
+        return;
+    }
+    let ctx = gpu::ctx(0);
+    let s = gpu::stream(&ctx);
+    let mut rng = Rng(41);
+    let placements = placements();
+    for (name, opts) in [&placements[0], &placements[1], &placements[2], &placements[4]] {
+        for keyed in [false, true] {
+            for td in [F32, F16, BF16] {
+                // 300: two passes of 256 columns per bag.
+                let dim = if td == BF16 { 300 } else { 36 };
+                let (t, keys) = random_table(&mut rng, 2000, dim, td, keyed, opts);
+                for pooling in 0..3 {
+                    for ragged in [true, false] {
+                        for weighted in [false, true] {
+                            let kd = [I32, I64, U32, U64][rng.below(4) as usize];
+                            let od = [F32, F16, BF16][rng.below(3) as usize];
+                            let b = 1 + rng.below(300) as usize;
+                            let bags = HostBags::random(&mut rng, &keys, kd, b, ragged, weighted);
+                            for mix in [PoolMix::AllDevice, PoolMix::HostInputsDeviceOut, PoolMix::DeviceInputsHostOut] {
+                                let ((want, cs), (got, gs)) = pooled_cpu_and_gpu(&ctx, s, &t, &bags, pool_code(pooling), od, dim, mix);
+                                let what = format!(
+                                    "{name} keyed={keyed} table {td:?} pooling {pooling} ragged={ragged} weighted={weighted} keys {kd:?} out {od:?} {mix:?}"
+                                );
+                                assert_eq!((gs.hits, gs.misses), (cs.hits, cs.misses), "{what}: stats");
+                                assert!(got == want, "{what}: pooled rows differ from the CPU path");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn gpu_pooled_large_batch_of_bags() {
+    if cuda::device_count() == 0 {
+        skipped("no CUDA device");
+        return;
+    }
+    let ctx = gpu::ctx(0);
+    let s = gpu::stream(&ctx);
+    let mut rng = Rng(42);
+    for (name, opts) in placements().into_iter().take(3) {
+        let (t, keys) = random_table(&mut rng, 200_000, 128, F32, true, &opts);
+        // 20,000 bags of 20 keys, and ragged bags.
+        for ragged in [false, true] {
+            let mut bags = HostBags::random(&mut rng, &keys, I64, 20_000, ragged, false);
+            if !ragged {
+                bags.hotness = 20;
+                bags.nnz = 20 * 20_000;
+                bags.kb = random_keys(&mut rng, &keys, bags.nnz, I64);
+            }
+            let ((want, cs), (got, gs)) = pooled_cpu_and_gpu(&ctx, s, &t, &bags, pool_code(0), F32, 128, PoolMix::AllDevice);
+            assert_eq!((gs.hits, gs.misses), (cs.hits, cs.misses), "{name}");
+            assert!(got == want, "{name} ragged={ragged}: pooled rows differ from the CPU path");
+        }
+    }
+}
+
+#[test]
+fn gpu_pooled_returns_before_the_stream_finishes_and_checks_device_offsets_when_it_waits() {
+    if cuda::device_count() == 0 {
+        skipped("no CUDA device");
+        return;
+    }
+    let ctx = gpu::ctx(0);
+    let s = gpu::stream(&ctx);
+    let mut rng = Rng(43);
+    let (t, keys) = random_table(&mut rng, 1000, 16, F32, true, &TableOptions::default());
+    let kb = random_keys(&mut rng, &keys, 100, I64);
+    let offsets: Vec<i64> = vec![0, 10, 10, 60, 100];
+    let ob: Vec<u8> = offsets.iter().flat_map(|o| o.to_le_bytes()).collect();
+    let (dk, dof) = (gpu::Buf::new(&ctx, &kb), gpu::Buf::new(&ctx, &ob));
+    let dout = gpu::Buf::new(&ctx, &vec![0u8; 4 * 16 * 4]);
+    let k = Desc::compact(dk.ptr as *const u8, I64, &[100]).device(DLDeviceType::CUDA);
+    let o = Desc::compact(dof.ptr as *const u8, I64, &[5]).device(DLDeviceType::CUDA);
+    let mut out = Desc::compact(dout.ptr as *const u8, F32, &[4, 16]).device(DLDeviceType::CUDA);
+    let opts = LookupOptions { stream: s as *mut std::ffi::c_void, num_threads: 0, ..LookupOptions::default() };
+    // Warm up (kernels compiled, table placed), then queue behind about two seconds of clocks.
+    // SAFETY: the tensors describe live buffers of the shapes they give (device memory of `ctx`).
+    ok(unsafe { strata_lookup_pooled(t.0, &k.t, &o.t, std::ptr::null(), pool_code(1), &mut out.t, &opts, std::ptr::null_mut()) });
+    gpu::sync(s);
+    let warm = dout.read();
+    gpu::spin(&ctx, s, 2_000_000_000);
+    // SAFETY: the tensors describe live buffers of the shapes they give (device memory of `ctx`).
+    ok(unsafe { strata_lookup_pooled(t.0, &k.t, &o.t, std::ptr::null(), pool_code(1), &mut out.t, &opts, std::ptr::null_mut()) });
+    assert_eq!(
+        gpu::query(s),
+        cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_READY,
+        "strata_lookup_pooled without stats waited for the stream"
+    );
+    gpu::sync(s);
+    assert!(dout.read() == warm, "rows after the queued pooled lookup ran");
+    let mut want = vec![0u8; 4 * 16 * 4];
+    let (hk, ho) = (Desc::compact(kb.as_ptr(), I64, &[100]), Desc::compact(ob.as_ptr(), I64, &[5]));
+    let mut w = Desc::compact(want.as_mut_ptr(), F32, &[4, 16]);
+    // SAFETY: the tensors describe live buffers of the shapes they give (host memory).
+    ok(unsafe { strata_lookup_pooled(t.0, &hk.t, &ho.t, std::ptr::null(), pool_code(1), &mut w.t, std::ptr::null(), std::ptr::null_mut()) });
+    assert!(warm == want);
+    // Bad offsets in device memory: the call that waits (stats) fails with the CPU path's message.
+    let bad: Vec<u8> = [0i64, 10, 5, 60, 100].iter().flat_map(|o| o.to_le_bytes()).collect();
+    let dbad = gpu::Buf::new(&ctx, &bad);
+    let ob = Desc::compact(dbad.ptr as *const u8, I64, &[5]).device(DLDeviceType::CUDA);
+    let mut st = LookupStats::default();
+    // SAFETY: the tensors describe live buffers of the shapes they give (device memory of `ctx`).
+    let r = unsafe { strata_lookup_pooled(t.0, &k.t, &ob.t, std::ptr::null(), pool_code(0), &mut out.t, &opts, &mut st) };
+    fails(r, Status::STRATA_INVALID_ARGUMENT, &["offsets: offsets[2] = 5 is less than offsets[1] = 10"]);
+    // Offsets in host memory are checked before anything is queued.
+    let hb = Desc::compact(bad.as_ptr(), I64, &[5]);
+    // SAFETY: the tensors describe live buffers of the shapes they give (device and host memory).
+    let r = unsafe { strata_lookup_pooled(t.0, &k.t, &hb.t, std::ptr::null(), pool_code(0), &mut out.t, &opts, std::ptr::null_mut()) };
+    fails(r, Status::STRATA_INVALID_ARGUMENT, &["offsets: offsets[2] = 5 is less than offsets[1] = 10"]);
+    // Device keys with strides that do not reduce to one cannot be read in place.
+    let k2 = Desc::new(dk.ptr as *const u8, I64, &[4, 5], &[1, 4], 0).device(DLDeviceType::CUDA);
+    // SAFETY: the tensors describe live buffers of the shapes they give (device memory of `ctx`); refused
+    // before any access.
+    let r = unsafe { strata_lookup_pooled(t.0, &k2.t, std::ptr::null(), std::ptr::null(), pool_code(0), &mut out.t, &opts, std::ptr::null_mut()) };
+    fails(r, Status::STRATA_INVALID_LAYOUT, &["keys: strides [1, 4] of a device tensor"]);
+    gpu::sync(s);
+}
+
+#[test]
+fn gpu_batch_of_26_tables_matches_separate_calls() {
+    if cuda::device_count() == 0 {
+        skipped("no CUDA device");
+        return;
+    }
+    let ctx = gpu::ctx(0);
+    let s = gpu::stream(&ctx);
+    let mut rng = Rng(44);
+    let placements = placements();
+    struct Case {
+        t: Owned,
+        dim: usize,
+        od: dlpark::ffi::DLDataType,
+        pooling: i32,
+        bags: HostBags,
+    }
+    let cases: Vec<Case> = (0..26)
+        .map(|i| {
+            let dim = [4usize, 16, 64, 128, 300][i % 5];
+            let td = [F32, F16, BF16][i % 3];
+            // Mostly static tables (one launch for all of them), some uvm and cache ones.
+            let opts = &placements[[0, 0, 0, 1, 2][i % 5]].1;
+            let (t, keys) = random_table(&mut rng, 500 + 37 * i, dim, td, i % 2 == 0, opts);
+            let pooling = [0, 1, 2, 3][i % 4];
+            let kd = [I32, I64, U32, U64][i % 4];
+            let b = 1 + rng.below(64) as usize;
+            let bags = HostBags::random(&mut rng, &keys, kd, b, pooling == 0 || i % 3 == 0, pooling != 0 && i % 2 == 1);
+            Case { t, dim, od: [F32, F16, BF16][i % 3], pooling, bags }
+        })
+        .collect();
+    for round in 0..2 {
+        let rows = |c: &Case| if c.pooling == 0 { c.bags.nnz } else { c.bags.b };
+        let host_k: Vec<Desc> = cases.iter().map(|c| Desc::compact(c.bags.kb.as_ptr(), c.bags.kd, &c.bags.key_shape())).collect();
+        let obytes: Vec<Vec<u8>> = cases.iter().map(|c| c.bags.offsets.iter().flatten().flat_map(|o| o.to_le_bytes()).collect()).collect();
+        let wbytes: Vec<Vec<u8>> = cases.iter().map(|c| c.bags.weights.iter().flatten().flat_map(|w| w.to_le_bytes()).collect()).collect();
+        // The CPU path, one call per table.
+        let mut want: Vec<Vec<u8>> = cases.iter().map(|c| vec![0x5Au8; rows(c) * c.dim * elem_size(c.od)]).collect();
+        let mut cpu_stats = Vec::new();
+        for (i, c) in cases.iter().enumerate() {
+            let mut w = Desc::compact(want[i].as_mut_ptr(), c.od, &[rows(c) as i64, c.dim as i64]);
+            let mut st = LookupStats::default();
+            if c.pooling == 0 {
+                // SAFETY: the tensors describe live buffers of the shapes they give (host memory).
+                ok(unsafe { strata_lookup(c.t.0, &host_k[i].t, &mut w.t, std::ptr::null(), &mut st) });
+            } else {
+                let o = c.bags.offsets.as_ref().map(|_| Desc::compact(obytes[i].as_ptr(), I64, &[c.bags.b as i64 + 1]));
+                let wt = c.bags.weights.as_ref().map(|_| Desc::compact(wbytes[i].as_ptr(), F32, &c.bags.key_shape()));
+                let opt = |d: &Option<Desc>| d.as_ref().map_or(std::ptr::null(), |d| &d.t as *const _);
+                // SAFETY: the tensors describe live buffers of the shapes they give (host memory).
+                ok(unsafe { strata_lookup_pooled(c.t.0, &host_k[i].t, opt(&o), opt(&wt), c.pooling, &mut w.t, std::ptr::null(), &mut st) });
+            }
+            cpu_stats.push(st);
+        }
+        // One batch on the device (round 1: host keys, offsets and weights, staged).
+        let bufs: Vec<_> = cases
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                (
+                    gpu::Buf::new(&ctx, &c.bags.kb),
+                    gpu::Buf::new(&ctx, &obytes[i]),
+                    gpu::Buf::new(&ctx, &wbytes[i]),
+                    gpu::Buf::new(&ctx, &vec![0xA5u8; rows(c) * c.dim * elem_size(c.od)]),
+                )
+            })
+            .collect();
+        let dev = |d: Desc| if round == 0 { d.device(DLDeviceType::CUDA) } else { d };
+        let keys: Vec<Desc> = cases
+            .iter()
+            .enumerate()
+            .map(|(i, c)| dev(Desc::compact(if round == 0 { bufs[i].0.ptr as *const u8 } else { c.bags.kb.as_ptr() }, c.bags.kd, &c.bags.key_shape())))
+            .collect();
+        let offs: Vec<Option<Desc>> = cases
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                (c.pooling != 0 && c.bags.offsets.is_some()).then(|| {
+                    dev(Desc::compact(if round == 0 { bufs[i].1.ptr as *const u8 } else { obytes[i].as_ptr() }, I64, &[c.bags.b as i64 + 1]))
+                })
+            })
+            .collect();
+        let weights: Vec<Option<Desc>> = cases
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                c.bags.weights.as_ref().map(|_| {
+                    dev(Desc::compact(if round == 0 { bufs[i].2.ptr as *const u8 } else { wbytes[i].as_ptr() }, F32, &c.bags.key_shape()))
+                })
+            })
+            .collect();
+        let mut outs: Vec<Desc> = cases
+            .iter()
+            .enumerate()
+            .map(|(i, c)| Desc::compact(bufs[i].3.ptr as *const u8, c.od, &[rows(c) as i64, c.dim as i64]).device(DLDeviceType::CUDA))
+            .collect();
+        let mut stats = vec![LookupStats::default(); cases.len()];
+        let mut reqs: Vec<strata_lookup_request> = Vec::new();
+        for (i, c) in cases.iter().enumerate() {
+            let mut r = strata_lookup_request_default();
+            r.table = c.t.0;
+            r.keys = &keys[i].t;
+            r.offsets = offs[i].as_ref().map_or(std::ptr::null(), |d| &d.t);
+            r.weights = weights[i].as_ref().map_or(std::ptr::null(), |d| &d.t);
+            r.pooling = c.pooling;
+            r.out = &mut outs[i].t;
+            r.stats = &mut stats[i];
+            reqs.push(r);
+        }
+        let opts = LookupOptions { stream: s as *mut std::ffi::c_void, num_threads: 0, ..LookupOptions::default() };
+        // SAFETY: every request's tensors describe live buffers of the shapes they give, on device 0.
+        ok(unsafe { strata_lookup_batch(reqs.as_ptr(), reqs.len(), &opts) });
+        gpu::sync(s);
+        for (i, c) in cases.iter().enumerate() {
+            assert_eq!((stats[i].hits, stats[i].misses), (cpu_stats[i].hits, cpu_stats[i].misses), "round {round} request {i}");
+            assert!(bufs[i].3.read() == want[i], "round {round} request {i} (pooling {}, dim {}): rows differ from a separate call", c.pooling, c.dim);
+        }
+        // An invalid request: nothing of the batch runs, and the error names it.
+        let bad_out = Desc::compact(bufs[5].3.ptr as *const u8, cases[5].od, &[rows(&cases[5]) as i64 + 1, cases[5].dim as i64])
+            .device(DLDeviceType::CUDA);
+        let poisoned: Vec<Vec<u8>> = cases.iter().map(|c| vec![0xA5u8; rows(c) * c.dim * elem_size(c.od)]).collect();
+        for (i, b) in bufs.iter().enumerate() {
+            ctx.bind_to_thread().unwrap();
+            // SAFETY: `b.3` holds exactly poisoned[i].len() bytes of device memory.
+            unsafe { cudarc::driver::result::memcpy_htod_sync(b.3.ptr, &poisoned[i]) }.unwrap();
+        }
+        let mut bad = reqs.clone();
+        bad[5].out = &bad_out.t as *const _ as *mut _;
+        // SAFETY: as above; request 5's out is refused before anything is queued.
+        let r = unsafe { strata_lookup_batch(bad.as_ptr(), bad.len(), &opts) };
+        fails(r, Status::STRATA_INVALID_ARGUMENT, &["requests[5].out: shape"]);
+        gpu::sync(s);
+        for (i, b) in bufs.iter().enumerate() {
+            assert!(b.3.read() == poisoned[i], "round {round}: request {i} ran in a batch that failed validation");
         }
     }
 }

@@ -4,7 +4,9 @@
 //! that meet at warp collectives) into a shared library, and `strata::exec::cuda::emulate`
 //! drives it with the same parameter structs, gather/cache code and shard split as the GPU
 //! path. Every case is compared with the CPU path's lookup of the same keys on random data,
-//! bit for bit, with poisoned outputs. This runs everywhere (CI has no GPU); what it cannot show
+//! bit for bit, with poisoned outputs: plain lookups, pooled lookups (`Table::lookup_pooled`:
+//! every pooling, weighted and not, ragged offsets with empty bags and fixed hotness, misses,
+//! every table and out dtype, tensors in place and staged) and batches of both. This runs everywhere (CI has no GPU); what it cannot show
 //! is anything about real devices: memory copies, streams, peer access and timing
 //! (tests/cuda.rs and scripts/gpu-check.sh cover those on a GPU).
 #![cfg(feature = "cuda")]
@@ -14,8 +16,9 @@ use common::*;
 use dlpark::ffi::DLDataType;
 use std::path::PathBuf;
 use std::sync::OnceLock;
-use strata::exec::cuda::emulate::{Emulated, Emulator, Placement};
-use strata::exec::cuda::params::{CacheParams, GatherParams};
+use strata::exec::cuda::emulate::{self as emulate, Emulated, Emulator, Placement, Staged};
+use strata::exec::cuda::params::{BatchParams, CacheParams, GatherParams, PooledParams};
+use strata::model::Pooling;
 use strata::{LookupOptions, MissingKey, Table, TableOptions};
 
 /// Builds the emulator library once per test process.
@@ -27,6 +30,8 @@ fn emulator() -> &'static Emulator {
         let out = std::env::temp_dir().join(format!("strata_emu_{}.so", std::process::id()));
         let st = std::process::Command::new("g++")
             .args(["-std=c++17", "-O2", "-g", "-fPIC", "-shared", "-DSTRATA_EMULATE", "-Wall", "-Wextra", "-Werror"])
+            // float32 arithmetic as the kernels' .rn instructions: nothing fused into an FMA
+            .arg("-ffp-contract=off")
             .arg("-Wno-unknown-pragmas")
             .arg("-I")
             .arg(root.join("tests/cuda_emu"))
@@ -116,6 +121,8 @@ fn parameter_structs_match_the_kernels() {
     assert_eq!(s[0] as usize, std::mem::size_of::<GatherParams>());
     assert_eq!(s[1] as usize, std::mem::size_of::<CacheParams>());
     assert_eq!(s[2], 64, "an index bucket is 64 bytes on both sides");
+    assert_eq!(s[3] as usize, std::mem::size_of::<PooledParams>());
+    assert_eq!(s[4] as usize, std::mem::size_of::<BatchParams>());
 }
 
 #[test]
@@ -320,4 +327,457 @@ fn missing_keys_as_errors_name_the_first_one_like_the_cpu_path() {
             assert!(cpu.contains("is not in the table"), "{cpu}");
         }
     }
+}
+
+// ---- pooled lookups and batches ----
+
+const POOLINGS: [Pooling; 3] = [Pooling::Sum, Pooling::Mean, Pooling::Sqrtn];
+
+/// Bags of keys for a pooled lookup, in host memory.
+struct BagCase {
+    kd: DLDataType,
+    keys: Vec<u8>,
+    nnz: usize,
+    b: usize,
+    /// Ragged: `B + 1` offsets (int32 or int64 bytes); fixed hotness: `None` and keys [B, L].
+    offsets: Option<(Vec<u8>, DLDataType)>,
+    hotness: usize,
+    weights: Option<Vec<f32>>,
+}
+
+impl BagCase {
+    /// Random bags over `t`'s keys (about 1 in 5 missing): ragged with empty bags (int32 or
+    /// int64 offsets), or fixed hotness; weights in [-2, 2) with some zeros and some all-zero
+    /// bags when `weighted`.
+    fn random(rng: &mut Rng, t: &TestTable, kd: DLDataType, ragged: bool, weighted: bool) -> BagCase {
+        let b = 1 + rng.below(24) as usize;
+        let (nnz, offsets, hotness) = if ragged {
+            let mut off = vec![0i64];
+            for _ in 0..b {
+                let len = if rng.below(4) == 0 { 0 } else { 1 + rng.below(40) as i64 };
+                off.push(off.last().unwrap() + len);
+            }
+            let od = if rng.below(2) == 0 { I32 } else { I64 };
+            let bytes: Vec<u8> = off.iter().flat_map(|&o| o.to_le_bytes()[..elem_size(od)].to_vec()).collect();
+            (*off.last().unwrap() as usize, Some((bytes, od)), 0)
+        } else {
+            let l = [1usize, 3, 7, 33][rng.below(4) as usize];
+            (b * l, None, l)
+        };
+        let keys = make_keys(rng, t, nnz, kd);
+        let weights = weighted.then(|| {
+            let mut w: Vec<f32> = (0..nnz).map(|_| if rng.below(8) == 0 { 0.0 } else { rng.f32() * 2.0 }).collect();
+            // Some bags with a zero weight total (mean) and zero square total (sqrtn).
+            let bounds = |i: usize| match &offsets {
+                Some((bytes, od)) => read_int(bytes, *od, i),
+                None => i * hotness,
+            };
+            for bag in 0..b {
+                if rng.below(5) == 0 {
+                    w[bounds(bag)..bounds(bag + 1)].fill(0.0);
+                }
+            }
+            w
+        });
+        BagCase { kd, keys, nnz, b, offsets, hotness, weights }
+    }
+
+    fn keys_desc(&self) -> Desc {
+        match self.offsets {
+            Some(_) => Desc::compact(self.keys.as_ptr(), self.kd, &[self.nnz as i64]),
+            None => Desc::compact(self.keys.as_ptr(), self.kd, &[self.b as i64, self.hotness as i64]),
+        }
+    }
+
+    fn offsets_desc(&self) -> Option<Desc> {
+        self.offsets.as_ref().map(|(bytes, od)| Desc::compact(bytes.as_ptr(), *od, &[self.b as i64 + 1]))
+    }
+
+    fn weights_desc(&self) -> Option<Desc> {
+        let shape: Vec<i64> = match self.offsets {
+            Some(_) => vec![self.nnz as i64],
+            None => vec![self.b as i64, self.hotness as i64],
+        };
+        self.weights.as_ref().map(|w| Desc::compact(w.as_ptr().cast(), F32, &shape))
+    }
+}
+
+fn read_int(bytes: &[u8], dt: DLDataType, i: usize) -> usize {
+    let size = elem_size(dt);
+    let mut b = [0u8; 8];
+    b[..size].copy_from_slice(&bytes[i * size..(i + 1) * size]);
+    i64::from_le_bytes(b) as usize
+}
+
+/// An output buffer poisoned with `fill`, and its description `[rows, dim]` with `strides`.
+fn poisoned(dtype: DLDataType, shape: &[i64], strides: &[i64], fill: u8) -> Vec<u8> {
+    let span = shape.iter().zip(strides).map(|(&n, &s)| (n - 1).max(0) * s).sum::<i64>() as usize + 1;
+    vec![fill; span * elem_size(dtype) + 16]
+}
+
+/// Runs the CPU path's pooled lookup and the emulated one on `case` into poisoned outputs of the
+/// same layout; checks they agree bit for bit, stats included.
+#[allow(clippy::too_many_arguments)]
+fn compare_pooled(
+    emu: &Emulator,
+    placed: &Emulated,
+    t: &TestTable,
+    case: &BagCase,
+    pooling: Pooling,
+    od: DLDataType,
+    out_strides: &[i64],
+    staged: Staged,
+) {
+    let dim = t.table.dim() as i64;
+    let shape = [case.b as i64, dim];
+    let mut want = poisoned(od, &shape, out_strides, 0xA5);
+    let mut got = want.clone();
+    let w = Desc::new(want.as_mut_ptr(), od, &shape, out_strides, 0);
+    let g = Desc::new(got.as_mut_ptr(), od, &shape, out_strides, 0);
+    let (k, o, wt) = (case.keys_desc(), case.offsets_desc(), case.weights_desc());
+    let (o, wt) = (o.as_ref().map(|d| &d.t), wt.as_ref().map(|d| &d.t));
+    // SAFETY: the tensors describe live host buffers of the shapes they give.
+    let cpu = unsafe { t.table.lookup_pooled(&k.t, o, wt, pooling, &w.t, &LookupOptions::default(), true) }.unwrap();
+    // SAFETY: the tensors describe live host buffers of the shapes they give.
+    let gpu = unsafe { placed.lookup_pooled(emu, t.table.source().unwrap(), &k.t, o, wt, pooling, &g.t, staged) }.unwrap();
+    let what = format!(
+        "{pooling:?} keys {:?} B={} nnz={} ragged={} weighted={} out {od:?} {out_strides:?} {staged:?}",
+        case.kd,
+        case.b,
+        case.nnz,
+        case.offsets.is_some(),
+        case.weights.is_some()
+    );
+    assert_eq!((gpu.hits, gpu.misses), (cpu.hits, cpu.misses), "stats: {what}");
+    if got != want {
+        let i = got.iter().zip(&want).position(|(a, b)| a != b).unwrap();
+        panic!("emulated pooled lookup differs from the CPU path at byte {i} of {}: {what}", got.len());
+    }
+}
+
+#[test]
+fn pooled_matches_the_cpu_path_for_every_pooling_and_dtype() {
+    let emu = emulator();
+    let mut rng = Rng(31);
+    let mut case_no = 0;
+    for keyed in [false, true] {
+        for td in FLOATS {
+            let t = make_table(&mut rng, 300, 20, td, keyed, -1.25);
+            let placed = Emulated::place(emu, t.table.source().unwrap(), Placement::Gather).unwrap();
+            for pooling in POOLINGS {
+                for ragged in [true, false] {
+                    for weighted in [false, true] {
+                        let kd = KEY_TYPES[case_no % 4];
+                        case_no += 1;
+                        let case = BagCase::random(&mut rng, &t, kd, ragged, weighted);
+                        for od in FLOATS {
+                            compare_pooled(emu, &placed, &t, &case, pooling, od, &[20, 1], Staged::default());
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn pooled_wide_rows_strided_out_and_staged_tensors() {
+    let emu = emulator();
+    let mut rng = Rng(32);
+    // 300 columns: two passes of 256 over each bag's keys; 64: the whole row in one.
+    for dim in [300usize, 64] {
+        let t = make_table(&mut rng, 400, dim, F16, true, 0.5);
+        let placed = Emulated::place(emu, t.table.source().unwrap(), Placement::Gather).unwrap();
+        let d = dim as i64;
+        let staged_all = Staged { keys: true, offsets: true, weights: true, out: true };
+        for (i, pooling) in POOLINGS.into_iter().enumerate() {
+            let case = BagCase::random(&mut rng, &t, I64, i != 1, true);
+            compare_pooled(emu, &placed, &t, &case, pooling, F32, &[d, 1], staged_all);
+            compare_pooled(emu, &placed, &t, &case, pooling, BF16, &[2 * d + 5, 2], Staged::default());
+            compare_pooled(emu, &placed, &t, &case, pooling, F16, &[2 * d + 5, 2], staged_all);
+            let offsets_only = Staged { offsets: true, ..Staged::default() };
+            compare_pooled(emu, &placed, &t, &case, pooling, F32, &[d + 1, 1], offsets_only);
+        }
+    }
+    // Keys and weights read in place with a stride (every other element of a wider buffer),
+    // and reversed.
+    let t = make_table(&mut rng, 200, 10, F32, true, 3.0);
+    let placed = Emulated::place(emu, t.table.source().unwrap(), Placement::Gather).unwrap();
+    let kb = make_keys(&mut rng, &t, 60, I32);
+    let wb: Vec<f32> = (0..60).map(|_| rng.f32()).collect();
+    let offs: [i64; 4] = [0, 11, 11, 30];
+    let o = Desc::compact(offs.as_ptr().cast(), I64, &[4]);
+    for (strides, offset) in [([2i64], 0u64), ([-2], 59)] {
+        let k = Desc::new(kb.as_ptr(), I32, &[30], &strides, offset * 4);
+        let w = Desc::new(wb.as_ptr().cast(), F32, &[30], &strides, offset * 4);
+        for staged in [Staged::default(), Staged { keys: true, weights: true, ..Staged::default() }] {
+            let mut want = vec![0x5Au8; 3 * 10 * 4];
+            let mut got = want.clone();
+            let wd = Desc::compact(want.as_mut_ptr(), F32, &[3, 10]);
+            let gd = Desc::compact(got.as_mut_ptr(), F32, &[3, 10]);
+            // SAFETY: the tensors describe live host buffers of the shapes they give. (strided views stay
+            // within `kb` and `wb`).
+            let cpu = unsafe { t.table.lookup_pooled(&k.t, Some(&o.t), Some(&w.t), Pooling::Mean, &wd.t, &LookupOptions::default(), true) }
+                .unwrap();
+            // SAFETY: the tensors describe live host buffers of the shapes they give.
+            let gpu = unsafe { placed.lookup_pooled(emu, t.table.source().unwrap(), &k.t, Some(&o.t), Some(&w.t), Pooling::Mean, &gd.t, staged) }
+                .unwrap();
+            assert_eq!((gpu.hits, gpu.misses), (cpu.hits, cpu.misses));
+            assert!(got == want, "strides {strides:?} {staged:?}");
+        }
+    }
+}
+
+#[test]
+fn pooled_through_caches_and_shards_gathers_then_pools() {
+    let emu = emulator();
+    let mut rng = Rng(33);
+    for td in FLOATS {
+        let t = make_table(&mut rng, 250, 17, td, true, 2.0);
+        let placements = [
+            Placement::Cache { fraction: 0.3, threshold: 2.0 },
+            Placement::Cache { fraction: 0.0, threshold: 2.0 },
+            Placement::Shards { count: 3 },
+        ];
+        for placement in placements {
+            let placed = Emulated::place(emu, t.table.source().unwrap(), placement).unwrap();
+            for pooling in POOLINGS {
+                let (ragged, weighted) = (rng.below(2) == 0, rng.below(2) == 0);
+                let case = BagCase::random(&mut rng, &t, U64, ragged, weighted);
+                let od = FLOATS[rng.below(3) as usize];
+                compare_pooled(emu, &placed, &t, &case, pooling, od, &[17, 1], Staged::default());
+            }
+        }
+    }
+}
+
+#[test]
+fn pooled_empty_bags_and_no_keys_give_zeros() {
+    let emu = emulator();
+    let mut rng = Rng(34);
+    let t = make_table(&mut rng, 50, 8, F32, false, 9.0);
+    for placement in [Placement::Gather, Placement::Cache { fraction: 0.5, threshold: 2.0 }] {
+        let placed = Emulated::place(emu, t.table.source().unwrap(), placement).unwrap();
+        // nnz = 0 with B = 3 empty bags; and empty bags between full ones.
+        let keys: Vec<i64> = vec![1, 2, 3, 999];
+        for offs in [vec![0i32, 0, 0, 0], vec![0, 0, 2, 2, 4, 4]] {
+            let nnz = *offs.last().unwrap() as usize;
+            let case = BagCase {
+                kd: I64,
+                keys: keys[..nnz].iter().flat_map(|k| k.to_le_bytes()).collect(),
+                nnz,
+                b: offs.len() - 1,
+                offsets: Some((offs.iter().flat_map(|o| o.to_le_bytes()).collect(), I32)),
+                hotness: 0,
+                weights: None,
+            };
+            for pooling in POOLINGS {
+                compare_pooled(emu, &placed, &t, &case, pooling, F32, &[8, 1], Staged::default());
+            }
+        }
+    }
+}
+
+#[test]
+fn pooled_bad_offsets_in_place_fail_with_the_cpu_message() {
+    let emu = emulator();
+    let mut rng = Rng(35);
+    let t = make_table(&mut rng, 40, 4, F32, false, 0.0);
+    let placed = Emulated::place(emu, t.table.source().unwrap(), Placement::Gather).unwrap();
+    let keys: [i64; 5] = [1, 2, 3, 4, 5];
+    let k = Desc::compact(keys.as_ptr().cast(), I64, &[5]);
+    for offs in [[1i64, 2, 3, 5], [0, 3, 2, 5], [0, 1, 2, 4], [0, 1, 2, 7]] {
+        let o = Desc::compact(offs.as_ptr().cast(), I64, &[4]);
+        let mut a = vec![0f32; 12];
+        let mut b = vec![0f32; 12];
+        let oa = Desc::compact(a.as_mut_ptr().cast(), F32, &[3, 4]);
+        let ob = Desc::compact(b.as_mut_ptr().cast(), F32, &[3, 4]);
+        // SAFETY: the tensors describe live host buffers of the shapes they give.
+        let cpu = unsafe { t.table.lookup_pooled(&k.t, Some(&o.t), None, Pooling::Sum, &oa.t, &LookupOptions::default(), true) }
+            .unwrap_err()
+            .to_string();
+        for staged in [Staged::default(), Staged { offsets: true, ..Staged::default() }] {
+            let src = t.table.source().unwrap();
+            // SAFETY: the tensors describe live host buffers of the shapes they give.
+            let gpu = unsafe { placed.lookup_pooled(emu, src, &k.t, Some(&o.t), None, Pooling::Sum, &ob.t, staged) }.unwrap_err().to_string();
+            assert_eq!(gpu, cpu, "offsets {offs:?} {staged:?}");
+        }
+    }
+    // Shape errors: the same checks and messages as the CPU path.
+    let w = [1f32; 4];
+    let wd = Desc::compact(w.as_ptr().cast(), F32, &[4]);
+    let offs = [0i64, 5];
+    let o = Desc::compact(offs.as_ptr().cast(), I64, &[2]);
+    let mut out = vec![0f32; 8];
+    let one = Desc::compact(out.as_mut_ptr().cast(), F32, &[1, 4]);
+    let two = Desc::compact(out.as_mut_ptr().cast(), F32, &[2, 4]);
+    for (weights, offsets, out) in [(Some(&wd.t), Some(&o.t), &one.t), (None, None, &one.t), (None, Some(&o.t), &two.t)] {
+        // SAFETY: the tensors describe live host buffers of the shapes they give.
+        let cpu = unsafe { t.table.lookup_pooled(&k.t, offsets, weights, Pooling::Mean, out, &LookupOptions::default(), true) }
+            .unwrap_err()
+            .to_string();
+        // SAFETY: the tensors describe live host buffers of the shapes they give.
+        let gpu = unsafe { placed.lookup_pooled(emu, t.table.source().unwrap(), &k.t, offsets, weights, Pooling::Mean, out, Staged::default()) }
+            .unwrap_err()
+            .to_string();
+        assert_eq!(gpu, cpu);
+    }
+}
+
+#[test]
+fn pooled_missing_keys_as_errors_name_the_first_one_like_the_cpu_path() {
+    let emu = emulator();
+    let vectors: Vec<f32> = (0..400).map(|i| i as f32).collect();
+    let v = Desc::compact(vectors.as_ptr().cast(), F32, &[100, 4]);
+    let strict = TableOptions { missing: MissingKey::Error, ..TableOptions::default() };
+    // SAFETY: `v` describes a live host buffer of the shape it gives.
+    let table = unsafe { Table::from_dlpack(&v.t, None, strict) }.unwrap();
+    let keys: [i32; 8] = [5, 9, 0, 99, 17, 123, 2, -1];
+    let offs: [i32; 4] = [0, 3, 3, 8];
+    let k = Desc::compact(keys.as_ptr().cast(), I32, &[8]);
+    let o = Desc::compact(offs.as_ptr().cast(), I32, &[4]);
+    for placement in [Placement::Gather, Placement::Cache { fraction: 0.5, threshold: 0.0 }, Placement::Shards { count: 2 }] {
+        let placed = Emulated::place(emu, table.source().unwrap(), placement).unwrap();
+        for staged in [Staged::default(), Staged { keys: true, offsets: true, ..Staged::default() }] {
+            let mut a = vec![0f32; 12];
+            let mut b = vec![0f32; 12];
+            let oa = Desc::compact(a.as_mut_ptr().cast(), F32, &[3, 4]);
+            let ob = Desc::compact(b.as_mut_ptr().cast(), F32, &[3, 4]);
+            // SAFETY: the tensors describe live host buffers of the shapes they give.
+            let cpu = unsafe { table.lookup_pooled(&k.t, Some(&o.t), None, Pooling::Sum, &oa.t, &LookupOptions::default(), true) }
+                .unwrap_err()
+                .to_string();
+            // SAFETY: the tensors describe live host buffers of the shapes they give.
+            let gpu = unsafe { placed.lookup_pooled(emu, table.source().unwrap(), &k.t, Some(&o.t), None, Pooling::Sum, &ob.t, staged) }
+                .unwrap_err()
+                .to_string();
+            assert_eq!(gpu, cpu, "{placement:?} {staged:?}");
+            assert!(cpu.contains("key 123 (element 5)"), "{cpu}");
+        }
+    }
+}
+
+/// One request of a batch test: its table, placement, tensors and the CPU path's answer.
+struct BatchCase {
+    table: usize,
+    pooling: Option<Pooling>,
+    bags: BagCase,
+    od: DLDataType,
+}
+
+#[test]
+fn batch_matches_separate_cpu_calls() {
+    let emu = emulator();
+    let mut rng = Rng(36);
+    // Tables of different dims and dtypes; the last one behind a cache, the others gathered.
+    let tables = [
+        make_table(&mut rng, 120, 12, F32, false, -1.0),
+        make_table(&mut rng, 300, 33, F16, true, 0.75),
+        make_table(&mut rng, 90, 300, BF16, true, 2.0),
+        make_table(&mut rng, 200, 6, F32, true, 5.0),
+    ];
+    let placements = [
+        Placement::Gather,
+        Placement::Gather,
+        Placement::Gather,
+        Placement::Cache { fraction: 0.4, threshold: 2.0 },
+    ];
+    let placed: Vec<Emulated> =
+        tables.iter().zip(placements).map(|(t, p)| Emulated::place(emu, t.table.source().unwrap(), p).unwrap()).collect();
+    for round in 0..6 {
+        let staged = if round % 2 == 0 { Staged::default() } else { Staged { keys: true, offsets: true, weights: true, out: true } };
+        let n = 2 + rng.below(9) as usize;
+        let cases: Vec<BatchCase> = (0..n)
+            .map(|_| {
+                let table = rng.below(tables.len() as u64) as usize;
+                let pooling = match rng.below(4) {
+                    0 => None,
+                    p => Some(POOLINGS[p as usize - 1]),
+                };
+                let kd = KEY_TYPES[rng.below(4) as usize];
+                let (ragged, weighted) = (rng.below(2) == 0, pooling.is_some() && rng.below(2) == 0);
+                let bags = BagCase::random(&mut rng, &tables[table], kd, ragged || pooling.is_none(), weighted);
+                BatchCase { table, pooling, bags, od: FLOATS[rng.below(3) as usize] }
+            })
+            .collect();
+        let rows = |c: &BatchCase| if c.pooling.is_some() { c.bags.b } else { c.bags.nnz };
+        let mut want: Vec<Vec<u8>> =
+            cases.iter().map(|c| vec![0xA5u8; rows(c) * tables[c.table].table.dim() * elem_size(c.od)]).collect();
+        let mut got = want.clone();
+        let descs: Vec<_> = cases.iter().map(|c| (c.bags.keys_desc(), c.bags.offsets_desc(), c.bags.weights_desc())).collect();
+        let outs = |bufs: &mut Vec<Vec<u8>>| -> Vec<Desc> {
+            cases
+                .iter()
+                .zip(bufs.iter_mut())
+                .map(|(c, b)| Desc::compact(b.as_mut_ptr(), c.od, &[rows(c) as i64, tables[c.table].table.dim() as i64]))
+                .collect()
+        };
+        let (want_d, got_d) = (outs(&mut want), outs(&mut got));
+        let mut cpu = Vec::new();
+        for (i, c) in cases.iter().enumerate() {
+            let t = &tables[c.table].table;
+            let (k, o, w) = &descs[i];
+            cpu.push(match c.pooling {
+                // SAFETY: the tensors describe live host buffers of the shapes they give.
+                None => unsafe { t.lookup(&k.t, &want_d[i].t, &LookupOptions::default()) }.unwrap(),
+                // SAFETY: the tensors describe live host buffers of the shapes they give.
+                Some(p) => unsafe {
+                    t.lookup_pooled(&k.t, o.as_ref().map(|d| &d.t), w.as_ref().map(|d| &d.t), p, &want_d[i].t, &LookupOptions::default(), true)
+                }
+                .unwrap(),
+            });
+        }
+        let requests: Vec<emulate::Request> = cases
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let (k, o, w) = &descs[i];
+                let pooled = c.pooling.is_some();
+                emulate::Request {
+                    placed: &placed[c.table],
+                    table: tables[c.table].table.source().unwrap(),
+                    keys: &k.t,
+                    offsets: o.as_ref().filter(|_| pooled).map(|d| &d.t),
+                    weights: w.as_ref().map(|d| &d.t),
+                    pooling: c.pooling,
+                    out: &got_d[i].t,
+                }
+            })
+            .collect();
+        // SAFETY: every request's tensors describe live host buffers of the shapes they give.
+        let gpu = unsafe { emulate::lookup_batch(emu, &requests, staged) }.unwrap();
+        for (i, c) in cases.iter().enumerate() {
+            let what = format!("round {round} request {i}: table {} {:?} out {:?}", c.table, c.pooling, c.od);
+            assert_eq!((gpu[i].hits, gpu[i].misses), (cpu[i].hits, cpu[i].misses), "stats of {what}");
+            assert!(got[i] == want[i], "rows of {what} differ from a separate CPU call");
+        }
+    }
+}
+
+#[test]
+fn batch_is_validated_before_anything_runs() {
+    let emu = emulator();
+    let mut rng = Rng(37);
+    let t = make_table(&mut rng, 100, 8, F32, true, 1.0);
+    let placed = Emulated::place(emu, t.table.source().unwrap(), Placement::Gather).unwrap();
+    let kb = make_keys(&mut rng, &t, 10, I64);
+    let k = Desc::compact(kb.as_ptr(), I64, &[10]);
+    let k2 = Desc::compact(kb.as_ptr(), I64, &[2, 5]);
+    let bad_w = [1f32; 4];
+    let w = Desc::compact(bad_w.as_ptr().cast(), F32, &[4]);
+    let mut outs = [vec![f32::NAN; 80], vec![f32::NAN; 16], vec![f32::NAN; 16]];
+    let o0 = Desc::compact(outs[0].as_mut_ptr().cast(), F32, &[10, 8]);
+    let o1 = Desc::compact(outs[1].as_mut_ptr().cast(), F32, &[2, 8]);
+    let o2 = Desc::compact(outs[2].as_mut_ptr().cast(), F32, &[2, 8]);
+    let src = t.table.source().unwrap();
+    let req = |keys, weights, pooling, out| emulate::Request { placed: &placed, table: src, keys, offsets: None, weights, pooling, out };
+    let requests = [
+        req(&k.t, None, None, &o0.t),
+        req(&k2.t, None, Some(Pooling::Sum), &o1.t),
+        req(&k2.t, Some(&w.t), Some(Pooling::Mean), &o2.t),
+    ];
+    // SAFETY: every request's tensors describe live host buffers of the shapes they give.
+    let e = unsafe { emulate::lookup_batch(emu, &requests, Staged::default()) }.unwrap_err().to_string();
+    assert!(e.starts_with("requests[2].weights: shape [4]"), "{e}");
+    assert!(outs.iter().flatten().all(|x| x.is_nan()), "a request ran before the batch was validated");
 }

@@ -23,6 +23,8 @@ pub(crate) use plan::{Plan, plan};
 pub use pooled::Pooling;
 pub(crate) use pooled::{PooledPlan, plan_pooled};
 #[cfg(feature = "cuda")]
+pub(crate) use pooled::{CheckedBags, Devices, PooledChecked, check_offset_values, check_pooled};
+#[cfg(feature = "cuda")]
 pub(crate) use plan::{Checked, check};
 pub(crate) use static_table::{Rows, read_keys, read_rows};
 pub use static_table::{StaticTable, TableInfo};

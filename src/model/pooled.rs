@@ -81,33 +81,51 @@ impl PooledPlan {
     }
 }
 
-/// Reads and checks `offsets` (1-D int32 or int64, `B + 1` entries: first 0, non-decreasing,
-/// last `nnz`).
-///
-/// # Safety
-/// `offsets` must describe readable host memory as DLPack requires.
-unsafe fn read_offsets(offsets: &DLTensor, nnz: usize) -> Result<(Vec<usize>, (usize, usize))> {
-    // SAFETY: forwarded from the caller.
-    let v = unsafe { TensorView::new(offsets, "offsets") }?;
-    require_host(v.device, "offsets")?;
-    let wide = match (v.dtype.code, v.dtype.bits, v.dtype.lanes) {
-        (DLDataTypeCode::INT, 32, 1) => false,
-        (DLDataTypeCode::INT, 64, 1) => true,
-        _ => return Err(Error::Dtype { arg: "offsets", got: dtype_name(v.dtype), expected: "int32 or int64" }),
-    };
-    if v.shape.len() != 1 || v.shape[0] == 0 {
-        return Err(Error::invalid(
-            "offsets",
-            format!("shape {:?}; expected a 1-D tensor of B + 1 >= 1 offsets (PyTorch's include_last_offset form)", v.shape),
-        ));
-    }
-    let n = v.shape[0];
-    let mut out = Vec::with_capacity(n);
+/// Whether a pooled lookup's tensors must be host memory, and where its offsets are read.
+#[derive(Clone, Copy)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // only the CUDA path leaves offsets in place
+pub(crate) enum Devices {
+    /// Every tensor in host memory (the CPU path); the offsets are read and validated.
+    Host,
+    /// Any device (the caller checks devices); the offsets are read and validated on the host
+    /// when `read_offsets` says so for their view, else left where they are for the kernels,
+    /// which validate them.
+    Any { read_offsets: fn(&TensorView) -> bool },
+}
+
+/// Where each bag's keys are, as checked by [`check_pooled`].
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) enum CheckedBags {
+    /// Bag `b` is keys `b * L .. (b + 1) * L` (2-D keys `[B, L]`).
+    Fixed(usize),
+    /// Offsets read on the host and validated (`B + 1` entries), and their view.
+    Read(Vec<usize>, TensorView),
+    /// Offsets left where they are (values not checked); `wide`: int64, else int32.
+    InPlace { view: TensorView, wide: bool },
+}
+
+/// A pooled lookup's tensors checked against a table's `dim`, on any device: dtypes, shapes,
+/// strides and overlaps (and the offsets' values when they were read). Built by
+/// [`check_pooled`].
+pub(crate) struct PooledChecked {
+    pub k: TensorView,
+    pub kd: KeyDtype,
+    pub bags: CheckedBags,
+    pub w: Option<TensorView>,
+    pub o: TensorView,
+    pub od: FloatDtype,
+    /// Number of bags (rows of `out`).
+    pub b: usize,
+    /// Number of keys.
+    pub nnz: usize,
+}
+
+/// Checks offset values (`values.len()` = B + 1 entries): the first 0, non-decreasing, the last
+/// `nnz`. The messages are the CPU path's, wherever the offsets were read.
+pub(crate) fn check_offset_values(values: impl IntoIterator<Item = i64>, nnz: usize) -> Result<Vec<usize>> {
+    let mut out = Vec::new();
     let mut prev = 0i64;
-    for i in 0..n {
-        let p = v.at(i as isize * v.strides[0]);
-        // SAFETY: the view validated element i (i < shape[0]) as readable and aligned.
-        let x = unsafe { if wide { *(p as *const i64) } else { *(p as *const i32) as i64 } };
+    for (i, x) in values.into_iter().enumerate() {
         if i == 0 && x != 0 {
             return Err(Error::invalid("offsets", format!("offsets[0] = {x}; expected 0")));
         }
@@ -123,10 +141,159 @@ unsafe fn read_offsets(offsets: &DLTensor, nnz: usize) -> Result<(Vec<usize>, (u
     if prev as u64 != nnz as u64 {
         return Err(Error::invalid(
             "offsets",
-            format!("offsets[{}] = {prev}; expected nnz = {nnz}, the number of keys (the last offset ends the last bag)", n - 1),
+            format!(
+                "offsets[{}] = {prev}; expected nnz = {nnz}, the number of keys (the last offset ends the last bag)",
+                out.len().saturating_sub(1)
+            ),
         ));
     }
-    Ok((out, v.byte_range()))
+    Ok(out)
+}
+
+/// Checks `offsets`' dtype (1-D int32 or int64, `B + 1 >= 1` entries) and, unless `devices`
+/// leaves them in place, reads and checks their values.
+///
+/// # Safety
+/// `offsets` must describe memory valid as DLPack requires (readable host memory when read).
+unsafe fn check_offsets(offsets: &DLTensor, nnz: usize, devices: Devices) -> Result<CheckedBags> {
+    // SAFETY: forwarded from the caller.
+    let v = unsafe { TensorView::new(offsets, "offsets") }?;
+    if let Devices::Host = devices {
+        require_host(v.device, "offsets")?;
+    }
+    let wide = match (v.dtype.code, v.dtype.bits, v.dtype.lanes) {
+        (DLDataTypeCode::INT, 32, 1) => false,
+        (DLDataTypeCode::INT, 64, 1) => true,
+        _ => return Err(Error::Dtype { arg: "offsets", got: dtype_name(v.dtype), expected: "int32 or int64" }),
+    };
+    if v.shape.len() != 1 || v.shape[0] == 0 {
+        return Err(Error::invalid(
+            "offsets",
+            format!("shape {:?}; expected a 1-D tensor of B + 1 >= 1 offsets (PyTorch's include_last_offset form)", v.shape),
+        ));
+    }
+    let read = match devices {
+        Devices::Host => true,
+        Devices::Any { read_offsets } => read_offsets(&v),
+    };
+    if !read {
+        if v.shape[0] == 1 && nnz != 0 {
+            // No bag to hold the keys, whatever the one offset says.
+            return Err(Error::invalid(
+                "offsets",
+                format!("shape [1] (B = 0 bags) with nnz = {nnz} keys; expected offsets[B] = nnz, the last offset ending the last bag"),
+            ));
+        }
+        return Ok(CheckedBags::InPlace { view: v, wide });
+    }
+    let values = (0..v.shape[0]).map(|i| {
+        let p = v.at(i as isize * v.strides[0]);
+        // SAFETY: the view validated element i (i < shape[0]) as readable and aligned.
+        unsafe { if wide { *(p as *const i64) } else { *(p as *const i32) as i64 } }
+    });
+    let o = check_offset_values(values, nnz)?;
+    Ok(CheckedBags::Read(o, v))
+}
+
+/// Checks a pooled lookup's tensors for a table of `dim` (see [`PooledChecked`]); `devices`
+/// says whether they must be host memory and where the offsets are read. The CPU path and the
+/// CUDA path share these checks and their messages.
+///
+/// # Safety
+/// The tensors must describe memory valid as DLPack requires (host offsets readable when read).
+pub(crate) unsafe fn check_pooled(
+    dim: usize,
+    keys: &DLTensor,
+    offsets: Option<&DLTensor>,
+    weights: Option<&DLTensor>,
+    out: &DLTensor,
+    devices: Devices,
+) -> Result<PooledChecked> {
+    let host = matches!(devices, Devices::Host);
+    // SAFETY: forwarded from the caller.
+    let k = unsafe { TensorView::new(keys, "keys") }?;
+    if host {
+        require_host(k.device, "keys")?;
+    }
+    let kd = KeyDtype::of(k.dtype, "keys")?;
+    let nnz = k.numel;
+    let bags = match (k.shape.len(), offsets) {
+        // SAFETY: forwarded from the caller.
+        (1, Some(o)) => unsafe { check_offsets(o, nnz, devices) }?,
+        (1, None) => {
+            return Err(Error::invalid(
+                "offsets",
+                "is NULL but keys are 1-D [nnz]; expected a 1-D int32 or int64 tensor of B + 1 offsets, \
+                 or 2-D keys [B, L] of fixed hotness",
+            ));
+        }
+        (2, None) => CheckedBags::Fixed(k.shape[1]),
+        (2, Some(_)) => {
+            return Err(Error::invalid(
+                "offsets",
+                format!("given with 2-D keys {:?}; expected NULL (each row of 2-D keys is one bag)", k.shape),
+            ));
+        }
+        (nd, _) => {
+            return Err(Error::invalid(
+                "keys",
+                format!("ndim = {nd}; expected 1-D keys [nnz] with offsets, or 2-D keys [B, L]"),
+            ));
+        }
+    };
+    let b = match &bags {
+        CheckedBags::Fixed(_) => k.shape[0],
+        CheckedBags::Read(o, _) => o.len() - 1,
+        CheckedBags::InPlace { view, .. } => view.shape[0] - 1,
+    };
+    let w = match weights {
+        None => None,
+        Some(w) => {
+            // SAFETY: forwarded from the caller.
+            let w = unsafe { TensorView::new(w, "weights") }?;
+            if host {
+                require_host(w.device, "weights")?;
+            }
+            if (w.dtype.code, w.dtype.bits, w.dtype.lanes) != (DLDataTypeCode::FLOAT, 32, 1) {
+                return Err(Error::Dtype { arg: "weights", got: dtype_name(w.dtype), expected: "float32" });
+            }
+            if w.shape != k.shape {
+                return Err(Error::invalid("weights", format!("shape {:?}; expected the keys' shape {:?}", w.shape, k.shape)));
+            }
+            Some(w)
+        }
+    };
+    // SAFETY: forwarded from the caller.
+    let o = unsafe { TensorView::new(out, "out") }?;
+    if host {
+        require_host(o.device, "out")?;
+    }
+    let od = FloatDtype::of(o.dtype, "out")?;
+    if o.shape != [b, dim] {
+        return Err(Error::invalid("out", format!("shape {:?}; expected [B, dim] = [{b}, {dim}] (one row per bag)", o.shape)));
+    }
+    o.require_non_negative_strides()?;
+    if b > 0 && !o.is_non_overlapping() {
+        return Err(Error::layout(
+            "out",
+            format!("strides {:?} make elements of shape {:?} overlap; expected non-overlapping rows", o.strides, o.shape),
+        ));
+    }
+    let offsets_range = match &bags {
+        CheckedBags::Fixed(_) => (0, 0),
+        CheckedBags::Read(_, v) | CheckedBags::InPlace { view: v, .. } => v.byte_range(),
+    };
+    let or = o.byte_range();
+    for (range, what) in [
+        (k.byte_range(), "keys"),
+        (offsets_range, "offsets"),
+        (w.as_ref().map_or((0, 0), |w| w.byte_range()), "weights"),
+    ] {
+        if overlaps(or, range) {
+            return Err(Error::layout("out", format!("overlaps the memory of {what}; expected a separate buffer")));
+        }
+    }
+    Ok(PooledChecked { k, kd, bags, w, o, od, b, nnz })
 }
 
 /// Validates a pooled lookup of host tensors for a table of `dim` whose own memory is
@@ -148,80 +315,18 @@ pub(crate) unsafe fn plan_pooled(
 ) -> Result<PooledPlan> {
     let threads = resolve_threads(opts.num_threads)?;
     // SAFETY: forwarded from the caller.
-    let k = unsafe { TensorView::new(keys, "keys") }?;
-    require_host(k.device, "keys")?;
-    let key_dtype = KeyDtype::of(k.dtype, "keys")?;
-    let nnz = k.numel;
-    let (bags, b, offsets_range) = match (k.shape.len(), offsets) {
-        (1, Some(o)) => {
-            // SAFETY: forwarded from the caller.
-            let (o, range) = unsafe { read_offsets(o, nnz) }?;
-            let b = o.len() - 1;
-            (Bags::Offsets(o), b, range)
-        }
-        (1, None) => {
-            return Err(Error::invalid(
-                "offsets",
-                "is NULL but keys are 1-D [nnz]; expected a 1-D int32 or int64 tensor of B + 1 offsets, \
-                 or 2-D keys [B, L] of fixed hotness",
-            ));
-        }
-        (2, None) => (Bags::Fixed(k.shape[1]), k.shape[0], (0, 0)),
-        (2, Some(_)) => {
-            return Err(Error::invalid(
-                "offsets",
-                format!("given with 2-D keys {:?}; expected NULL (each row of 2-D keys is one bag)", k.shape),
-            ));
-        }
-        (nd, _) => {
-            return Err(Error::invalid(
-                "keys",
-                format!("ndim = {nd}; expected 1-D keys [nnz] with offsets, or 2-D keys [B, L]"),
-            ));
-        }
+    let c = unsafe { check_pooled(dim, keys, offsets, weights, out, Devices::Host) }?;
+    if overlaps(c.o.byte_range(), table_range) {
+        return Err(Error::layout("out", "overlaps the memory of the table's vectors; expected a separate buffer"));
+    }
+    let PooledChecked { k, kd: key_dtype, bags, w, o, od, b, nnz } = c;
+    let bags = match bags {
+        CheckedBags::Fixed(l) => Bags::Fixed(l),
+        CheckedBags::Read(o, _) => Bags::Offsets(o),
+        CheckedBags::InPlace { .. } => return Err(Error::Internal("host offsets left unread".into())),
     };
-    let weight_view = match weights {
-        None => None,
-        Some(w) => {
-            // SAFETY: forwarded from the caller.
-            let w = unsafe { TensorView::new(w, "weights") }?;
-            require_host(w.device, "weights")?;
-            if (w.dtype.code, w.dtype.bits, w.dtype.lanes) != (DLDataTypeCode::FLOAT, 32, 1) {
-                return Err(Error::Dtype { arg: "weights", got: dtype_name(w.dtype), expected: "float32" });
-            }
-            if w.shape != k.shape {
-                return Err(Error::invalid("weights", format!("shape {:?}; expected the keys' shape {:?}", w.shape, k.shape)));
-            }
-            Some(w)
-        }
-    };
-    // SAFETY: forwarded from the caller.
-    let o = unsafe { TensorView::new(out, "out") }?;
-    require_host(o.device, "out")?;
-    let od = FloatDtype::of(o.dtype, "out")?;
-    if o.shape != [b, dim] {
-        return Err(Error::invalid("out", format!("shape {:?}; expected [B, dim] = [{b}, {dim}] (one row per bag)", o.shape)));
-    }
-    o.require_non_negative_strides()?;
-    if b > 0 && !o.is_non_overlapping() {
-        return Err(Error::layout(
-            "out",
-            format!("strides {:?} make elements of shape {:?} overlap; expected non-overlapping rows", o.strides, o.shape),
-        ));
-    }
-    let or = o.byte_range();
-    for (range, what) in [
-        (k.byte_range(), "keys"),
-        (offsets_range, "offsets"),
-        (weight_view.as_ref().map_or((0, 0), |w| w.byte_range()), "weights"),
-        (table_range, "the table's vectors"),
-    ] {
-        if overlaps(or, range) {
-            return Err(Error::layout("out", format!("overlaps the memory of {what}; expected a separate buffer")));
-        }
-    }
     let keys = KeySource { ptr: k.ptr, dtype: key_dtype, walk: Walk::new(&k.shape, &k.strides), elem: k.elem };
-    let weights = weight_view.map(|w| WeightSource { ptr: w.ptr, walk: Walk::new(&w.shape, &w.strides) });
+    let weights = w.map(|w| WeightSource { ptr: w.ptr, walk: Walk::new(&w.shape, &w.strides) });
     let out = OutTarget { ptr: o.ptr, dtype: od, walk: Walk::new(&[b], &[o.strides[0]]), col_stride: o.strides[1] as usize };
     Ok(PooledPlan { keys, weights, bags, b, nnz, out, pooling, threads, key_dtype })
 }

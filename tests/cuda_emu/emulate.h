@@ -2,6 +2,7 @@
 // warp at a time, its 32 lanes as fibers that meet at every warp collective (launch.cc).
 // Used only by tests/cuda_emulated.rs, so kernels are checked on machines with no GPU.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -39,6 +40,12 @@ inline unsigned int atomicCAS(unsigned int *p, unsigned int expected, unsigned i
     return old;
 }
 inline void __threadfence() {}
+// IEEE round-to-nearest float32 arithmetic, as the device's .rn instructions (the emulator is
+// built with -ffp-contract=off, so nothing here is fused either).
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fsqrt_rn(float a) { return std::sqrt(a); }
 inline unsigned int __float_as_uint(float f) {
     unsigned int u;
     std::memcpy(&u, &f, 4);
@@ -90,3 +97,4 @@ inline unsigned short strata_f32_to_f16(float f) {
 unsigned long long strata_warp_broadcast(unsigned long long v);
 bool strata_warp_all(bool pred);
 void strata_warp_sync();
+unsigned long long strata_warp_shfl(unsigned long long v, unsigned int src);

@@ -14,13 +14,14 @@
 thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 namespace {
-enum Op { NONE, BROADCAST, ALL, SYNC };
+enum Op { NONE, BROADCAST, ALL, SYNC, SHFL };
 struct Lane {
     ucontext_t ctx;
     std::vector<char> stack;
     bool done = false;
     Op op = NONE;
     unsigned long long value = 0, result = 0;
+    unsigned int src = 0;  // SHFL: the lane whose value this lane reads
 };
 // One launch at a time per thread; test threads may launch at once.
 thread_local Lane *g_lanes = nullptr;
@@ -30,10 +31,11 @@ thread_local void (*g_invoke)(void *, const void *) = nullptr;
 thread_local void *g_kernel = nullptr;
 thread_local const void *g_params = nullptr;
 
-unsigned long long meet(Op op, unsigned long long v) {
+unsigned long long meet(Op op, unsigned long long v, unsigned int src = 0) {
     Lane &l = g_lanes[g_cur];
     l.op = op;
     l.value = v;
+    l.src = src & 31u;
     swapcontext(&l.ctx, &g_sched);
     return l.result;
 }
@@ -83,7 +85,10 @@ void run_warp(unsigned int block, unsigned int warp) {
             all = all && lanes[l].value != 0;
         }
         for (int l = 0; l < 32; l++) {
-            lanes[l].result = op == BROADCAST ? lanes[0].value : op == ALL ? (unsigned long long)all : 0;
+            lanes[l].result = op == BROADCAST ? lanes[0].value
+                              : op == ALL     ? (unsigned long long)all
+                              : op == SHFL    ? lanes[lanes[l].src].value
+                                              : 0;
         }
     }
 }
@@ -97,14 +102,20 @@ void invoke(void *kernel, const void *params) {
 unsigned long long strata_warp_broadcast(unsigned long long v) { return meet(BROADCAST, v); }
 bool strata_warp_all(bool pred) { return meet(ALL, pred) != 0; }
 void strata_warp_sync() { meet(SYNC, 0); }
+unsigned long long strata_warp_shfl(unsigned long long v, unsigned int src) { return meet(SHFL, v, src); }
 
-// Runs `kernel` (a strata_gather_* kernel when `gather` is 1, else a strata_cache_* kernel) over
-// a grid of `grid` blocks of `block` threads (a multiple of 32), with `params` as its argument.
-extern "C" void strata_emu_launch(void *kernel, int gather, unsigned int grid, unsigned int block,
+// Runs `kernel` over a grid of `grid` blocks of `block` threads (a multiple of 32), with `params`
+// as its argument. `kind` says which parameter struct the kernel takes: 0 CacheParams
+// (strata_cache_*), 1 GatherParams (strata_gather_*), 2 PooledParams (strata_pooled_*,
+// strata_pool_rows_*), 3 BatchParams (strata_batch).
+extern "C" void strata_emu_launch(void *kernel, int kind, unsigned int grid, unsigned int block,
                                   const void *params) {
     g_kernel = kernel;
     g_params = params;
-    g_invoke = gather ? invoke<GatherParams> : invoke<CacheParams>;
+    g_invoke = kind == 1   ? invoke<GatherParams>
+               : kind == 2 ? invoke<PooledParams>
+               : kind == 3 ? invoke<BatchParams>
+                           : invoke<CacheParams>;
     gridDim = {grid, 1, 1};
     blockDim = {block, 1, 1};
     for (unsigned int b = 0; b < grid; b++) {
@@ -114,9 +125,12 @@ extern "C" void strata_emu_launch(void *kernel, int gather, unsigned int grid, u
     }
 }
 
-// sizeof(GatherParams), sizeof(CacheParams), sizeof(Bucket): checked against the Rust mirrors.
+// sizeof(GatherParams), sizeof(CacheParams), sizeof(Bucket), sizeof(PooledParams),
+// sizeof(BatchParams): checked against the Rust mirrors.
 extern "C" void strata_emu_sizes(unsigned long long *sizes) {
     sizes[0] = sizeof(GatherParams);
     sizes[1] = sizeof(CacheParams);
     sizes[2] = sizeof(Bucket);
+    sizes[3] = sizeof(PooledParams);
+    sizes[4] = sizeof(BatchParams);
 }

@@ -4,7 +4,7 @@
 //! (`emulate`), so that the planning, parameter marshalling and cache protocol run in CI.
 
 use super::device::{Device, cuda_call};
-use super::params::{CacheParams, GatherParams};
+use super::params::{BatchParams, CacheParams, GatherParams, PooledParams};
 use crate::error::Result;
 use cudarc::driver::sys;
 use std::ffi::c_void;
@@ -163,6 +163,16 @@ pub(crate) trait Backend {
     /// # Safety
     /// As for [`Backend::launch_gather`].
     unsafe fn launch_cache(&self, name: &str, grid: u32, p: &CacheParams) -> Result<()>;
+    /// Queues a pooled kernel (`strata_pooled_*`, `strata_pool_rows`).
+    ///
+    /// # Safety
+    /// As for [`Backend::launch_gather`].
+    unsafe fn launch_pooled(&self, name: &str, grid: u32, p: &PooledParams) -> Result<()>;
+    /// Queues the batch kernel (`strata_batch`).
+    ///
+    /// # Safety
+    /// As for [`Backend::launch_gather`], for `p` and every request it points to.
+    unsafe fn launch_batch(&self, name: &str, grid: u32, p: &BatchParams) -> Result<()>;
     /// Queues zeroing `bytes` of device memory at `dev`.
     ///
     /// # Safety
@@ -274,6 +284,14 @@ impl Backend for Stream {
 
     unsafe fn launch_cache(&self, name: &str, grid: u32, p: &CacheParams) -> Result<()> {
         self.launch(name, grid, p as *const CacheParams as *const c_void)
+    }
+
+    unsafe fn launch_pooled(&self, name: &str, grid: u32, p: &PooledParams) -> Result<()> {
+        self.launch(name, grid, p as *const PooledParams as *const c_void)
+    }
+
+    unsafe fn launch_batch(&self, name: &str, grid: u32, p: &BatchParams) -> Result<()> {
+        self.launch(name, grid, p as *const BatchParams as *const c_void)
     }
 
     unsafe fn zero(&self, dev: u64, bytes: usize) -> Result<()> {

@@ -3,17 +3,19 @@
 //! `tests/cuda_emulated.rs` compiles `gather.cu` as C++ with `tests/cuda_emu/` (each warp's 32
 //! lanes run as fibers that meet at warp collectives) into a shared library and loads it here.
 //! The lookups below use the same parameter structs, the same gather and cache code
-//! ([`super::run::execute`], [`super::cache`]) and the same shard split as the GPU path; only
-//! memory (host memory stands in for device memory) and launches (the emulator) differ. Host
-//! functions and background inserts run at once, in order.
+//! ([`super::run::execute`], [`super::cache`]), the same pooled and batch code
+//! ([`super::requests`]) and the same shard split as the GPU path; only memory (host memory
+//! stands in for device memory) and launches (the emulator) differ. Host functions and
+//! background inserts run at once, in order.
 
 use super::backend::{Backend, HostFn, Job, Mem, Spawner};
 use super::cache::CacheState;
-use super::params::{CacheParams, GatherParams};
+use super::params::{BatchParams, CacheParams, GatherParams, PooledParams};
+use super::requests::{InPlace, Lookup, check_request};
 use super::residency::{GatherSource, InFlight, Placed, shard_params, split};
 use super::run::lookup_on;
 use crate::error::{Error, Result};
-use crate::model::{LookupStats, check};
+use crate::model::{LookupStats, Pooling, check};
 use crate::model::RowSource;
 use crate::model::Rows;
 use dlpark::ffi::DLTensor;
@@ -41,7 +43,7 @@ impl Emulator {
     /// Loads the emulator library at `path`.
     pub fn load(path: &std::path::Path) -> std::result::Result<Self, String> {
         let c = CString::new(path.to_string_lossy().as_bytes()).map_err(|e| e.to_string())?;
-        // SAFETY: dlopen of a library the test built.
+        // SAFETY: dlopen of a library the test built, by a NUL-terminated path.
         let lib = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
         if lib.is_null() {
             // SAFETY: dlopen just failed on this thread, so dlerror returns a non-NULL,
@@ -58,29 +60,31 @@ impl Emulator {
         Ok(Emulator { lib, launch, sms: 2 })
     }
 
-    /// sizeof GatherParams, CacheParams and Bucket as the C++ side sees them.
-    pub fn sizes(&self) -> [u64; 3] {
-        let mut s = [0u64; 3];
-        // SAFETY: self.lib is the handle `load` opened, never closed; the name is a C literal.
+    /// sizeof GatherParams, CacheParams, Bucket, PooledParams and BatchParams as the C++ side
+    /// sees them.
+    pub fn sizes(&self) -> [u64; 5] {
+        let mut s = [0u64; 5];
+        // SAFETY: dlsym on the loaded library, with a NUL-terminated name.
         let f = unsafe { libc::dlsym(self.lib, c"strata_emu_sizes".as_ptr()) };
         assert!(!f.is_null());
-        // SAFETY: f is non-NULL (asserted) and strata_emu_sizes is `void (uint64_t *)` in
-        // launch.cc.
+        // SAFETY: the symbol has this signature (launch.cc).
         let f = unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut u64)>(f) };
-        // SAFETY: s holds the three u64 values strata_emu_sizes writes.
+        // SAFETY: `s` has room for the 5 sizes strata_emu_sizes writes.
         unsafe { f(s.as_mut_ptr()) };
         s
     }
 
-    fn run(&self, name: &str, gather: bool, grid: u32, params: *const c_void) -> Result<()> {
+    /// Runs kernel `name`, whose parameter struct is of `kind` (launch.cc: 0 CacheParams,
+    /// 1 GatherParams, 2 PooledParams, 3 BatchParams).
+    fn run(&self, name: &str, kind: i32, grid: u32, params: *const c_void) -> Result<()> {
         let c = CString::new(name).expect("kernel names have no NUL");
         // SAFETY: self.lib is the handle `load` opened, never closed; c is NUL-terminated.
         let k = unsafe { libc::dlsym(self.lib, c.as_ptr()) };
         if k.is_null() {
             return Err(Error::Internal(format!("kernel {name} is not in the emulator")));
         }
-        // SAFETY: k is a kernel of the parameter kind `gather` says; params points at one.
-        unsafe { (self.launch)(k, gather as i32, grid, super::backend::BLOCK, params) };
+        // SAFETY: k is a kernel of the parameter kind `kind` says; params points at one.
+        unsafe { (self.launch)(k, kind, grid, super::backend::BLOCK, params) };
         Ok(())
     }
 }
@@ -106,10 +110,16 @@ impl Backend for Emulator {
         Ok(())
     }
     unsafe fn launch_gather(&self, name: &str, grid: u32, p: &GatherParams) -> Result<()> {
-        self.run(name, true, grid, p as *const GatherParams as *const c_void)
+        self.run(name, 1, grid, p as *const GatherParams as *const c_void)
     }
     unsafe fn launch_cache(&self, name: &str, grid: u32, p: &CacheParams) -> Result<()> {
-        self.run(name, false, grid, p as *const CacheParams as *const c_void)
+        self.run(name, 0, grid, p as *const CacheParams as *const c_void)
+    }
+    unsafe fn launch_pooled(&self, name: &str, grid: u32, p: &PooledParams) -> Result<()> {
+        self.run(name, 2, grid, p as *const PooledParams as *const c_void)
+    }
+    unsafe fn launch_batch(&self, name: &str, grid: u32, p: &BatchParams) -> Result<()> {
+        self.run(name, 3, grid, p as *const BatchParams as *const c_void)
     }
     unsafe fn zero(&self, dev: u64, bytes: usize) -> Result<()> {
         // SAFETY: the caller guarantees [dev, dev + bytes) is (emulated, so host) device memory
@@ -231,5 +241,93 @@ impl Emulated {
         // in-flight count is ours. Host memory is the emulator's device memory, so in-place
         // tensors are device-visible, and they are in place only when their strides reduce to one.
         unsafe { lookup_on(emu, table, &self.inflight, &self.placed, &c, keys_in_place, out_in_place, true) }
+    }
+}
+
+/// Which of an emulated request's tensors take the path of pageable host memory on a GPU
+/// (keys, offsets and weights read on the host and copied in, `out` written in device memory and
+/// copied back); the others are addressed in place by the kernels, as device tensors are.
+/// Offsets in place are checked by the kernels.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Staged {
+    pub keys: bool,
+    pub offsets: bool,
+    pub weights: bool,
+    pub out: bool,
+}
+
+/// One request of an emulated batch ([`lookup_batch`]): plain when `pooling` is `None`.
+pub struct Request<'a> {
+    pub placed: &'a Emulated,
+    pub table: &'a dyn RowSource,
+    pub keys: &'a DLTensor,
+    pub offsets: Option<&'a DLTensor>,
+    pub weights: Option<&'a DLTensor>,
+    pub pooling: Option<Pooling>,
+    pub out: &'a DLTensor,
+}
+
+/// Runs `requests` as the GPU path runs a batch on one device (those whose placement is a
+/// gather in one launch of the batch kernel), with stats, each tensor staged as `staged` says.
+/// Every request is checked first; errors name the request (`requests[3].offsets: ...`).
+///
+/// # Safety
+/// Every request's tensors must be valid host memory as DLPack requires.
+pub unsafe fn lookup_batch(emu: &Emulator, requests: &[Request], staged: Staged) -> Result<Vec<LookupStats>> {
+    // SAFETY: forwarded from the caller.
+    unsafe { run_requests(emu, requests, staged) }.map_err(|(i, e)| e.within(format!("requests[{i}].")))
+}
+
+/// # Safety
+/// As for [`lookup_batch`].
+unsafe fn run_requests(emu: &Emulator, requests: &[Request], staged: Staged) -> std::result::Result<Vec<LookupStats>, (usize, Error)> {
+    let read_offsets: fn(&crate::dlpack::TensorView) -> bool = if staged.offsets { |_| true } else { |_| false };
+    let mut shapes = Vec::new();
+    for (i, r) in requests.iter().enumerate() {
+        // SAFETY: forwarded from the caller.
+        let shape = unsafe { check_request(r.table.dim(), r.keys, r.offsets, r.weights, r.pooling, r.out, read_offsets) };
+        if let Some(s) = shape.map_err(|e| (i, e))? {
+            shapes.push((i, s));
+        }
+    }
+    let in_place = InPlace { keys: !staged.keys, weights: !staged.weights, out: !staged.out };
+    let jobs: Vec<Lookup> = shapes
+        .iter()
+        .map(|(i, shape)| {
+            let r = &requests[*i];
+            Lookup { table: r.table, inflight: &r.placed.inflight, placed: &r.placed.placed, shape, in_place, want_stats: true }
+        })
+        .collect();
+    // SAFETY: forwarded from the caller; host memory is the emulator's device memory.
+    let found = unsafe { super::requests::run(emu, &jobs) }.map_err(|(j, e)| (shapes[j].0, e))?;
+    let mut stats = vec![LookupStats::default(); requests.len()];
+    for ((i, _), f) in shapes.iter().zip(found) {
+        stats[*i] = f;
+    }
+    Ok(stats)
+}
+
+impl Emulated {
+    /// A pooled lookup (see `Table::lookup_pooled`) through this placement on the emulator,
+    /// with stats, each tensor staged as `staged` says.
+    ///
+    /// # Safety
+    /// As for `Table::lookup_pooled`, with host tensors.
+    #[allow(clippy::too_many_arguments)] // one argument per tensor of the C call
+    pub unsafe fn lookup_pooled(
+        &self,
+        emu: &Emulator,
+        table: &dyn RowSource,
+        keys: &DLTensor,
+        offsets: Option<&DLTensor>,
+        weights: Option<&DLTensor>,
+        pooling: Pooling,
+        out: &DLTensor,
+        staged: Staged,
+    ) -> Result<LookupStats> {
+        let r = Request { placed: self, table, keys, offsets, weights, pooling: Some(pooling), out };
+        // SAFETY: forwarded from the caller.
+        let mut stats = unsafe { run_requests(emu, &[r], staged) }.map_err(|(_, e)| e)?;
+        Ok(stats.pop().unwrap_or_default())
     }
 }

@@ -13,10 +13,22 @@
 // rows resolved in the background. Each set has a seqlock: a writer makes its version odd while
 // it changes the set; a reader that saw the version change treats the key as a miss.
 //
+// Pooled: one warp pools one bag at a time. Its 32 lanes resolve 32 keys of the bag at once (one
+// each, through the same probe as the gather), then take them in key order, handed round by
+// shuffles, each lane adding w * row into the float32 accumulators of its columns. Adds,
+// multiplies, divisions and square roots are IEEE round-to-nearest (never fused), so a bag's row
+// equals the CPU path's bit for bit. Offsets left in device memory are checked as they are read:
+// a bad one sets `status` and its bag is clamped into the keys. `strata_pool_rows` pools rows a
+// gather already wrote (cache and shard placements). `strata_batch` runs many requests (plain or
+// pooled, any dtypes, static or mapped tables) in one launch: its warps take work items (bags, or
+// keys of plain requests) over all of them.
+//
 // Every kernel is `extern "C"` and takes one parameter struct by value, laid out exactly as the
 // `#[repr(C)]` structs of src/exec/cuda/params.rs. Names: strata_gather_<keys>_<table>_<out>,
 // strata_cache_probe_<keys>_<table>_<out>, strata_cache_fill_<table>_<out>,
-// strata_cache_insert_<table>.
+// strata_cache_insert_<table>, strata_pooled_<table>, strata_pool_rows, strata_batch (the pooled
+// and batch kernels take key and out dtypes as runtime codes: they are read and written off the
+// inner loop, and one instantiation per table dtype keeps the module small).
 //
 // No CUDA headers are needed (NVRTC compiles this alone). With STRATA_EMULATE defined, the same
 // source compiles as C++ for the CPU-side emulator the tests run (tests/cuda_emulated.rs).
@@ -42,6 +54,10 @@ __device__ __forceinline__ unsigned long long strata_warp_broadcast(unsigned lon
 // Whether `pred` holds in every lane of the warp (all 32 lanes must call it).
 __device__ __forceinline__ bool strata_warp_all(bool pred) { return __all_sync(0xffffffffu, pred) != 0; }
 __device__ __forceinline__ void strata_warp_sync() { __syncwarp(); }
+// Lane `src`'s value, in every lane of the warp (all 32 lanes must call it).
+__device__ __forceinline__ unsigned long long strata_warp_shfl(unsigned long long v, unsigned int src) {
+    return __shfl_sync(0xffffffffu, v, (int)src);
+}
 #endif
 
 struct half16 {
@@ -107,6 +123,40 @@ struct CacheParams {
     const unsigned int *control;  // mapped host memory: [0] = FILL_ROWS or FILL_DEFAULTS
     unsigned int dim;
     unsigned int tick;
+};
+
+// src/exec/cuda/params.rs: PooledParams.
+struct PooledParams {
+    GatherParams src;  // the table (one source, no shards): only its table fields are read
+    const void *keys;
+    i64 key_stride;
+    u64 nnz;
+    const void *offsets;  // bags + 1 offsets, or NULL: bag b is keys [b * hotness, (b + 1) * hotness)
+    i64 offsets_stride;
+    u64 hotness;
+    const float *weights;  // NULL: every weight is 1
+    i64 weight_stride;
+    const float *rows;  // strata_pool_rows: key j's row (float32) at rows + j * dim
+    u64 bags;
+    void *out;
+    i64 out_row_stride;
+    i64 out_col_stride;
+    u64 *counts;           // [hits, misses] or NULL
+    unsigned int *status;  // set to 1 on invalid offsets, or NULL
+    u64 first;             // strata_batch: this request's first work item
+    unsigned int pooling;  // 0 plain (batch only), 1 sum, 2 mean, 3 sqrtn
+    unsigned int offsets_wide;
+    unsigned int key_dtype;  // 0 i32, 1 i64, 2 u32, 3 u64
+    unsigned int table_dtype;  // strata_batch: 0 f32, 1 f16, 2 bf16
+    unsigned int out_dtype;  // 0 f32, 1 f16, 2 bf16
+    unsigned int dim;
+};
+
+// src/exec/cuda/params.rs: BatchParams.
+struct BatchParams {
+    const PooledParams *items;  // sorted by `first`, each with at least one work item
+    u64 count;
+    u64 total;
 };
 
 #define STRATA_WAYS 8u
@@ -362,6 +412,233 @@ __device__ void cache_insert(const CacheParams p) {
     }
 }
 
+// Columns each lane accumulates per pass over a bag's keys (a pass covers 32 * this many).
+#define STRATA_POOL_COLS 8u
+
+// The row of canonical key `key` in a table of one source (no shards), or -1.
+__device__ __forceinline__ i64 find_row(const GatherParams &t, u64 key) {
+    if (t.buckets == nullptr) {
+        return key < t.rows ? (i64)key : -1;
+    }
+    return probe_index(t.buckets, t.num_buckets, key);
+}
+
+// Key `j` of `p` in canonical form (the key dtype is a runtime code: reading it is off the hot loop).
+__device__ __forceinline__ u64 key_at(const PooledParams &p, u64 j) {
+    const i64 at = (i64)j * p.key_stride;
+    switch (p.key_dtype) {
+        case 0: return canonical<int>(static_cast<const int *>(p.keys)[at]);
+        case 1: return canonical<i64>(static_cast<const i64 *>(p.keys)[at]);
+        case 2: return canonical<unsigned int>(static_cast<const unsigned int *>(p.keys)[at]);
+        default: return canonical<u64>(static_cast<const u64 *>(p.keys)[at]);
+    }
+}
+
+// Writes `v` as element `at` of out (the out dtype is a runtime code).
+__device__ __forceinline__ void store_out(const PooledParams &p, i64 at, float v) {
+    switch (p.out_dtype) {
+        case 0: store(&static_cast<float *>(p.out)[at], v); break;
+        case 1: store(&static_cast<half16 *>(p.out)[at], v); break;
+        default: store(&static_cast<bfloat16 *>(p.out)[at], v); break;
+    }
+}
+
+__device__ __forceinline__ i64 offset_at(const PooledParams &p, u64 i) {
+    const i64 at = (i64)i * p.offsets_stride;
+    return p.offsets_wide ? static_cast<const i64 *>(p.offsets)[at] : (i64) static_cast<const int *>(p.offsets)[at];
+}
+
+// The keys [start, end) of bag `b`. Offsets that break the rules (first 0, non-decreasing, last
+// nnz) set `status`; the bag is then clamped into [0, nnz].
+__device__ __forceinline__ void bag_range(const PooledParams &p, u64 b, unsigned int lane, u64 &start, u64 &end) {
+    if (p.offsets == nullptr) {
+        start = b * p.hotness;
+        end = start + p.hotness;
+        return;
+    }
+    i64 s = offset_at(p, b), e = offset_at(p, b + 1);
+    const i64 nnz = (i64)p.nnz;
+    const bool bad = (b == 0 && s != 0) || e < s || (b + 1 == p.bags && e != nnz) || s < 0 || e > nnz;
+    if (bad && lane == 0 && p.status != nullptr) {
+        *p.status = 1u;
+    }
+    s = s < 0 ? 0 : (s > nnz ? nnz : s);
+    e = e < s ? s : (e > nnz ? nnz : e);
+    start = (u64)s;
+    end = (u64)e;
+}
+
+// acc[v] += w * row[v * 32 + lane] for this lane's columns below `cols`.
+template <typename T>
+__device__ __forceinline__ void accumulate(const T *row, float w, float (&acc)[STRATA_POOL_COLS], unsigned int lane,
+                                           unsigned int cols) {
+#pragma unroll
+    for (unsigned int v = 0; v < STRATA_POOL_COLS; v++) {
+        const unsigned int c = v * 32u + lane;
+        if (c < cols) {
+            acc[v] = __fadd_rn(acc[v], __fmul_rn(w, load(&row[c])));
+        }
+    }
+}
+
+// Pools bag `b` of `p` into its output row with the lanes of a warp (see the top of the file).
+// T: the table's dtype. GATHERED: key j's row is `p.rows + j * dim` (float32, already resolved
+// and counted). Each lane counts the keys it resolved into hits and misses.
+template <typename T, bool GATHERED>
+__device__ void pool_bag(const PooledParams &p, u64 b, unsigned int lane, unsigned int &hits, unsigned int &misses) {
+    u64 start, end;
+    bag_range(p, b, lane, start, end);
+    const T *table = static_cast<const T *>(p.src.table);
+    const i64 row_at = (i64)b * p.out_row_stride;
+    const unsigned int dim = p.dim;
+    for (unsigned int base = 0; base < dim; base += 32u * STRATA_POOL_COLS) {
+        const unsigned int cols = dim - base;
+        float acc[STRATA_POOL_COLS];
+#pragma unroll
+        for (unsigned int v = 0; v < STRATA_POOL_COLS; v++) {
+            acc[v] = 0.0f;
+        }
+        float wsum = 0.0f, w2sum = 0.0f;
+        for (u64 j0 = start; j0 < end; j0 += 32) {
+            const unsigned int count = end - j0 < 32 ? (unsigned int)(end - j0) : 32u;
+            i64 row = -1;
+            float w = 1.0f;
+            if (lane < count) {
+                const u64 j = j0 + lane;
+                if (GATHERED) {
+                    row = (i64)j;
+                } else {
+                    row = find_row(p.src, key_at(p, j));
+                    if (base == 0) {
+                        hits += row >= 0;
+                        misses += row < 0;
+                    }
+                }
+                if (p.weights != nullptr) {
+                    w = p.weights[(i64)j * p.weight_stride];
+                }
+            }
+            for (unsigned int t = 0; t < count; t++) {
+                const i64 r = (i64)strata_warp_shfl((u64)row, t);
+                const float wt = __uint_as_float((unsigned int)strata_warp_shfl(__float_as_uint(w), t));
+                if (GATHERED) {
+                    accumulate<float>(p.rows + (u64)r * dim + base, wt, acc, lane, cols);
+                } else if (r >= 0) {
+                    accumulate<T>(table + (u64)r * p.src.row_stride + base, wt, acc, lane, cols);
+                } else {
+                    accumulate<float>(p.src.default_row + base, wt, acc, lane, cols);
+                }
+                wsum = __fadd_rn(wsum, wt);
+                w2sum = __fadd_rn(w2sum, __fmul_rn(wt, wt));
+            }
+        }
+        const bool scaled = p.pooling == 2 || p.pooling == 3;
+        const float d = p.pooling == 2 ? wsum : __fsqrt_rn(w2sum);
+#pragma unroll
+        for (unsigned int v = 0; v < STRATA_POOL_COLS; v++) {
+            const unsigned int c = v * 32u + lane;
+            if (c < cols) {
+                float x = acc[v];
+                if (scaled) {
+                    x = d == 0.0f ? 0.0f : __fdiv_rn(x, d);
+                }
+                store_out(p, row_at + (i64)(base + c) * p.out_col_stride, x);
+            }
+        }
+    }
+}
+
+// Adds this lane's counts to `counts` (if any) and resets them.
+__device__ __forceinline__ void flush_counts(u64 *counts, unsigned int &hits, unsigned int &misses) {
+    if (counts != nullptr && (hits | misses) != 0) {
+        atomicAdd(&counts[0], (u64)hits);
+        atomicAdd(&counts[1], (u64)misses);
+    }
+    hits = 0;
+    misses = 0;
+}
+
+// One bag per warp at a time.
+template <typename T, bool GATHERED>
+__device__ void pooled(const PooledParams p) {
+    const unsigned int lane = lane_id();
+    const u64 warps = warp_count();
+    unsigned int hits = 0, misses = 0;
+    for (u64 b = warp_id(); b < p.bags; b += warps) {
+        pool_bag<T, GATHERED>(p, b, lane, hits, misses);
+    }
+    flush_counts(p.counts, hits, misses);
+}
+
+// Key `i` of a plain request, copied as the gather kernel copies it.
+template <typename T, typename O>
+__device__ __forceinline__ void copy_key_to(const PooledParams &p, i64 row, u64 i, unsigned int lane) {
+    O *dst = static_cast<O *>(p.out) + (i64)i * p.out_row_stride;
+    if (row >= 0) {
+        copy_row<T, O>(static_cast<const T *>(p.src.table) + (u64)row * p.src.row_stride, dst, p.dim, p.out_col_stride, lane);
+    } else {
+        copy_row<float, O>(p.src.default_row, dst, p.dim, p.out_col_stride, lane);
+    }
+}
+
+template <typename T>
+__device__ void copy_key(const PooledParams &p, u64 i, unsigned int lane, unsigned int &hits, unsigned int &misses) {
+    const i64 row = find_row(p.src, key_at(p, i));
+    hits += lane == 0 && row >= 0;
+    misses += lane == 0 && row < 0;
+    switch (p.out_dtype) {
+        case 0: copy_key_to<T, float>(p, row, i, lane); break;
+        case 1: copy_key_to<T, half16>(p, row, i, lane); break;
+        default: copy_key_to<T, bfloat16>(p, row, i, lane); break;
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void batch_item(const PooledParams &p, u64 i, unsigned int lane, unsigned int &hits,
+                                           unsigned int &misses) {
+    if (p.pooling == 0) {
+        copy_key<T>(p, i, lane, hits, misses);
+    } else {
+        pool_bag<T, false>(p, i, lane, hits, misses);
+    }
+}
+
+// Every request's work items (bags, or keys of plain requests), one per warp at a time. A warp
+// finds its item's request by binary search over the requests' first items.
+__device__ void batch(const BatchParams bp) {
+    const unsigned int lane = lane_id();
+    const u64 warps = warp_count();
+    unsigned int hits = 0, misses = 0;
+    u64 current = ~0ULL;
+    for (u64 g = warp_id(); g < bp.total; g += warps) {
+        u64 lo = 0, hi = bp.count;
+        while (hi - lo > 1) {
+            const u64 mid = lo + (hi - lo) / 2;
+            if (bp.items[mid].first <= g) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        const PooledParams &p = bp.items[lo];
+        if (lo != current) {
+            if (current != ~0ULL) {
+                flush_counts(bp.items[current].counts, hits, misses);
+            }
+            current = lo;
+        }
+        const u64 i = g - p.first;
+        switch (p.table_dtype) {
+            case 0: batch_item<float>(p, i, lane, hits, misses); break;
+            case 1: batch_item<half16>(p, i, lane, hits, misses); break;
+            default: batch_item<bfloat16>(p, i, lane, hits, misses); break;
+        }
+    }
+    if (current != ~0ULL) {
+        flush_counts(bp.items[current].counts, hits, misses);
+    }
+}
+
 #define STRATA_KERNELS(KN, K, TN, T, ON, O)                                                                   \
     extern "C" __global__ void __launch_bounds__(256) strata_gather_##KN##_##TN##_##ON(const GatherParams p) { \
         gather<K, T, O>(p);                                                                                    \
@@ -402,3 +679,15 @@ STRATA_KERNELS_TABLE(u64, u64)
 STRATA_FILL_OUT(f32, float)
 STRATA_FILL_OUT(f16, half16)
 STRATA_FILL_OUT(bf16, bfloat16)
+
+#define STRATA_POOLED(TN, T)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(256) strata_pooled_##TN(const PooledParams p) {              \
+        pooled<T, false>(p);                                                                                   \
+    }
+
+STRATA_POOLED(f32, float)
+STRATA_POOLED(f16, half16)
+STRATA_POOLED(bf16, bfloat16)
+
+extern "C" __global__ void __launch_bounds__(256) strata_pool_rows(const PooledParams p) { pooled<float, true>(p); }
+extern "C" __global__ void __launch_bounds__(256) strata_batch(const BatchParams p) { batch(p); }

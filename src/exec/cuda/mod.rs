@@ -11,6 +11,8 @@
 //! - [`residency`]: where a table's rows are on each device (static copy, mapped host memory,
 //!   cache, shards), made on first use.
 //! - [`run`]: a lookup on CUDA tensors: validation, staging of host tensors, launches.
+//! - [`pooled`]: pooled lookups and batches of requests on CUDA tensors: validation, devices
+//!   and streams; [`requests`] runs them on a backend (staging, launches, results).
 //! - [`params`]: the kernels' parameter structs.
 //! - [`emulate`]: runs the same algorithms against a CPU build of the kernels (tests only).
 
@@ -21,6 +23,7 @@ pub(crate) mod device;
 pub mod emulate;
 pub mod params;
 pub(crate) mod pooled;
+pub(crate) mod requests;
 pub(crate) mod residency;
 pub(crate) mod run;
 
@@ -40,8 +43,9 @@ pub(crate) const KEY_NAMES: [&str; 4] = ["i32", "i64", "u32", "u64"];
 pub(crate) const FLOAT_NAMES: [&str; 3] = ["f32", "f16", "bf16"];
 
 /// Every kernel's name: `strata_gather_<keys>_<table>_<out>`,
-/// `strata_cache_probe_<keys>_<table>_<out>`, `strata_cache_fill_<table>_<out>` and
-/// `strata_cache_insert_<table>`.
+/// `strata_cache_probe_<keys>_<table>_<out>`, `strata_cache_fill_<table>_<out>`,
+/// `strata_cache_insert_<table>`, `strata_pooled_<table>`, `strata_pool_rows` and
+/// `strata_batch`.
 pub fn kernel_names() -> Vec<String> {
     let mut v = Vec::new();
     for k in KEY_NAMES {
@@ -57,7 +61,10 @@ pub fn kernel_names() -> Vec<String> {
             v.push(format!("strata_cache_fill_{t}_{o}"));
         }
         v.push(format!("strata_cache_insert_{t}"));
+        v.push(format!("strata_pooled_{t}"));
     }
+    v.push("strata_pool_rows".into());
+    v.push("strata_batch".into());
     v
 }
 

@@ -1,5 +1,5 @@
-//! The kernels' parameter structs, laid out exactly as `GatherParams` and `CacheParams` in
-//! `gather.cu` (every kernel takes one of them by value). Addresses are device-visible
+//! The kernels' parameter structs, laid out exactly as `GatherParams`, `CacheParams`,
+//! `PooledParams` and `BatchParams` in `gather.cu` (every kernel takes one of them by value). Addresses are device-visible
 //! (`CUdeviceptr`, or a host address under the CPU emulator the tests use).
 
 /// Parameters of `strata_gather_<keys>_<table>_<out>`.
@@ -66,6 +66,62 @@ pub struct CacheParams {
     pub control: u64,
     pub dim: u32,
     pub tick: u32,
+}
+
+/// One lookup request of the pooled kernels (`strata_pooled_<table>`, `strata_pool_rows`) and of the batch kernel (`strata_batch`, an array of them): bags
+/// of keys pooled into one row each, or (`pooling` 0, batch only) one row per key copied as
+/// the gather kernel does.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PooledParams {
+    /// The table, as the gather kernel sees it (a single source: no shards). Only its table
+    /// fields are read: `table`, `rows`, `row_stride`, `buckets`, `num_buckets`, `default_row`.
+    pub src: GatherParams,
+    /// Key `j` (flat index) at `keys + j * key_stride` elements.
+    pub keys: u64,
+    pub key_stride: i64,
+    pub nnz: u64,
+    /// `bags + 1` offsets (int64 when `offsets_wide`, else int32) at `offsets + i *
+    /// offsets_stride`; 0: bag `b` is keys `b * hotness .. (b + 1) * hotness`.
+    pub offsets: u64,
+    pub offsets_stride: i64,
+    pub hotness: u64,
+    /// float32 weight of key `j` at `weights + j * weight_stride`; 0: every weight is 1.
+    pub weights: u64,
+    pub weight_stride: i64,
+    /// `strata_pool_rows_*`: key `j`'s float32 row, already gathered, at `rows + j * dim`.
+    pub rows: u64,
+    /// Bags (rows of out), or keys of a plain request.
+    pub bags: u64,
+    /// Out row `b` at `out + b * out_row_stride`, element `c` at `+ c * out_col_stride`.
+    pub out: u64,
+    pub out_row_stride: i64,
+    pub out_col_stride: i64,
+    /// `[hits, misses]` (u64) added to, or 0.
+    pub counts: u64,
+    /// A u32 set to 1 when the offsets are invalid (the kernel then clamps each bag into the
+    /// keys), or 0.
+    pub status: u64,
+    /// `strata_batch`: the request's first work item (bag or key) in the batch.
+    pub first: u64,
+    /// 0: plain (batch only), 1: sum, 2: mean, 3: sqrtn.
+    pub pooling: u32,
+    pub offsets_wide: u32,
+    /// Dtype codes: keys 0 i32, 1 i64, 2 u32, 3 u64; table (`strata_batch` only) and out 0 f32,
+    /// 1 f16, 2 bf16.
+    pub key_dtype: u32,
+    pub table_dtype: u32,
+    pub out_dtype: u32,
+    pub dim: u32,
+}
+
+/// Parameters of `strata_batch`: `count` requests in device memory, `total` work items.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BatchParams {
+    pub items: u64,
+    pub count: u64,
+    pub total: u64,
 }
 
 /// Ways per cache set (`STRATA_WAYS` in gather.cu).

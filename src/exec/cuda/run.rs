@@ -64,6 +64,8 @@ pub(crate) enum Counts {
     None,
     Device(Vec<Mem>),
     Cache(Arc<Mutex<CacheCounts>>),
+    /// `[hits, misses]` at this device address (memory the caller keeps alive).
+    Slot(u64),
 }
 
 impl Counts {
@@ -84,6 +86,11 @@ impl Counts {
             Counts::Cache(c) => {
                 let c = *lock(c);
                 Ok(Some((c.hits, c.misses)))
+            }
+            Counts::Slot(at) => {
+                let mut c = [0u64; 2];
+                b.download(c.as_mut_ptr() as *mut u8, *at, 16)?;
+                Ok(Some((c[0], c[1])))
             }
         }
     }
@@ -236,7 +243,7 @@ unsafe fn execute_shards(s: &Stream, shards: &[(Arc<Device>, GatherSource)], io:
 }
 
 /// Whether the kernels can address memory of this device type directly.
-fn device_visible(t: DLDeviceType) -> bool {
+pub(crate) fn device_visible(t: DLDeviceType) -> bool {
     matches!(t, DLDeviceType::CUDA | DLDeviceType::CUDAMANAGED | DLDeviceType::CUDAHOST)
 }
 
@@ -270,10 +277,10 @@ fn lookup_device(k: &TensorView, o: &TensorView) -> Result<usize> {
 
 /// Restores the calling thread's current CUDA context when dropped: strata binds the device's
 /// primary context for its own calls and leaves the host's thread as it found it.
-struct CurrentContext(sys::CUcontext);
+pub(crate) struct CurrentContext(sys::CUcontext);
 
 impl CurrentContext {
-    fn save() -> Self {
+    pub(crate) fn save() -> Self {
         let mut ctx: sys::CUcontext = std::ptr::null_mut();
         // SAFETY: reads the calling thread's current context (NULL when none).
         unsafe { sys::cuCtxGetCurrent(&mut ctx) };
@@ -420,7 +427,7 @@ pub(crate) unsafe fn lookup_on(
             stats.misses = misses;
         }
         if missing_error && stats.misses > 0 {
-            return Err(first_missing(table, c, b, keys_in_place, keys_addr, key_dtype, key_stride, n));
+            return Err(super::requests::first_missing(table, c.kd, b, keys_addr, key_dtype, key_stride, n));
         }
     }
     drop(out_buf);
@@ -428,55 +435,12 @@ pub(crate) unsafe fn lookup_on(
     Ok(stats)
 }
 
-fn ranges_overlap(a: (usize, usize), b: (usize, usize)) -> bool {
+pub(crate) fn ranges_overlap(a: (usize, usize), b: (usize, usize)) -> bool {
     a.0 < a.1 && b.0 < b.1 && a.0 < b.1 && b.0 < a.1
 }
 
-/// The error for the first key the table lacks (keys read back from the device when needed).
-#[allow(clippy::too_many_arguments)]
-fn first_missing(
-    table: &dyn RowSource,
-    c: &Checked,
-    s: &dyn Backend,
-    keys_in_place: bool,
-    keys: u64,
-    dtype: KeyDtype,
-    stride: i64,
-    n: usize,
-) -> Error {
-    let canonical: Vec<u64> = if !keys_in_place {
-        c.host_keys()
-    } else {
-        let elem = match dtype {
-            KeyDtype::I32 | KeyDtype::U32 => 4,
-            KeyDtype::I64 | KeyDtype::U64 => 8,
-        };
-        let (lo, hi) = if stride >= 0 { (0, (n as i64 - 1) * stride) } else { ((n as i64 - 1) * stride, 0) };
-        let bytes = ((hi - lo + 1) * elem) as usize;
-        let mut raw = vec![0u8; bytes];
-        let base = (keys as i64 + lo * elem) as u64;
-        if s.download(raw.as_mut_ptr(), base, bytes).is_err() {
-            return Error::KeyNotFound { key: -1, index: 0 };
-        }
-        // SAFETY: for i < n, (i * stride - lo) lies in [0, hi - lo], so each element lies inside
-        // raw's bytes = (hi - lo + 1) * elem. Alignment rests on the allocator: Vec<u8> promises
-        // none, the global allocator gives at least 8 bytes on the supported targets.
-        (0..n as i64)
-            .map(|i| unsafe { dtype.read(raw.as_ptr().add(((i * stride - lo) * elem) as usize)) })
-            .collect()
-    };
-    let mut rows = vec![0f32; canonical.len() * table.dim()];
-    let mut found = vec![false; canonical.len()];
-    if table.resolve(&canonical, &mut rows, &mut found).is_ok()
-        && let Some(i) = found.iter().position(|&f| !f)
-    {
-        return Error::KeyNotFound { key: c.kd.value(canonical[i]), index: i };
-    }
-    Error::Internal("the GPU lookup counted missing keys that the host finds in the table".into())
-}
-
 /// Fails unless `stream` is NULL, a special handle, or a stream of `device`'s primary context.
-fn check_stream(device: &Device, stream: sys::CUstream) -> Result<()> {
+pub(crate) fn check_stream(device: &Device, stream: sys::CUstream) -> Result<()> {
     // NULL is the legacy default stream; 1 and 2 are cudaStreamLegacy and cudaStreamPerThread.
     if (stream as usize) <= 2 {
         return Ok(());
