@@ -280,6 +280,8 @@ if command -v valgrind >/dev/null 2>&1; then
     check "valgrind tests/abi/struct_size.c" valgrind_program tests/abi/struct_size.c "$ROOT/include"
     check "valgrind tests/abi/old_host.c (built against the frozen 0.3 header)" \
         valgrind_program tests/abi/old_host.c "$ROOT/tests/abi"
+    check "valgrind tests/c/shared_server.c (8 threads x 20 opens and frees)" \
+        valgrind_program tests/c/shared_server.c "$ROOT/include" 20
 else
     echo "note: valgrind is not installed; skipping the valgrind runs (apt-get install -y valgrind)"
 fi

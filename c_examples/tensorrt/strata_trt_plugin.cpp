@@ -34,12 +34,8 @@ using namespace nvinfer1;
 static constexpr char const *kName = "StrataLookup";
 static constexpr char const *kVersion = "1";
 
-// The server a plugin and its clones share; freed with the last of them.
-struct Shared {
-    strata_server *server = nullptr;
-    strata_table *table = nullptr;  // borrowed from the server
-    ~Shared() { strata_server_free(server); }
-};
+// The server table a plugin and its clones share; freed with the last of them (trt_dlpack.h).
+using Shared = ServerTable;
 
 struct Config {
     std::string ps_config_file, model_name;
@@ -49,19 +45,11 @@ struct Config {
     std::string combiner_text = "none";  // the serialized field
 };
 
+// One per layer (createPlugin); every layer over one ps.json holds a handle of the same server.
 static std::shared_ptr<Shared> open_table(Config const &c) {
-    auto shared = std::make_shared<Shared>();
-    strata_status s = strata_server_open(c.ps_config_file.c_str(), &shared->server);
-    if (s == STRATA_OK) s = strata_server_table(shared->server, c.model_name.c_str(), c.table_id, &shared->table);
-    if (s != STRATA_OK) {
-        std::fprintf(stderr, "StrataLookup: %s: %s\n", strata_status_name(s), strata_last_error());
-        return nullptr;
-    }
-    if (strata_table_dim(shared->table) != c.emb_vec_size) {
-        std::fprintf(stderr, "StrataLookup: emb_vec_size %d but model %s table %d has dim %lld\n", c.emb_vec_size,
-                     c.model_name.c_str(), c.table_id, static_cast<long long>(strata_table_dim(shared->table)));
-        return nullptr;
-    }
+    std::string error;
+    std::shared_ptr<Shared> shared = open_server_table(c.ps_config_file, c.model_name, c.table_id, c.emb_vec_size, &error);
+    if (shared == nullptr) std::fprintf(stderr, "StrataLookup: %s\n", error.c_str());
     return shared;
 }
 

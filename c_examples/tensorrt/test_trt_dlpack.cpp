@@ -1,13 +1,18 @@
 // Tests of the TensorRT -> DLPack mapping (trt_dlpack.cpp) without TensorRT: shapes, data types,
 // refusals and their messages, and end-to-end lookups through strata on host memory; the pooled
-// mode (combiner sum | mean | sqrtn on [B, L] keys) against a plain loop. Built and
-// run under AddressSanitizer/UBSan by the CMake project (ctest trt_dlpack).
+// mode (combiner sum | mean | sqrtn on [B, L] keys) against a plain loop; and 26 plugin
+// instances over one ps.json, opened as createPlugin opens them (open_server_table), holding
+// one server. Built and run under AddressSanitizer/UBSan by the CMake project (ctest trt_dlpack).
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include <sys/stat.h>
 
 #include "trt_dlpack.h"
 
@@ -55,6 +60,116 @@ static uint16_t half_bits(float f) {
     uint32_t b = f32_bits(f);
     uint32_t sign = (b >> 16) & 0x8000, exp = ((b >> 23) & 0xFF) - 127 + 15, mant = (b >> 13) & 0x3FF;
     return static_cast<uint16_t>(sign | (exp << 10) | mant);
+}
+
+static strata_table_stats stats_of(strata_table *t) {
+    strata_table_stats st = strata_table_stats_default();
+    if (strata_table_get_stats(t, &st) != STRATA_OK) std::fprintf(stderr, "stats: %s\n", strata_last_error());
+    return st;
+}
+
+// 26 StrataLookup layers over one ps.json (a DLRM engine: one per categorical feature), each
+// opened as createPlugin opens its table, hold one server: equal table pointers, one volatile
+// tier, one set of counters. The model is a HugeCTR sparse folder (key: int64, emb_vector:
+// float32 rows) written with the ps.json into a temporary folder.
+static void layers_share_one_server() {
+    constexpr int kLayers = 26;
+    constexpr int64_t kRows = 200, kDim = 4;
+    char dir[] = "/tmp/strata-trt-XXXXXX";
+    if (mkdtemp(dir) == nullptr) {
+        CHECK(false, "mkdtemp");
+        return;
+    }
+    const std::string root = dir;
+    CHECK(mkdir((root + "/t0").c_str(), 0700) == 0 && mkdir((root + "/sub").c_str(), 0700) == 0, "mkdir");
+    auto value = [](int64_t key, int64_t c) { return static_cast<float>(key) * 0.5f + static_cast<float>(c); };
+    std::FILE *k = std::fopen((root + "/t0/key").c_str(), "wb");
+    std::FILE *v = std::fopen((root + "/t0/emb_vector").c_str(), "wb");
+    for (int64_t key = 0; k && v && key < kRows; key++) {
+        std::fwrite(&key, sizeof key, 1, k);
+        for (int64_t c = 0; c < kDim; c++) {
+            const float x = value(key, c);
+            std::fwrite(&x, sizeof x, 1, v);
+        }
+    }
+    if (k) std::fclose(k);
+    if (v) std::fclose(v);
+    const std::string ps = root + "/ps.json";
+    std::FILE *f = std::fopen(ps.c_str(), "w");
+    if (f) {
+        std::fputs("{\"supportlonglong\": true,\n"
+                   " \"volatile_db\": {\"type\": \"parallel_hash_map\", \"num_partitions\": 2,\n"
+                   "                 \"initial_cache_rate\": 0.0, \"cache_missed_embeddings\": true},\n"
+                   " \"persistent_db\": {\"type\": \"rocks_db\", \"path\": \"db\"},\n"
+                   " \"models\": [{\"model\": \"dlrm\", \"sparse_files\": [\"t0\"], \"embedding_vecsize_per_table\": [4],\n"
+                   "   \"default_value_for_each_table\": [-1.0], \"maxnum_catfeature_query_per_table_per_sample\": [26],\n"
+                   "   \"deployed_device_list\": [0], \"max_batch_size\": 64}]}\n",
+                   f);
+        std::fclose(f);
+    }
+    // The ps_config_file field as different layers might spell it.
+    const std::string spelled[3] = {ps, root + "/./ps.json", root + "/sub/../ps.json"};
+
+    std::string err;
+    std::vector<std::shared_ptr<strata_trt::ServerTable>> layers;
+    for (int i = 0; i < kLayers; i++) {
+        layers.push_back(strata_trt::open_server_table(spelled[i % 3], "dlrm", 0, kDim, &err));
+        CHECK(layers.back() != nullptr, "layer %d: %s", i, err.c_str());
+        if (layers.back() == nullptr) return;
+    }
+    strata_table *table = layers[0]->table;
+    bool same = true;
+    for (auto &l : layers) same = same && l->table == table && (l == layers[0] || l->server != layers[0]->server);
+    CHECK(same, "26 layers: one strata_table pointer, 26 server handles");
+
+    // Every layer looks up the same 4 keys (enqueue's path, strata_trt::run, on host memory).
+    const strata_table_stats before = stats_of(table);
+    int64_t keys[4] = {3, 50, 120, 199};
+    bool rows_ok = true;
+    for (int i = 0; i < kLayers; i++) {
+        float out[4][kDim];
+        strata_status s = strata_trt::run(layers[i]->table, strata_trt::Combiner::kNONE,
+                                          desc({4}, DataType::kINT64, keys), desc({4, kDim}, DataType::kFLOAT, out),
+                                          nullptr, 1, &err);
+        rows_ok = rows_ok && s == STRATA_OK;
+        for (int r = 0; r < 4; r++)
+            for (int c = 0; c < kDim; c++) rows_ok = rows_ok && out[r][c] == value(keys[r], c);
+    }
+    CHECK(rows_ok, "26 layers' lookups return the model's rows (%s)", err.c_str());
+    const strata_table_stats after = stats_of(table);
+    // One set of counters that every layer's lookups add to, and one volatile tier: the first
+    // layer read the 4 rows from the persistent tier and promoted them, the 25 others found
+    // them there (26 servers would have read them from the persistent tier 26 times).
+    CHECK(after.lookups - before.lookups == kLayers && after.keys - before.keys == 4 * kLayers,
+          "lookups %llu, keys %llu", static_cast<unsigned long long>(after.lookups - before.lookups),
+          static_cast<unsigned long long>(after.keys - before.keys));
+    CHECK(after.persistent_hits - before.persistent_hits == 4 && after.volatile_hits - before.volatile_hits == 100 &&
+              after.volatile_rows == 4,
+          "one volatile tier: persistent hits %llu, volatile hits %llu, volatile rows %llu",
+          static_cast<unsigned long long>(after.persistent_hits - before.persistent_hits),
+          static_cast<unsigned long long>(after.volatile_hits - before.volatile_hits),
+          static_cast<unsigned long long>(after.volatile_rows));
+
+    // A layer whose emb_vec_size is not the table's dim is refused, as createPlugin refuses it.
+    CHECK(strata_trt::open_server_table(ps, "dlrm", 0, 8, &err) == nullptr &&
+              contains(err, "emb_vec_size 8 but model dlrm table 0 has dim 4"),
+          "%s", err.c_str());
+    CHECK(strata_trt::open_server_table(ps, "nope", 0, kDim, &err) == nullptr && contains(err, "STRATA_"), "%s",
+          err.c_str());
+
+    // Layers go in any order (engines are destroyed layer by layer); the table serves until the
+    // last one goes.
+    for (int i = 0; i < kLayers - 1; i += 2) layers[i].reset();
+    for (int i = kLayers - 3; i > 0; i -= 2) layers[i].reset();
+    CHECK(layers[kLayers - 1]->table == table, "the last layer still lends the table");
+    float out[4][kDim];
+    CHECK(strata_trt::run(table, strata_trt::Combiner::kNONE, desc({4}, DataType::kINT64, keys),
+                          desc({4, kDim}, DataType::kFLOAT, out), nullptr, 1, &err) == STRATA_OK &&
+              out[3][1] == value(199, 1) && stats_of(table).lookups == after.lookups + 1,
+          "the table after 25 of 26 layers went: %s", err.c_str());
+    layers.clear();
+
+    CHECK(std::system(("rm -rf '" + root + "'").c_str()) == 0, "rm -rf %s", dir);
 }
 
 int main() {
@@ -433,6 +548,7 @@ int main() {
     }
 
     strata_table_free(table);
+    layers_share_one_server();
     std::printf("trt_dlpack: %d passed, %d failed\n", passed, failed);
     return failed == 0 ? 0 : 1;
 }

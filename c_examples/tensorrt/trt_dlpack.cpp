@@ -217,4 +217,23 @@ strata_status run(strata_table *table, Combiner combiner, const TensorDesc &keys
     return lookup_pooled(table, keys, out, combiner, stream, num_threads, error);
 }
 
+std::shared_ptr<ServerTable> open_server_table(const std::string &ps_config_file, const std::string &model_name,
+                                               int32_t table_id, int64_t emb_vec_size, std::string *error) {
+    auto shared = std::make_shared<ServerTable>();
+    strata_status s = strata_server_open(ps_config_file.c_str(), &shared->server);
+    if (s == STRATA_OK) s = strata_server_table(shared->server, model_name.c_str(), table_id, &shared->table);
+    if (s != STRATA_OK) {
+        if (error) *error = std::string(strata_status_name(s)) + ": " + strata_last_error();
+        return nullptr;
+    }
+    if (strata_table_dim(shared->table) != emb_vec_size) {
+        if (error) {
+            *error = "emb_vec_size " + std::to_string(emb_vec_size) + " but model " + model_name + " table " +
+                     std::to_string(table_id) + " has dim " + std::to_string(strata_table_dim(shared->table));
+        }
+        return nullptr;
+    }
+    return shared;
+}
+
 }  // namespace strata_trt

@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "strata.h"
@@ -113,6 +114,27 @@ strata_status lookup_pooled(strata_table *table, const TensorDesc &keys, const T
 // What enqueue() runs: lookup() for kNONE, else lookup_pooled().
 strata_status run(strata_table *table, Combiner combiner, const TensorDesc &keys, const TensorDesc &out, void *stream,
                   int32_t num_threads, std::string *error);
+
+// The table a plugin looks up: model `model_name`'s table `table_id` of the parameter server
+// of `ps_config_file`, with the server handle it is borrowed from. A plugin and its clones
+// share one; the last of them frees the handle.
+//
+// createPlugin opens one per layer, but strata keeps one server per configuration per process:
+// every layer over one ps.json holds a handle of the same server (the same tables, one volatile
+// tier, equal strata_table pointers), as HPS's plugin shared its process-wide parameter server.
+struct ServerTable {
+    strata_server *server = nullptr;
+    strata_table *table = nullptr;  // borrowed from the server
+    ServerTable() = default;
+    ServerTable(const ServerTable &) = delete;
+    ServerTable &operator=(const ServerTable &) = delete;
+    ~ServerTable() { strata_server_free(server); }
+};
+
+// What createPlugin does with its fields: opens the server of `ps_config_file` and takes the
+// table, whose dim must be `emb_vec_size`. Returns nullptr and says why in *error otherwise.
+std::shared_ptr<ServerTable> open_server_table(const std::string &ps_config_file, const std::string &model_name,
+                                               int32_t table_id, int64_t emb_vec_size, std::string *error);
 
 }  // namespace strata_trt
 
