@@ -8,34 +8,10 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+mod support;
 
 use common::*;
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Instant;
-
-/// Median seconds of each case over 11 rounds after one warm-up round. Each round runs every
-/// case once, so drift in a shared machine's speed reaches all cases alike.
-fn medians(cases: &mut [&mut dyn FnMut()]) -> Vec<f64> {
-    for c in cases.iter_mut() {
-        c();
-    }
-    let mut times = vec![Vec::new(); cases.len()];
-    for _ in 0..11 {
-        for (c, t) in cases.iter_mut().zip(times.iter_mut()) {
-            let t0 = Instant::now();
-            c();
-            t.push(t0.elapsed().as_secs_f64());
-        }
-    }
-    times
-        .into_iter()
-        .map(|mut t| {
-            t.sort_by(|a, b| a.partial_cmp(b).unwrap());
-            t[t.len() / 2]
-        })
-        .collect()
-}
 
 /// Copies `src` into `dst` on `threads` scoped threads, split evenly (the limit's method).
 fn parallel_memcpy(src: &[f32], dst: &mut [f32], threads: usize) {
@@ -67,40 +43,11 @@ fn huge_pages() -> String {
 
 /// Builds and runs the anchor; returns (hps_like seconds, its memcpy seconds) or why not.
 fn run_anchor(rows: usize, dim: usize, batch: usize, threads: usize) -> Result<(f64, f64), String> {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let src = std::env::var_os("STRATA_ANCHOR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| manifest.join("../shared/anchors/hps_like.cc"));
-    if !src.exists() {
-        return Err(format!("{} not found", src.display()));
-    }
-    let bin = manifest.join("target/hps_like");
-    let built = Command::new("g++")
-        .args(["-O3", "-march=native", "-std=c++17"])
-        .arg(&src)
-        .args(["-o"])
-        .arg(&bin)
-        .args(["-labsl_hash", "-labsl_city", "-labsl_low_level_hash", "-labsl_raw_hash_set", "-pthread"])
-        .output()
-        .map_err(|e| format!("g++: {e}"))?;
-    if !built.status.success() {
-        return Err(format!(
-            "building the anchor failed (install libabsl-dev): {}",
-            String::from_utf8_lossy(&built.stderr).lines().next().unwrap_or("")
-        ));
-    }
-    let out = Command::new(&bin)
-        .args([rows.to_string(), dim.to_string(), batch.to_string(), threads.to_string()])
-        .output()
-        .map_err(|e| format!("running the anchor: {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    print!("{}", text.lines().map(|l| format!("  anchor> {l}\n")).collect::<String>());
-    let ms = |prefix: &str| -> Option<f64> {
-        let line = text.lines().find(|l| l.starts_with(prefix))?;
-        let after = line.split(':').nth(1)?.trim();
-        after.split_whitespace().next()?.parse::<f64>().ok().map(|v| v / 1e3)
-    };
-    Ok((ms("hps_like").ok_or("no hps_like line")?, ms("memcpy").ok_or("no memcpy line")?))
+    let libs = ["-labsl_hash", "-labsl_city", "-labsl_low_level_hash", "-labsl_raw_hash_set"];
+    let text = support::run_anchor("hps_like", "STRATA_ANCHOR", &libs, &[rows, dim, batch, threads])
+        .map_err(|e| format!("{e} (install libabsl-dev)"))?;
+    let s = |p| support::anchor_seconds(&text, p);
+    Ok((s("hps_like").ok_or("no hps_like line")?, s("memcpy").ok_or("no memcpy line")?))
 }
 
 fn main() {
@@ -152,7 +99,7 @@ fn main() {
     let src = vec![1f32; batch * dim];
     let (kt, dt) = (keyed.0, dense.0);
     let op: *mut dlpark::ffi::DLTensor = &mut odesc.t;
-    let times = medians(&mut [
+    let times = support::medians(11, &mut [
         // SAFETY: out_ptr is out's buffer of batch * dim floats, alive to the end of main; nothing
         // else reads or writes it while this case runs (medians runs one case at a time).
         &mut || parallel_memcpy(&src, unsafe { std::slice::from_raw_parts_mut(out_ptr, batch * dim) }, threads),
@@ -176,7 +123,7 @@ fn main() {
     let inline = LookupOptions { num_threads: 1, ..LookupOptions::default() };
     let one_op: *mut dlpark::ffi::DLTensor = &mut one_o.t;
     let calls = 100_000;
-    let one_key = medians(&mut [
+    let one_key = support::medians(11, &mut [
         &mut || {
             for _ in 0..calls {
                 // SAFETY: kt is the live keyed table; one_k describes one (1 key) and one_op points

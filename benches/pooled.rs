@@ -14,35 +14,10 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+mod support;
 
 use common::*;
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::ptr::{null, null_mut};
-use std::time::Instant;
-
-/// Median seconds of each case over `rounds` rounds after one warm-up round; each round runs
-/// every case once, so drift in a shared machine's speed reaches all cases alike.
-fn medians(rounds: usize, cases: &mut [&mut dyn FnMut()]) -> Vec<f64> {
-    for c in cases.iter_mut() {
-        c();
-    }
-    let mut times = vec![Vec::new(); cases.len()];
-    for _ in 0..rounds {
-        for (c, t) in cases.iter_mut().zip(times.iter_mut()) {
-            let t0 = Instant::now();
-            c();
-            t.push(t0.elapsed().as_secs_f64());
-        }
-    }
-    times
-        .into_iter()
-        .map(|mut t| {
-            t.sort_by(|a, b| a.partial_cmp(b).unwrap());
-            t[t.len() / 2]
-        })
-        .collect()
-}
 
 /// Splits `0..n` over `threads` scoped threads.
 fn split(n: usize, threads: usize, f: impl Fn(usize, usize) + Sync) {
@@ -56,39 +31,9 @@ fn split(n: usize, threads: usize, f: impl Fn(usize, usize) + Sync) {
 
 /// Builds and runs the anchor; returns (pooled_like seconds, its read-limit seconds).
 fn run_anchor(rows: usize, dim: usize, bags: usize, hot: usize, threads: usize) -> Result<(f64, f64), String> {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let src = std::env::var_os("STRATA_POOLED_ANCHOR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| manifest.join("../shared/anchors/pooled_like.cc"));
-    if !src.exists() {
-        return Err(format!("{} not found", src.display()));
-    }
-    let bin = manifest.join("target/pooled_like");
-    let built = Command::new("g++")
-        .args(["-O3", "-march=native", "-std=c++17"])
-        .arg(&src)
-        .arg("-o")
-        .arg(&bin)
-        .arg("-pthread")
-        .output()
-        .map_err(|e| format!("g++: {e}"))?;
-    if !built.status.success() {
-        return Err(format!("building the anchor failed: {}", String::from_utf8_lossy(&built.stderr).lines().next().unwrap_or("")));
-    }
-    let out = Command::new(&bin)
-        .args([rows, dim, bags, hot, threads].map(|v| v.to_string()))
-        .output()
-        .map_err(|e| format!("running the anchor: {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    print!("{}", text.lines().map(|l| format!("  anchor> {l}\n")).collect::<String>());
-    // "pooled_like: ... threads: 23.667 ms, ..." and "read limit (...): 4.983 ms, ...": the
-    // number before the first " ms".
-    let ms = |prefix: &str| -> Option<f64> {
-        let line = text.lines().find(|l| l.starts_with(prefix))?;
-        let before = &line[..line.find(" ms")?];
-        before.rsplit([' ', ':']).next()?.parse::<f64>().ok().map(|v| v / 1e3)
-    };
-    Ok((ms("pooled_like").ok_or("no pooled_like line")?, ms("read limit").ok_or("no read limit line")?))
+    let text = support::run_anchor("pooled_like", "STRATA_POOLED_ANCHOR", &[], &[rows, dim, bags, hot, threads])?;
+    let s = |p| support::anchor_seconds(&text, p);
+    Ok((s("pooled_like").ok_or("no pooled_like line")?, s("read limit").ok_or("no read limit line")?))
 }
 
 fn main() {
@@ -124,7 +69,7 @@ fn main() {
     let (red_ptr, sink_ptr, g_ptr) = (reduced.as_mut_ptr() as usize, sinks.as_mut_ptr() as usize, gathered.as_ptr() as usize);
     let vec_ptr = vectors.as_ptr() as usize;
 
-    let times = medians(11, &mut [
+    let times = support::medians(11, &mut [
         // The read limit: nnz rows' worth of bytes, scanned in order and summed.
         &mut || {
             split(threads, threads, |t, _| {
@@ -191,7 +136,7 @@ fn main() {
     let inline = LookupOptions { num_threads: 1, ..strata_lookup_options_default() };
     let calls = 20_000;
     let first_out: *mut dlpark::ffi::DLTensor = &mut odescs[0].t;
-    let per_call = medians(7, &mut [
+    let per_call = support::medians(7, &mut [
         &mut || {
             for _ in 0..calls {
                 // SAFETY: a live table and descriptions.
