@@ -124,6 +124,7 @@ fn defaults_are_hps_defaults() {
             cache_missed_embeddings: false,
             max_batch_size: 65536,
             initialize_after_startup: true,
+            refresh_interval_ms: 1000,
         }
     );
     assert_eq!(
