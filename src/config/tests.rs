@@ -163,3 +163,14 @@ fn errors_and_warnings_name_their_paths() {
     let got: Vec<String> = ignored.iter().map(|f| join(&f.object, &f.key)).collect();
     assert_eq!(got, ["models[0].a", "models[0].b", "zz"]);
 }
+
+#[test]
+fn refresh_interval_ms_is_read_without_a_warning() {
+    let (doc, ignored) = json::read(r#"{"volatile_db": {"refresh_interval_ms": 50}, "models": []}"#).unwrap();
+    assert!(ignored.is_empty(), "{ignored:?}");
+    assert_eq!(validate::volatile_db(&doc.volatile_db).unwrap().refresh_interval_ms, 50);
+    assert_eq!(VolatileDbConfig::default().refresh_interval_ms, 1000);
+    let (doc, _) = json::read(r#"{"volatile_db": {"refresh_interval_ms": 0}}"#).unwrap();
+    assert_eq!(validate::volatile_db(&doc.volatile_db).unwrap().refresh_interval_ms, 0);
+    assert!(json::read(r#"{"volatile_db": {"refresh_interval_ms": -1}}"#).is_err());
+}
