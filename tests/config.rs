@@ -291,6 +291,7 @@ fn two_models_with_database_sections_like_the_hps_docs() {
             cache_missed_embeddings: true,
             max_batch_size: 100_000,
             initialize_after_startup: false,
+            refresh_interval_ms: 1000,
         }
     );
     assert_eq!(

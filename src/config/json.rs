@@ -121,6 +121,7 @@ pub(super) struct VolatileDbJson {
     pub cache_missed_embeddings: Flag,
     pub max_batch_size: Uint,
     pub initialize_after_startup: Flag,
+    pub refresh_interval_ms: Uint,
 }
 
 impl Default for VolatileDbJson {
@@ -136,6 +137,7 @@ impl Default for VolatileDbJson {
             cache_missed_embeddings: Flag(false),
             max_batch_size: Uint(65536),
             initialize_after_startup: Flag(true),
+            refresh_interval_ms: Uint(1000),
         }
     }
 }

@@ -245,6 +245,13 @@ pub struct VolatileDbConfig {
     /// Whether the tier is filled from the sparse files at start (`initialize_after_startup`);
     /// default `true`.
     pub initialize_after_startup: bool,
+    /// How often, at most, a table checks whether another process committed to its persistent
+    /// tier (`refresh_interval_ms`, a strata extension; HPS had no equivalent); default 1000,
+    /// 0 = at every lookup. A lookup that finds the table's commit counter moved by another
+    /// process empties the table's volatile tier (and any GPU cache of it) first, so a foreign
+    /// upsert or erase is seen by every lookup that starts `refresh_interval_ms` or more after
+    /// it committed: within the interval plus one lookup. A process's own writes never count.
+    pub refresh_interval_ms: u64,
 }
 
 impl Default for VolatileDbConfig {

@@ -124,6 +124,7 @@ fn defaults_are_hps_defaults() {
             cache_missed_embeddings: false,
             max_batch_size: 65536,
             initialize_after_startup: true,
+            refresh_interval_ms: 1000,
         }
     );
     assert_eq!(
@@ -161,4 +162,15 @@ fn errors_and_warnings_name_their_paths() {
     let (_, ignored) = json::read(r#"{"models": [{"b": 1, "a": {"c": 2}}], "zz": {"a": 1}}"#).unwrap();
     let got: Vec<String> = ignored.iter().map(|f| join(&f.object, &f.key)).collect();
     assert_eq!(got, ["models[0].a", "models[0].b", "zz"]);
+}
+
+#[test]
+fn refresh_interval_ms_is_read_without_a_warning() {
+    let (doc, ignored) = json::read(r#"{"volatile_db": {"refresh_interval_ms": 50}, "models": []}"#).unwrap();
+    assert!(ignored.is_empty(), "{ignored:?}");
+    assert_eq!(validate::volatile_db(&doc.volatile_db).unwrap().refresh_interval_ms, 50);
+    assert_eq!(VolatileDbConfig::default().refresh_interval_ms, 1000);
+    let (doc, _) = json::read(r#"{"volatile_db": {"refresh_interval_ms": 0}}"#).unwrap();
+    assert_eq!(validate::volatile_db(&doc.volatile_db).unwrap().refresh_interval_ms, 0);
+    assert!(json::read(r#"{"volatile_db": {"refresh_interval_ms": -1}}"#).is_err());
 }

@@ -274,6 +274,7 @@ pub(super) fn volatile_db(v: &VolatileDbJson) -> Checked<VolatileDbConfig> {
         cache_missed_embeddings: v.cache_missed_embeddings.0,
         max_batch_size: uint(&v.max_batch_size, "volatile_db.max_batch_size", 1)?,
         initialize_after_startup: v.initialize_after_startup.0,
+        refresh_interval_ms: v.refresh_interval_ms.0,
     })
 }
 

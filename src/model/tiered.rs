@@ -5,6 +5,19 @@
 //! erase: each tier hands out whole rows (old or new, never a mix). An upsert is written to the
 //! persistent tier (durably, one transaction) before the volatile tier, so an acknowledged
 //! upsert survives a crash; readers may see the new row in the volatile tier only after that.
+//!
+//! # Updates from another process
+//! Another process may write the same persistent store (LMDB serves several processes). Each
+//! persistent table keeps a commit counter that every write transaction of every process
+//! moves ([`PersistentTable::commits`]). A table remembers the counter value its volatile tier
+//! reflects; at most every `refresh_interval` a lookup reads the counter (one cheap read
+//! transaction) before it reads the volatile tier, and when another process moved it, the
+//! volatile tier is emptied (and [`generation`](TieredTable::generation) moves, so GPU caches
+//! drop their rows too), so the lookup and those after it read the persistent tier. A lookup
+//! that starts `refresh_interval` or more after a foreign commit returned therefore sees it.
+//! This process's own writes read the counter inside their write transaction: the value they
+//! find is the one they expect unless another process wrote in between, which empties the
+//! volatile tier too; their own increment never does.
 
 use crate::error::{Error, Result};
 use super::options::MissingKey;
@@ -12,6 +25,7 @@ use crate::storage::tier::persistent::PersistentTable;
 use crate::storage::tier::volatile::VolatileTier;
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// Cumulative counters of one table, all tiers (`strata_table_get_stats`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -59,6 +73,20 @@ pub struct TieredTable {
     /// count before its persistent read and inserts, under the shared lock, only if the count
     /// has not moved, so it never puts back a row older than a committed write.
     writes: RwLock<u64>,
+    /// Notices other processes' commits (tables with a persistent tier).
+    refresh: Option<Refresh>,
+}
+
+/// When to look for other processes' commits, and the commit counter last seen.
+struct Refresh {
+    interval: Duration,
+    start: Instant,
+    /// Nanoseconds after `start` from which a lookup reads the counter again. Raised only
+    /// after a check has finished (emptied the volatile tier if it had to).
+    next_check: AtomicU64,
+    /// The persistent table's commit counter the volatile tier reflects. Changed only with
+    /// `writes` held exclusively.
+    seen: AtomicU64,
 }
 
 #[derive(Default)]
@@ -70,6 +98,8 @@ struct Counters {
     misses: AtomicU64,
     upserts: AtomicU64,
     erases: AtomicU64,
+    /// Times the volatile tier was emptied for another process's commits.
+    invalidations: AtomicU64,
 }
 
 impl TieredTable {
@@ -97,7 +127,72 @@ impl TieredTable {
             missing,
             counters: Counters::default(),
             writes: RwLock::new(0),
+            refresh: None,
         }
+    }
+
+    /// Makes the table notice other processes' commits to its persistent tier (see the module
+    /// docs): at most every `interval` (`Duration::ZERO`: at every lookup). `seen` is the
+    /// persistent table's commit counter read before the volatile tier was warmed. No effect
+    /// without a persistent tier.
+    pub(crate) fn refreshing(mut self, interval: Duration, seen: u64) -> Self {
+        if self.persistent.is_some() {
+            self.refresh = Some(Refresh {
+                interval,
+                start: Instant::now(),
+                next_check: AtomicU64::new(0),
+                seen: AtomicU64::new(seen),
+            });
+        }
+        self
+    }
+
+    /// Times the volatile tier was emptied because another process committed to the table.
+    pub fn invalidations(&self) -> u64 {
+        self.counters.invalidations.load(Ordering::Relaxed)
+    }
+
+    /// If a check is due, reads the persistent commit counter and, when another process moved
+    /// it, empties the volatile tier (under `writes`, so no promotion that read the persistent
+    /// tier before the check inserts afterwards, and no writer of this process runs meanwhile).
+    fn refresh(&self) -> Result<()> {
+        let (Some(r), Some(p)) = (&self.refresh, &self.persistent) else { return Ok(()) };
+        let now = r.start.elapsed().as_nanos() as u64;
+        if now < r.next_check.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        if p.commits()? != r.seen.load(Ordering::Acquire) {
+            let mut writes = self.writes.write().unwrap_or_else(|e| e.into_inner());
+            // Read again with this process's writers quiet: a difference now is foreign.
+            let commits = p.commits()?;
+            if commits != r.seen.load(Ordering::Acquire) {
+                self.invalidate(&mut writes);
+                r.seen.store(commits, Ordering::Release);
+            }
+        }
+        let next = now.saturating_add(u64::try_from(r.interval.as_nanos()).unwrap_or(u64::MAX));
+        r.next_check.fetch_max(next, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Empties the volatile tier for another process's commits (`writes` held exclusively).
+    fn invalidate(&self, writes: &mut u64) {
+        if let Some(v) = &self.volatile {
+            v.clear();
+        }
+        *writes += 1;
+        self.counters.invalidations.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// After this process's write transaction `c` (with `writes` held exclusively): when it
+    /// found a counter other than the one last seen, another process wrote in between, so the
+    /// volatile tier is emptied first; then the counter this write left is the one seen.
+    fn after_own_commit(&self, writes: &mut u64, c: Option<crate::storage::tier::persistent::Commit>) {
+        let (Some(r), Some(c)) = (&self.refresh, c) else { return };
+        if c.before != r.seen.load(Ordering::Acquire) {
+            self.invalidate(writes);
+        }
+        r.seen.store(c.after, Ordering::Release);
     }
 
     /// Elements per row.
@@ -147,6 +242,7 @@ impl TieredTable {
         let dim = self.dim;
         let (mut vh, mut ph) = (0, 0);
         present.fill(false);
+        self.refresh()?;
         if let Some(v) = &self.volatile {
             let (h, _) = v.get_many(keys, rows, present);
             vh = h;
@@ -212,9 +308,14 @@ impl TieredTable {
         c.misses.fetch_add(misses, Ordering::Relaxed);
     }
 
-    /// Changes when rows are written or erased (GPU caches compare it to drop stale rows).
+    /// Changes when rows are written or erased, here or (once noticed) by another process: GPU
+    /// caches compare it at the start of each lookup to drop stale rows, so it first runs a due
+    /// check for other processes' commits (an error there is left for the lookup's own read of
+    /// the tiers to report).
     pub(crate) fn generation(&self) -> u64 {
-        self.counters.upserts.load(Ordering::Relaxed) + self.counters.erases.load(Ordering::Relaxed)
+        let _ = self.refresh();
+        let c = &self.counters;
+        c.upserts.load(Ordering::Relaxed) + c.erases.load(Ordering::Relaxed) + c.invalidations.load(Ordering::Relaxed)
     }
 
     /// Inserts or overwrites rows (`rows.len() == keys.len() * dim`): the persistent tier first
@@ -223,7 +324,8 @@ impl TieredTable {
         self.writable()?;
         let mut writes = self.writes.write().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = &self.persistent {
-            p.upsert(keys, rows)?;
+            let c = p.upsert_counted(keys, rows)?;
+            self.after_own_commit(&mut writes, c);
         }
         if let Some(v) = &self.volatile {
             v.insert_many(keys, rows);
@@ -239,7 +341,11 @@ impl TieredTable {
         self.writable()?;
         let mut writes = self.writes.write().unwrap_or_else(|e| e.into_inner());
         let from_persistent = match &self.persistent {
-            Some(p) => Some(p.erase(keys)?),
+            Some(p) => {
+                let (n, c) = p.erase_counted(keys)?;
+                self.after_own_commit(&mut writes, c);
+                Some(n)
+            }
             None => None,
         };
         let from_volatile = self.volatile.as_ref().map_or(0, |v| v.erase_many(keys));
@@ -299,6 +405,11 @@ mod tests {
     /// A server of one table (`dim` 4) with a tiny volatile tier that promotes misses, over a
     /// persistent store holding keys 0..rows with rows `[k, k, k, k]`, nothing warmed.
     fn server(dir: &std::path::Path, rows: u64, capacity: usize) -> Server {
+        server_refreshing(dir, rows, capacity, 1000)
+    }
+
+    /// [`server`] checking for other processes' commits every `refresh_ms`.
+    fn server_refreshing(dir: &std::path::Path, rows: u64, capacity: usize, refresh_ms: u64) -> Server {
         let sparse = dir.join("sparse");
         std::fs::create_dir_all(&sparse).unwrap();
         let keys: Vec<u8> = (0..rows as i64).flat_map(|k| k.to_le_bytes()).collect();
@@ -308,7 +419,8 @@ mod tests {
         let json = format!(
             r#"{{"supportlonglong": true,
                 "volatile_db": {{"type": "parallel_hash_map", "num_partitions": 2, "overflow_margin": {capacity},
-                                 "initial_cache_rate": 0.0, "cache_missed_embeddings": true}},
+                                 "initial_cache_rate": 0.0, "cache_missed_embeddings": true,
+                                 "refresh_interval_ms": {refresh_ms}}},
                 "persistent_db": {{"type": "rocks_db", "path": "db"}},
                 "models": [{{"model": "m", "sparse_files": ["sparse"], "embedding_vecsize_per_table": [4],
                              "default_value_for_each_table": [-1.0],
@@ -395,5 +507,69 @@ mod tests {
             assert_eq!(read(t, k as u64), *want, "key {k} reads a row older than its last write");
             assert_eq!(read(t, k as u64), *want, "key {k}, read again (through the volatile tier)");
         }
+    }
+
+    /// A handle on the table's persistent rows that bypasses the tiered table, as another
+    /// process's writes would (same LMDB store, same commit counter).
+    fn foreign(dir: &std::path::Path) -> crate::storage::tier::persistent::PersistentTable {
+        let store = crate::storage::tier::persistent::PersistentStore::open(&dir.join("db"), false).unwrap();
+        store.table("m/sparse_embedding0", 4, None).unwrap()
+    }
+
+    fn volatile_hits(t: &TieredTable, key: u64) -> u64 {
+        let (mut rows, mut found) = (vec![0f32; 4], vec![false]);
+        t.fetch(&[key], &mut rows, &mut found, &mut TierScratch::default()).unwrap().0
+    }
+
+    #[test]
+    fn own_writes_do_not_empty_the_volatile_tier() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = server_refreshing(dir.path(), 100, 64, 0);
+        let t = tiered(&s);
+        assert_eq!(read(t, 5), Some(5.0));
+        assert_eq!(volatile_hits(t, 5), 1, "key 5 was promoted");
+        t.upsert(&[6], &[60.0; 4]).unwrap();
+        assert_eq!(t.erase(&[7]).unwrap(), 1);
+        assert_eq!(t.erase(&[1000]).unwrap(), 0);
+        t.upsert(&[5], &[50.0; 4]).unwrap();
+        // Every lookup checks the counter (interval 0): it moved, but only by this process.
+        assert_eq!(volatile_hits(t, 5), 1, "an own write emptied the volatile tier");
+        assert_eq!(volatile_hits(t, 6), 1);
+        assert_eq!(read(t, 5), Some(50.0));
+        assert_eq!(read(t, 7), None);
+        assert_eq!(t.invalidations(), 0);
+    }
+
+    #[test]
+    fn a_foreign_commit_empties_the_volatile_tier_at_the_next_check() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = server_refreshing(dir.path(), 100, 64, 0);
+        let t = tiered(&s);
+        assert_eq!(read(t, 5), Some(5.0));
+        assert_eq!(read(t, 9), Some(9.0));
+        let generation = t.generation();
+        let other = foreign(dir.path());
+        other.upsert(&[5], &[50.0; 4]).unwrap();
+        assert_eq!(other.erase(&[9]).unwrap(), 1);
+        assert_eq!(read(t, 5), Some(50.0), "a foreign upsert was not seen");
+        assert_eq!(read(t, 9), None, "a foreign erase was not seen");
+        assert_eq!(t.invalidations(), 1);
+        assert_ne!(t.generation(), generation, "GPU caches must drop their rows too");
+        assert_eq!(volatile_hits(t, 5), 1, "after the check, promotions resume");
+    }
+
+    #[test]
+    fn within_the_interval_a_foreign_commit_is_noticed_by_the_next_own_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = server_refreshing(dir.path(), 100, 64, 3_600_000);
+        let t = tiered(&s);
+        assert_eq!(read(t, 5), Some(5.0)); // the first lookup checks; the next check is in 1 h
+        foreign(dir.path()).upsert(&[5], &[50.0; 4]).unwrap();
+        assert_eq!(read(t, 5), Some(5.0), "within the interval the volatile tier answers");
+        // This process's write finds a counter it did not leave: another process wrote.
+        t.upsert(&[6], &[60.0; 4]).unwrap();
+        assert_eq!(t.invalidations(), 1);
+        assert_eq!(read(t, 5), Some(50.0));
+        assert_eq!(read(t, 6), Some(60.0), "the own write after the invalidation is kept");
     }
 }

@@ -83,6 +83,12 @@ impl Server {
                             Some(s) => Some(s.table(&name, dim, Some(sparse))?),
                             None => None,
                         };
+                        // The commit counter before warming: a write committed during the warm
+                        // scan is then noticed at the first lookup.
+                        let seen = match &persistent {
+                            Some(p) => p.commits()?,
+                            None => 0,
+                        };
                         if let Some(vt) = &volatile {
                             warm(vt, persistent.as_ref(), sparse, dim, v.initial_cache_rate)?;
                         }
@@ -97,7 +103,8 @@ impl Server {
                                 read_only,
                                 default_value,
                                 MissingKey::Fill,
-                            )),
+                            )
+                            .refreshing(std::time::Duration::from_millis(v.refresh_interval_ms), seen)),
                             options.gpu,
                         )
                     }

@@ -4,7 +4,10 @@
 //! - the named database [`META_DB`] (the [`Catalog`]) maps
 //!   - the key [`FORMAT_KEY`] to [`FORMAT`] (the layout version), and
 //!   - each table name (UTF-8, e.g. `wdl/table0`) to a 16-byte [`TableRecord`]
-//!     `[layout u32 LE = 1][state u32 LE: 0 = loading, 1 = complete][dim u64 LE]`;
+//!     `[layout u32 LE = 1][state u32 LE: 0 = loading, 1 = complete][dim u64 LE]`, and
+//!   - [`COMMITS_PREFIX`]`<name>` to the table's commit counter (`u64` LE, absent = 0): every
+//!     upsert and every erase that removed a row adds 1 inside its own write transaction, so
+//!     other processes sharing the store notice that the table changed;
 //! - each table is the named database [`TABLE_PREFIX`]`<name>` ([`Rows`]): key = the canonical
 //!   64-bit key (the bit pattern of HugeCTR's int64) as 8 **big-endian** bytes ([`BeKey`]), so
 //!   LMDB's byte order is numeric `u64` order; value = the row as `dim` little-endian float32
@@ -25,6 +28,9 @@ pub(super) const TABLE_PREFIX: &str = "t/";
 /// The catalog key of the layout version. A table name never holds a NUL, so this key is never
 /// a table's.
 pub(super) const FORMAT_KEY: &str = "\0format";
+/// The catalog key of table `name`'s commit counter is `"\0commits/<name>"` (a NUL, so never a
+/// table's name).
+pub(super) const COMMITS_PREFIX: &str = "\0commits/";
 /// The layout version this code reads and writes.
 pub(super) const FORMAT: &[u8] = b"strata-persistent-1";
 const RECORD_LAYOUT: u32 = 1;
@@ -218,6 +224,27 @@ impl Catalog {
 
     pub(super) fn put_record(&self, txn: &mut RwTxn, name: &str, record: TableRecord) -> heed::Result<()> {
         self.records().put(txn, name, &record)
+    }
+
+    /// Table `name`'s commit counter (0 when never written).
+    pub(super) fn commits(&self, txn: &RoTxn, name: &str) -> heed::Result<u64> {
+        let key = format!("{COMMITS_PREFIX}{name}");
+        match self.0.get(txn, &key)? {
+            None => Ok(0),
+            Some(v) => match <[u8; 8]>::try_from(v) {
+                Ok(b) => Ok(u64::from_le_bytes(b)),
+                Err(_) => Err(heed::Error::Decoding(Box::new(Corrupt(format!(
+                    "corrupt commit counter: {} bytes; expected 8",
+                    v.len()
+                ))))),
+            },
+        }
+    }
+
+    /// Stores table `name`'s commit counter.
+    pub(super) fn put_commits(&self, txn: &mut RwTxn, name: &str, commits: u64) -> heed::Result<()> {
+        let key = format!("{COMMITS_PREFIX}{name}");
+        self.0.put(txn, &key, &commits.to_le_bytes())
     }
 
     pub(super) fn delete_record(&self, txn: &mut RwTxn, name: &str) -> heed::Result<bool> {

@@ -19,7 +19,10 @@
 //! - the named database `strata.meta` maps
 //!   - the key `"\0format"` to `"strata-persistent-1"` (the layout version), and
 //!   - each table name (UTF-8, e.g. `wdl/table0`) to a 16-byte record
-//!     `[layout u32 LE = 1][state u32 LE: 0 = loading, 1 = complete][dim u64 LE]`;
+//!     `[layout u32 LE = 1][state u32 LE: 0 = loading, 1 = complete][dim u64 LE]`, and
+//!   - `"\0commits/<name>"` to the table's commit counter (`u64` LE, absent = 0), which every
+//!     upsert and every erase that removed a row increments in its own transaction (how another
+//!     process sharing the store notices a change: see [`PersistentTable::commits`]);
 //! - each table is the named database `t/<name>`: key = the canonical 64-bit key (the bit pattern
 //!   of HugeCTR's int64) as 8 **big-endian** bytes, so LMDB's byte order is numeric `u64` order;
 //!   value = the row as `dim` little-endian float32 (`dim * 4` bytes, checked on every read).
@@ -46,7 +49,7 @@ mod table;
 #[cfg(test)]
 mod tests;
 
-pub use table::{PersistentStats, PersistentTable};
+pub use table::{Commit, PersistentStats, PersistentTable};
 
 use crate::error::{Error, Result};
 use crate::storage::hugectr::SparseFolder;

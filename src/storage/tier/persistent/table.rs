@@ -56,6 +56,17 @@ impl TableInner {
     }
 }
 
+/// A table's commit counter as one write transaction found it (`before`) and left it (`after`,
+/// `before + 1` when the transaction changed the table). A `before` other than the value a
+/// process last saw means another process committed a write in between.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Commit {
+    /// The counter when the write transaction began (under LMDB's writer lock).
+    pub before: u64,
+    /// The counter the transaction committed.
+    pub after: u64,
+}
+
 /// Cumulative counters of one table in this process (all handles of the table share them).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PersistentStats {
@@ -187,10 +198,16 @@ impl PersistentTable {
     /// process killed during the call leaves all of the batch or none of it. Concurrent readers
     /// see each row old or new, never mixed. Writers (threads and processes) take turns.
     pub fn upsert(&self, keys: &[u64], rows: &[f32]) -> Result<()> {
+        self.upsert_counted(keys, rows).map(|_| ())
+    }
+
+    /// [`upsert`](Self::upsert), also returning the table's commit counter as this write
+    /// transaction found and left it (`None` for an empty batch, which writes nothing).
+    pub fn upsert_counted(&self, keys: &[u64], rows: &[f32]) -> Result<Option<Commit>> {
         self.check_writable("upsert")?;
         self.check_batch(keys.len(), rows.len(), "rows")?;
         if keys.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let t = &self.inner;
         let dim = t.dim;
@@ -203,17 +220,25 @@ impl PersistentTable {
             let row = LeRow::encode(&rows[i * dim..(i + 1) * dim], &mut buf);
             t.db.put(&mut wtxn, &keys[i], &row).map_err(self.err("upsert"))?;
         }
+        let commit = self.count_commit(&mut wtxn, true, "upsert")?;
         wtxn.commit().map_err(self.err("upsert: commit"))?;
         t.upserts.fetch_add(keys.len() as u64, Relaxed);
-        Ok(())
+        Ok(Some(commit))
     }
 
     /// Removes the rows of `keys` (missing keys are ignored); returns how many rows were removed.
     /// One write transaction, committed durably before returning, like [`upsert`](Self::upsert).
     pub fn erase(&self, keys: &[u64]) -> Result<u64> {
+        self.erase_counted(keys).map(|(n, _)| n)
+    }
+
+    /// [`erase`](Self::erase), also returning the table's commit counter as this write
+    /// transaction found and left it (it moves only when a row was removed; `None` for an
+    /// empty batch).
+    pub fn erase_counted(&self, keys: &[u64]) -> Result<(u64, Option<Commit>)> {
         self.check_writable("erase")?;
         if keys.is_empty() {
-            return Ok(0);
+            return Ok((0, None));
         }
         let t = &self.inner;
         let mut sorted = keys.to_vec();
@@ -225,9 +250,34 @@ impl PersistentTable {
                 erased += 1;
             }
         }
+        let commit = self.count_commit(&mut wtxn, erased > 0, "erase")?;
         wtxn.commit().map_err(self.err("erase: commit"))?;
         t.erases.fetch_add(erased, Relaxed);
-        Ok(erased)
+        Ok((erased, Some(commit)))
+    }
+
+    /// Reads the table's commit counter inside write transaction `wtxn` and, when `changed`,
+    /// adds 1 to it there (so it commits, or not, with the rows).
+    fn count_commit(&self, wtxn: &mut heed::RwTxn, changed: bool, op: &str) -> Result<Commit> {
+        let t = &self.inner;
+        let catalog =
+            t.store.catalog.ok_or_else(|| Error::Internal("read-write store without metadata database".into()))?;
+        let before = catalog.commits(wtxn, &t.name).map_err(self.err(op))?;
+        let after = if changed { before.wrapping_add(1) } else { before };
+        if changed {
+            catalog.put_commits(wtxn, &t.name, after).map_err(self.err(op))?;
+        }
+        Ok(Commit { before, after })
+    }
+
+    /// The table's commit counter now: how many upserts, and erases that removed a row, any
+    /// process has committed to it (one read transaction and one metadata read; cheap). 0 for
+    /// a table never written since this counter was introduced.
+    pub fn commits(&self) -> Result<u64> {
+        let t = &self.inner;
+        let Some(catalog) = t.store.catalog else { return Ok(0) };
+        let rtxn = t.store.env.read_txn().map_err(self.err("begin read transaction"))?;
+        catalog.commits(&rtxn, &t.name).map_err(self.err("read commit counter"))
     }
 
     /// The table's counters in this process, and its current row count.

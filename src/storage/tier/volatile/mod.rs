@@ -388,6 +388,26 @@ impl VolatileTier {
         total
     }
 
+    /// Removes every row and returns how many were removed (counted as erasures). Each shard
+    /// is emptied under its write lock, one shard at a time, and gives its row memory back; a
+    /// row inserted into an already emptied shard meanwhile stays.
+    pub fn clear(&self) -> u64 {
+        let g = &self.geo;
+        let mut total = 0u64;
+        for (i, shard) in self.shards.iter().enumerate() {
+            let n = {
+                let mut s = shard.write();
+                let n = s.len() as u64;
+                *s = Slots::new(0x5eed_0000_0000_0000 ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ n);
+                shard.publish(&s, g);
+                n
+            };
+            shard.erasures.fetch_add(n, Relaxed);
+            total += n;
+        }
+        total
+    }
+
     /// Whether `key` is held now (neither a hit nor a miss, nor a use).
     pub fn contains(&self, key: u64) -> bool {
         self.shards[self.shard_of(key)].read().find(key, mix(key)).is_some()

@@ -566,3 +566,21 @@ fn concurrent_reads_never_see_torn_rows() {
         }
     }
 }
+
+#[test]
+fn clear_empties_every_shard_and_the_tier_keeps_working() {
+    let t = VolatileTier::new(4, 4, 1000, OverflowPolicy::EvictOldest, 0.8).unwrap();
+    let keys = random_keys(300, 7);
+    let rows = random_rows(300, 4, 8);
+    t.insert_many(&keys, &rows);
+    let held = t.bytes();
+    assert_eq!(t.clear(), 300);
+    assert!(t.is_empty());
+    assert!(t.bytes() < held, "clear gives the row memory back");
+    assert!(keys.iter().all(|&k| !t.contains(k)));
+    assert_eq!(t.stats().erasures, 300);
+    t.insert_many(&keys[..10], &rows[..40]);
+    assert_eq!(row(&t, keys[3]).unwrap(), rows[12..16].to_vec());
+    assert_eq!(t.len(), 10);
+    assert_eq!(t.clear(), 10);
+}
