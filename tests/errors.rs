@@ -327,3 +327,28 @@ fn last_error_is_per_thread() {
     assert_eq!(other, "");
     assert!(last_error().contains("keys: dtype float32"));
 }
+
+/// A tensor on a device strata does not serve is refused even when it has no elements, also
+/// beside a CUDA tensor (which takes the CUDA path): found by the property test.
+#[test]
+fn empty_tensors_on_unserved_devices_are_refused() {
+    let vectors = [1f32; 4];
+    let table = Owned::build(&vectors, 4, 1, None, &strata_table_options_default());
+    let (keys, out) = ([0i32; 1], [0f32; 1]);
+    for (kdev, odev, arg) in [
+        (DLDeviceType::CUDA, DLDeviceType::OPENCL, "out"),
+        (DLDeviceType::OPENCL, DLDeviceType::CUDA, "keys"),
+        (DLDeviceType::CPU, DLDeviceType::VULKAN, "out"),
+    ] {
+        let k = Desc::compact(keys.as_ptr().cast(), I32, &[0]).device(kdev);
+        let mut o = Desc::compact(out.as_ptr().cast(), F32, &[0, 1]).device(odev);
+        // SAFETY: the descriptions cover this test's buffers (no element is read or written).
+        let s = unsafe { strata_lookup(table.0, &k.t, &mut o.t, std::ptr::null(), std::ptr::null_mut()) };
+        fails(s, Status::STRATA_UNSUPPORTED_DEVICE, &[&format!("{arg}: device")]);
+        let offsets = [0i64];
+        let od = Desc::compact(offsets.as_ptr().cast(), I64, &[1]);
+        // SAFETY: as above.
+        let s = unsafe { strata_lookup_pooled(table.0, &k.t, &od.t, std::ptr::null(), 1, &mut o.t, std::ptr::null(), std::ptr::null_mut()) };
+        fails(s, Status::STRATA_UNSUPPORTED_DEVICE, &[&format!("{arg}: device")]);
+    }
+}

@@ -131,6 +131,11 @@ fn require_linear(v: &TensorView, arg: &'static str) -> Result<()> {
 /// or a stream of the device's primary context.
 pub(crate) unsafe fn validate<'a>(r: &Request<'a>, opts: &LookupOptions) -> Result<Valid<'a>> {
     crate::util::threads::resolve_threads(opts.num_threads)?;
+    for (t, arg) in [(Some(r.keys), "keys"), (r.offsets, "offsets"), (r.weights, "weights"), (Some(r.out), "out")] {
+        if let Some(t) = t {
+            super::run::require_served(t, arg)?;
+        }
+    }
     let nothing = || Valid { source: r.source, resident: r.resident, work: None, want_stats: r.want_stats };
     // SAFETY: forwarded from the caller.
     let shape = unsafe { check_request(r.source.dim(), r.keys, r.offsets, r.weights, r.pooling, r.out, read_on_host) }?;

@@ -300,6 +300,22 @@ pub(crate) fn is_cuda(t: &DLTensor) -> bool {
     matches!(t.device.device_type, DLDeviceType::CUDA | DLDeviceType::CUDAMANAGED)
 }
 
+/// Fails unless `t` is on a device the CUDA path serves: host memory (kDLCPU, kDLCUDAHost) or a
+/// CUDA device (kDLCUDA, kDLCUDAManaged). Checked before the shapes, so that a tensor on another
+/// device is refused even when it has no elements.
+pub(crate) fn require_served(t: &DLTensor, arg: &'static str) -> Result<()> {
+    match t.device.device_type {
+        DLDeviceType::CPU | DLDeviceType::CUDAHOST | DLDeviceType::CUDA | DLDeviceType::CUDAMANAGED => Ok(()),
+        _ => Err(Error::Device {
+            arg,
+            msg: format!(
+                "device {}; strata serves host memory (kDLCPU, kDLCUDAHost) and CUDA devices (kDLCUDA, kDLCUDAManaged)",
+                device_name(t.device)
+            ),
+        }),
+    }
+}
+
 /// A lookup where `keys` or `out` is a CUDA tensor (see the module docs). `want_stats` makes the
 /// call wait for the stream and count hits and misses.
 ///
@@ -320,6 +336,8 @@ pub(crate) unsafe fn lookup(
 ) -> Result<LookupStats> {
     let dim = table.dim();
     crate::util::threads::resolve_threads(opts.num_threads)?;
+    require_served(keys, "keys")?;
+    require_served(out, "out")?;
     // SAFETY: the caller guarantees keys and out are valid DLPack tensors, so their shape and
     // strides are readable.
     let Some(c) = check(dim, unsafe { TensorView::new(keys, "keys") }?, unsafe { TensorView::new(out, "out") }?)? else {
