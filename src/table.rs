@@ -413,19 +413,22 @@ impl BatchRequest<'_> {
         if self.on_cuda() || matches!(self.table.kind, TableKind::Dist(_)) {
             return Ok(Work::Own(self));
         }
-        // SAFETY (every arm below): the caller of lookup_batch vouches for the tensors.
-        #[allow(clippy::undocumented_unsafe_blocks)]
-        Ok(match (&self.table.kind, self.pooling) {
-            (TableKind::Static(t), None) => Work::Static(t, unsafe { plan(t.dim(), t.store().byte_range(), self.keys, self.out, opts) }?),
-            (TableKind::Tiered(t), None) => Work::Tiered(t, unsafe { plan(t.dim(), (0, 0), self.keys, self.out, opts) }?),
-            (TableKind::Static(t), Some(pooling)) => Work::PooledStatic(t, unsafe {
-                plan_pooled(t.dim(), t.store().byte_range(), self.keys, self.offsets, self.weights, pooling, self.out, opts)
-            }?),
-            (TableKind::Tiered(t), Some(pooling)) => Work::PooledTiered(t, unsafe {
-                plan_pooled(t.dim(), (0, 0), self.keys, self.offsets, self.weights, pooling, self.out, opts)
-            }?),
-            (TableKind::Dist(_), _) => Work::Own(self),
-        })
+        let (keys, out, offsets, weights) = (self.keys, self.out, self.offsets, self.weights);
+        // SAFETY: the caller of lookup_batch vouches for the tensors each arm plans.
+        let work = unsafe {
+            match (&self.table.kind, self.pooling) {
+                (TableKind::Static(t), None) => Work::Static(t, plan(t.dim(), t.store().byte_range(), keys, out, opts)?),
+                (TableKind::Tiered(t), None) => Work::Tiered(t, plan(t.dim(), (0, 0), keys, out, opts)?),
+                (TableKind::Static(t), Some(p)) => {
+                    Work::PooledStatic(t, plan_pooled(t.dim(), t.store().byte_range(), keys, offsets, weights, p, out, opts)?)
+                }
+                (TableKind::Tiered(t), Some(p)) => {
+                    Work::PooledTiered(t, plan_pooled(t.dim(), (0, 0), keys, offsets, weights, p, out, opts)?)
+                }
+                (TableKind::Dist(_), _) => Work::Own(self),
+            }
+        };
+        Ok(work)
     }
 }
 
@@ -460,11 +463,12 @@ impl Work<'_> {
             // SAFETY: the caller of lookup_batch vouches for the tensors.
             #[cfg(feature = "cuda")]
             Work::Cuda(v) => unsafe { crate::exec::cuda::pooled::run(vec![*v], opts) }.map(|mut s| s.remove(0)).map_err(|(_, e)| e),
-            // SAFETY (both arms): the caller of lookup_batch vouches for the tensors.
-            #[allow(clippy::undocumented_unsafe_blocks)]
-            Work::Own(r) => match r.pooling {
-                None => unsafe { r.table.lookup_with(r.keys, r.out, opts, r.want_stats) },
-                Some(pooling) => unsafe { r.table.lookup_pooled(r.keys, r.offsets, r.weights, pooling, r.out, opts, r.want_stats) },
+            // SAFETY: the caller of lookup_batch vouches for the request's tensors.
+            Work::Own(r) => unsafe {
+                match r.pooling {
+                    None => r.table.lookup_with(r.keys, r.out, opts, r.want_stats),
+                    Some(pooling) => r.table.lookup_pooled(r.keys, r.offsets, r.weights, pooling, r.out, opts, r.want_stats),
+                }
             },
         }
     }

@@ -9,6 +9,7 @@
 //!    row for misses. With `STRATA_MISSING_ERROR` the ranks then agree, so a missing key on any
 //!    rank fails the call on every rank.
 
+use crate::util::lock::lock;
 use super::comm::{Comm, displs, refill};
 use super::table::{DistTable, Route};
 use crate::dlpack::{FloatDtype, KeyDtype, Walk};
@@ -63,13 +64,13 @@ impl DistTable {
     /// # Safety
     /// As for [`crate::table::Table::lookup`].
     pub unsafe fn lookup(&self, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions) -> Result<LookupStats> {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = lock(&self.state);
         let (comm, scratch) = &mut *state;
         let start = Instant::now();
         // SAFETY: lookup_with needs Table::lookup's contract, which our caller upholds.
         let result = unsafe { self.lookup_with(comm, scratch, keys, out, opts) };
         let exchange = comm.take_time();
-        let mut t = self.timing.lock().unwrap_or_else(|e| e.into_inner());
+        let mut t = lock(&self.timing);
         t.lookups += 1;
         t.total_s += start.elapsed().as_secs_f64();
         t.exchange_s += exchange.as_secs_f64();
@@ -79,7 +80,7 @@ impl DistTable {
     /// The collective verdict on a step every rank ran locally (see [`Comm::agree`]): every
     /// rank gets `Ok` when every rank succeeded, else every rank fails.
     pub(crate) fn agree<T>(&self, local: Result<T>) -> Result<T> {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = lock(&self.state);
         state.0.agree(local)
     }
 

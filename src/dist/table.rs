@@ -1,6 +1,7 @@
 //! [`DistTable`]: who owns which rows, this rank's share, and how the table is built
 //! collectively from a description or a HugeCTR folder.
 
+use crate::util::lock::lock;
 use super::DistTiming;
 use super::comm::Comm;
 use super::lookup::Scratch;
@@ -266,7 +267,7 @@ impl DistTable {
 
     /// Cumulative lookup timing on this rank.
     pub fn timing(&self) -> DistTiming {
-        *self.timing.lock().unwrap_or_else(|e| e.into_inner())
+        *lock(&self.timing)
     }
 
     /// Describes a dense distributed table with the protocol: every partition with its owners

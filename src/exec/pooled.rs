@@ -39,6 +39,8 @@ pub(crate) struct Scratch {
     /// Rows staged on the host by fills that resolve through a [`RowSource`].
     staged: Vec<f32>,
     found: Vec<bool>,
+    /// The tiers' own buffers, kept across chunks.
+    tiers: TierScratch,
 }
 
 impl Scratch {
@@ -51,6 +53,7 @@ impl Scratch {
             acc: vec![0.0; dim],
             staged: Vec::new(),
             found: Vec::new(),
+            tiers: TierScratch::default(),
         }
     }
 }
@@ -319,7 +322,7 @@ pub(crate) fn pool_tiered(t: &TieredTable, p: &PooledPlan) -> Result<LookupStats
         let n = keys.len();
         s.staged.resize(n * dim, 0.0);
         s.found.resize(n, false);
-        let (v, q) = t.fetch(keys, &mut s.staged[..n * dim], &mut s.found[..n], &mut TierScratch::default())?;
+        let (v, q) = t.fetch(keys, &mut s.staged[..n * dim], &mut s.found[..n], &mut s.tiers)?;
         vh.fetch_add(v, Ordering::Relaxed);
         ph.fetch_add(q, Ordering::Relaxed);
         for (i, q) in ptrs[..n].iter_mut().enumerate() {

@@ -264,11 +264,10 @@ pub unsafe extern "C" fn strata_lookup_batch(
     boundary(|| {
         // SAFETY: `opts` is NULL or valid as this export's # Safety section requires.
         let opts = LookupOptions::from(&unsafe { read_in(opts, "opts") }?);
-        // SAFETY: `requests` points to n requests, as this export's # Safety section requires.
         if n > 0 && requests.is_null() {
             return Err(Error::Null { arg: "requests" });
         }
-        // SAFETY: as above.
+        // SAFETY: `requests` points to n requests, as this export's # Safety section requires.
         let list = unsafe { in_array(requests, n, "requests", "requests") }?;
         let mut batch = Vec::with_capacity(n);
         let mut outs: Vec<Option<OutStruct<strata_lookup_stats>>> = Vec::with_capacity(n);

@@ -19,6 +19,7 @@
 //! find is the one they expect unless another process wrote in between, which empties the
 //! volatile tier too; their own increment never does.
 
+use crate::util::lock;
 use crate::error::{Error, Result};
 use super::options::MissingKey;
 use crate::storage::tier::persistent::PersistentTable;
@@ -162,7 +163,7 @@ impl TieredTable {
             return Ok(());
         }
         if p.commits()? != r.seen.load(Ordering::Acquire) {
-            let mut writes = self.writes.write().unwrap_or_else(|e| e.into_inner());
+            let mut writes = lock::write(&self.writes);
             // Read again with this process's writers quiet: a difference now is foreign.
             let commits = p.commits()?;
             if commits != r.seen.load(Ordering::Acquire) {
@@ -251,7 +252,7 @@ impl TieredTable {
             s.missing.clear();
             s.missing.extend((0..n).filter(|&i| !present[i]));
             if !s.missing.is_empty() {
-                let before = *self.writes.read().unwrap_or_else(|e| e.into_inner());
+                let before = *lock::read(&self.writes);
                 let m = s.missing.len();
                 s.miss_keys.clear();
                 s.miss_keys.extend(s.missing.iter().map(|&i| keys[i]));
@@ -278,7 +279,7 @@ impl TieredTable {
                                 s.promote_rows.extend_from_slice(&s.miss_rows[j * dim..(j + 1) * dim]);
                             }
                         }
-                        let writes = self.writes.read().unwrap_or_else(|e| e.into_inner());
+                        let writes = lock::read(&self.writes);
                         if *writes == before {
                             v.insert_many(&s.promote_keys, &s.promote_rows);
                         }
@@ -322,7 +323,7 @@ impl TieredTable {
     /// (durable on return), then the volatile tier.
     pub(crate) fn upsert(&self, keys: &[u64], rows: &[f32]) -> Result<()> {
         self.writable()?;
-        let mut writes = self.writes.write().unwrap_or_else(|e| e.into_inner());
+        let mut writes = lock::write(&self.writes);
         if let Some(p) = &self.persistent {
             let c = p.upsert_counted(keys, rows)?;
             self.after_own_commit(&mut writes, c);
@@ -339,7 +340,7 @@ impl TieredTable {
     /// Removes keys from every tier; returns how many the table held.
     pub(crate) fn erase(&self, keys: &[u64]) -> Result<u64> {
         self.writable()?;
-        let mut writes = self.writes.write().unwrap_or_else(|e| e.into_inner());
+        let mut writes = lock::write(&self.writes);
         let from_persistent = match &self.persistent {
             Some(p) => {
                 let (n, c) = p.erase_counted(keys)?;
