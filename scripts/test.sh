@@ -53,6 +53,9 @@ export STRATA_REQUIRE_CUDA_HEADERS=1
 NVRTC_LIB="$(python3 -c 'import nvidia.cuda_nvrtc, os; print(os.path.join(list(nvidia.cuda_nvrtc.__path__)[0], "lib"))')"
 export LD_LIBRARY_PATH="$NVRTC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export STRATA_REQUIRE_NVRTC=1
+# ptxas from the same nvcc wheel: tests/cuda.rs assembles every kernel for sm_90, prints registers
+# and occupancy, and fails on local-memory spills.
+export STRATA_PTXAS="$(python3 -c 'import nvidia.cuda_nvcc, os; print(os.path.join(list(nvidia.cuda_nvcc.__path__)[0], "bin", "ptxas"))')"
 
 export PROPTEST_CASES="${PROPTEST_CASES:-1000}"
 echo "== cargo test"

@@ -52,6 +52,165 @@ fn every_kernel_compiles_with_nvrtc_for_sm80_and_sm90() {
     }
 }
 
+/// Where ptxas is: `STRATA_PTXAS`, else `ptxas` on PATH.
+fn ptxas() -> Option<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os("STRATA_PTXAS") {
+        return Some(p.into());
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|d| d.join("ptxas")).find(|p| p.is_file())
+}
+
+/// One kernel as `ptxas -v` describes it.
+#[derive(Default, Debug)]
+struct Assembled {
+    registers: u32,
+    stack: u32,
+    spill_stores: u32,
+    spill_loads: u32,
+    shared: u32,
+}
+
+/// The number before `unit` in `line` ("24 bytes stack frame" -> 24 for "bytes stack frame").
+fn number_before(line: &str, unit: &str) -> Option<u32> {
+    let at = line.find(unit)?;
+    line[..at].split_whitespace().last()?.parse().ok()
+}
+
+/// Parses `ptxas -v` output into each entry function's registers, stack and spills.
+fn parse_ptxas(log: &str) -> Vec<(String, Assembled)> {
+    let mut kernels: Vec<(String, Assembled)> = Vec::new();
+    for line in log.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            let name = rest.split('\'').next().unwrap_or_default().to_string();
+            kernels.push((name, Assembled::default()));
+            continue;
+        }
+        let Some((_, k)) = kernels.last_mut() else { continue };
+        if let Some(v) = number_before(line, "bytes stack frame") {
+            k.stack = v;
+            k.spill_stores = number_before(line, "bytes spill stores").unwrap_or(u32::MAX);
+            k.spill_loads = number_before(line, "bytes spill loads").unwrap_or(u32::MAX);
+        }
+        if let Some(v) = number_before(line, "registers") {
+            k.registers = v;
+            k.shared = number_before(line, "bytes smem").unwrap_or(0);
+        }
+    }
+    kernels
+}
+
+/// Theoretical occupancy (resident warps / 64) of a kernel on sm_90 at `block` threads a block:
+/// 2048 threads, 32 blocks, 65,536 registers (allocated per warp in units of 256) and 228 KiB of
+/// shared memory (plus 1 KiB reserved per block) per multiprocessor.
+fn occupancy_sm90(registers: u32, shared: u32, block: u32) -> f64 {
+    let warps = block.div_ceil(32);
+    let by_threads = 2048 / block;
+    let regs_per_warp = (registers.max(1) * 32).div_ceil(256) * 256;
+    let by_registers = (65536 / regs_per_warp) / warps;
+    let by_shared = (228 * 1024) / (shared + 1024);
+    let blocks = by_threads.min(by_registers).min(by_shared).min(32);
+    (blocks * warps) as f64 / 64.0
+}
+
+#[test]
+fn ptxas_output_is_parsed() {
+    let log = "ptxas info    : Compiling entry function 'k_a' for 'sm_90'\n\
+               ptxas info    : Function properties for k_a\n\
+               \x20   24 bytes stack frame, 28 bytes spill stores, 20 bytes spill loads\n\
+               ptxas info    : Used 40 registers, used 0 barriers, 24 bytes cumulative stack size\n\
+               ptxas info    : Compiling entry function 'k_b' for 'sm_90'\n\
+               ptxas info    : Function properties for k_b\n\
+               \x20   0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+               ptxas info    : Used 64 registers, used 1 barriers, 4096 bytes smem\n";
+    let k = parse_ptxas(log);
+    assert_eq!(k.len(), 2);
+    assert_eq!((k[0].0.as_str(), k[0].1.registers, k[0].1.stack, k[0].1.spill_stores, k[0].1.spill_loads), ("k_a", 40, 24, 28, 20));
+    assert_eq!((k[1].0.as_str(), k[1].1.registers, k[1].1.spill_stores, k[1].1.shared), ("k_b", 64, 0, 4096));
+    // 32 registers: 8 blocks of 256 = 100%; 40: 6 blocks; 64: 4 blocks = 50%; 128: 2 blocks.
+    assert_eq!(occupancy_sm90(32, 0, 256), 1.0);
+    assert_eq!(occupancy_sm90(40, 0, 256), 0.75);
+    assert_eq!(occupancy_sm90(64, 0, 256), 0.5);
+    assert_eq!(occupancy_sm90(128, 0, 256), 0.25);
+    assert_eq!(occupancy_sm90(32, 100 * 1024, 256), 0.25);
+}
+
+/// The one static measure of the GPU code a machine without a GPU can take: every kernel,
+/// assembled by ptxas for sm_90 at the launch bounds strata uses, keeps its values in registers
+/// (no local-memory spills) and leaves room for `MIN_BLOCKS_PER_SM` blocks a multiprocessor.
+/// Prints each kernel's registers, stack and theoretical occupancy. ptxas comes from the
+/// `nvidia-cuda-nvcc-cu12` wheel (scripts/test.sh sets STRATA_PTXAS); when STRATA_REQUIRE_NVRTC
+/// is set, a missing ptxas fails the test.
+#[test]
+fn every_kernel_assembles_for_sm90_without_spills() {
+    let source = include_str!("../src/exec/cuda/gather.cu");
+    assert!(source.contains(&format!("#define STRATA_BLOCK {}\n", cuda::BLOCK)), "gather.cu's STRATA_BLOCK differs from BLOCK");
+    assert!(
+        source.contains(&format!("#define STRATA_MIN_BLOCKS {}\n", cuda::MIN_BLOCKS_PER_SM)),
+        "gather.cu's STRATA_MIN_BLOCKS differs from MIN_BLOCKS_PER_SM"
+    );
+    let required = std::env::var_os("STRATA_REQUIRE_NVRTC").is_some();
+    if !cuda::nvrtc_available() {
+        assert!(!required, "STRATA_REQUIRE_NVRTC is set but libnvrtc.so.12 cannot be loaded");
+        skipped("NVRTC (libnvrtc.so.12) is not installed; scripts/test.sh installs it");
+        return;
+    }
+    let Some(ptxas) = ptxas() else {
+        assert!(!required, "STRATA_REQUIRE_NVRTC is set but ptxas was not found (set STRATA_PTXAS)");
+        skipped("ptxas is not installed (the nvidia-cuda-nvcc-cu12 wheel has it; scripts/test.sh sets STRATA_PTXAS)");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("strata-ptxas-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ptx = dir.join("gather.ptx");
+    std::fs::write(&ptx, cuda::compile_gather("compute_90").unwrap_or_else(|e| panic!("{e}"))).unwrap();
+    let run = std::process::Command::new(&ptxas)
+        .arg("-arch=sm_90")
+        .arg("-v")
+        .arg("--warn-on-spills")
+        .arg(&ptx)
+        .arg("-o")
+        .arg(dir.join("gather.cubin"))
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", ptxas.display()));
+    std::fs::remove_dir_all(&dir).ok();
+    let log = String::from_utf8_lossy(&run.stderr).into_owned() + &String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "ptxas failed:\n{log}");
+    let kernels = parse_ptxas(&log);
+    let mut report = format!(
+        "ptxas sm_90, {} threads a block, at least {} blocks a multiprocessor:\n{:<40} {:>5} {:>6} {:>7} {:>10}\n",
+        cuda::BLOCK,
+        cuda::MIN_BLOCKS_PER_SM,
+        "kernel",
+        "regs",
+        "stack",
+        "spills",
+        "occupancy"
+    );
+    let mut problems = Vec::new();
+    for (name, k) in &kernels {
+        let occ = occupancy_sm90(k.registers, k.shared, cuda::BLOCK);
+        report += &format!(
+            "{name:<40} {:>5} {:>6} {:>7} {:>9.0}%\n",
+            k.registers,
+            k.stack,
+            k.spill_stores + k.spill_loads,
+            occ * 100.0
+        );
+        if k.spill_stores != 0 || k.spill_loads != 0 {
+            problems.push(format!("{name}: {} bytes spill stores, {} bytes spill loads", k.spill_stores, k.spill_loads));
+        }
+        if occ < (cuda::MIN_BLOCKS_PER_SM * cuda::BLOCK / 32) as f64 / 64.0 {
+            problems.push(format!("{name}: occupancy {:.0}% with {} registers", occ * 100.0, k.registers));
+        }
+    }
+    let _ = std::io::stderr().write_all(report.as_bytes());
+    for name in cuda::kernel_names() {
+        assert!(kernels.iter().any(|(n, _)| *n == name), "ptxas did not assemble {name}");
+    }
+    assert!(problems.is_empty(), "kernels spill to local memory or miss the occupancy bound:\n{}", problems.join("\n"));
+}
+
 #[test]
 fn cuda_tensors_without_a_driver_get_a_clear_status() {
     let available = strata_cuda_available();

@@ -14,7 +14,7 @@ extern thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 #define __global__
 #define __device__
 #define __forceinline__ inline
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
 
 struct float4 {
     float x, y, z, w;

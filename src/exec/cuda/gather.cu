@@ -159,6 +159,14 @@ struct BatchParams {
     u64 total;
 };
 
+// Every kernel runs in blocks of STRATA_BLOCK threads (src/exec/cuda/backend.rs: BLOCK) and asks
+// ptxas for registers that let at least STRATA_MIN_BLOCKS blocks share a multiprocessor (at most
+// 64 registers a thread: 50% occupancy or more). Without the minimum, ptxas spilled a few
+// registers of the gathers to local memory; tests/cuda.rs runs ptxas for sm_90 and fails on spills.
+#define STRATA_BLOCK 256
+#define STRATA_MIN_BLOCKS 4
+#define STRATA_BOUNDS __launch_bounds__(STRATA_BLOCK, STRATA_MIN_BLOCKS)
+
 #define STRATA_WAYS 8u
 #define STRATA_FILL_ROWS 0u
 #define STRATA_FILL_DEFAULTS 1u
@@ -640,10 +648,10 @@ __device__ void batch(const BatchParams bp) {
 }
 
 #define STRATA_KERNELS(KN, K, TN, T, ON, O)                                                                   \
-    extern "C" __global__ void __launch_bounds__(256) strata_gather_##KN##_##TN##_##ON(const GatherParams p) { \
+    extern "C" __global__ void STRATA_BOUNDS strata_gather_##KN##_##TN##_##ON(const GatherParams p) { \
         gather<K, T, O>(p);                                                                                    \
     }                                                                                                          \
-    extern "C" __global__ void __launch_bounds__(256)                                                          \
+    extern "C" __global__ void STRATA_BOUNDS                                                          \
         strata_cache_probe_##KN##_##TN##_##ON(const CacheParams p) {                                          \
         cache_probe<K, T, O>(p);                                                                               \
     }
@@ -664,7 +672,7 @@ STRATA_KERNELS_TABLE(u32, unsigned int)
 STRATA_KERNELS_TABLE(u64, u64)
 
 #define STRATA_FILL(TN, T, ON, O)                                                                              \
-    extern "C" __global__ void __launch_bounds__(256) strata_cache_fill_##TN##_##ON(const CacheParams p) {   \
+    extern "C" __global__ void STRATA_BOUNDS strata_cache_fill_##TN##_##ON(const CacheParams p) {   \
         cache_fill<T, O>(p);                                                                                   \
     }
 
@@ -672,7 +680,7 @@ STRATA_KERNELS_TABLE(u64, u64)
     STRATA_FILL(TN, T, f32, float)                                                                             \
     STRATA_FILL(TN, T, f16, half16)                                                                            \
     STRATA_FILL(TN, T, bf16, bfloat16)                                                                         \
-    extern "C" __global__ void __launch_bounds__(256) strata_cache_insert_##TN(const CacheParams p) {         \
+    extern "C" __global__ void STRATA_BOUNDS strata_cache_insert_##TN(const CacheParams p) {         \
         cache_insert<T>(p);                                                                                    \
     }
 
@@ -681,7 +689,7 @@ STRATA_FILL_OUT(f16, half16)
 STRATA_FILL_OUT(bf16, bfloat16)
 
 #define STRATA_POOLED(TN, T)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(256) strata_pooled_##TN(const PooledParams p) {              \
+    extern "C" __global__ void STRATA_BOUNDS strata_pooled_##TN(const PooledParams p) {              \
         pooled<T, false>(p);                                                                                   \
     }
 
@@ -689,5 +697,5 @@ STRATA_POOLED(f32, float)
 STRATA_POOLED(f16, half16)
 STRATA_POOLED(bf16, bfloat16)
 
-extern "C" __global__ void __launch_bounds__(256) strata_pool_rows(const PooledParams p) { pooled<float, true>(p); }
-extern "C" __global__ void __launch_bounds__(256) strata_batch(const BatchParams p) { batch(p); }
+extern "C" __global__ void STRATA_BOUNDS strata_pool_rows(const PooledParams p) { pooled<float, true>(p); }
+extern "C" __global__ void STRATA_BOUNDS strata_batch(const BatchParams p) { batch(p); }

@@ -28,6 +28,7 @@ pub(crate) mod residency;
 pub(crate) mod run;
 
 pub use residency::Residency;
+pub use backend::{BLOCK, MIN_BLOCKS_PER_SM};
 
 use crate::util::lock::lock;
 use crate::error::{Error, Result};
