@@ -715,7 +715,10 @@ pub(crate) mod claims {
             for (r, c) in claims.iter().enumerate() {
                 for &o in &c.parts[p].locations {
                     if !held.contains(&(o as usize)) {
-                        let holders = if held.is_empty() { "no rank holds it".to_string() } else { format!("it is held on rank(s) {}", ranks_list(&held)) };
+                        let holders = match held.is_empty() {
+                            true => "no rank holds it".to_string(),
+                            false => format!("it is held on rank(s) {}", ranks_list(&held)),
+                        };
                         return Err(Error::invalid(
                             "desc",
                             format!(
@@ -732,7 +735,8 @@ pub(crate) mod claims {
                 }
             }
             if union.is_empty() {
-                return Err(Error::invalid("desc", format!("{}: no rank holds it; expected at least one owner", grid_name(&[p, 0]))));
+                let name = grid_name(&[p, 0]);
+                return Err(Error::invalid("desc", format!("{name}: no rank holds it; expected at least one owner")));
             }
             union.sort_unstable();
             owners.push(union);
@@ -795,10 +799,12 @@ mod tests {
     #[test]
     fn a_differing_rank_is_named_with_its_own_values() {
         // rank 0 is the odd one out among 4: the majority is the reference
-        let mut c: Vec<RankClaim> = (0..4).map(|r| claim(&[7, 7, 7, 6], &[vec![0], vec![1], vec![2], vec![3]], &[r == 0, r == 1, r == 2, r == 3])).collect();
-        c[0] = claim(&[7, 7, 6, 7], &[vec![0], vec![1], vec![2], vec![3]], &[true, false, false, false]);
+        let owners = [vec![0], vec![1], vec![2], vec![3]];
+        let mut c: Vec<RankClaim> = (0..4).map(|r| claim(&[7, 7, 7, 6], &owners, &[r == 0, r == 1, r == 2, r == 3])).collect();
+        c[0] = claim(&[7, 7, 6, 7], &owners, &[true, false, false, false]);
         let e = merge_claims(&c).unwrap_err().to_string();
-        assert!(e.contains("partition (2,0): start[0] = 14, shape[0] = 7 on rank 1 but start[0] = 14, shape[0] = 6 on rank 0"), "{e}");
+        let want = "partition (2,0): start[0] = 14, shape[0] = 7 on rank 1 but start[0] = 14, shape[0] = 6 on rank 0";
+        assert!(e.contains(want), "{e}");
         let mut c: Vec<RankClaim> = (0..3).map(|_| claim(&[5], &[vec![0, 1, 2]], &[true])).collect();
         c[2].default_value = 2.5;
         let e = merge_claims(&c).unwrap_err().to_string();
@@ -813,6 +819,7 @@ mod tests {
         assert!(e.contains("local data has dtype float32 on rank 0 but float16 on rank 2"), "{e}");
         let c = [claim(&[5], &[vec![0, 1]], &[true]), claim(&[5], &[vec![0]], &[false])];
         let e = merge_claims(&c).unwrap_err().to_string();
-        assert!(e.contains("partition (0,0): locations [0, 1] on rank 0 name rank 1, which has no data for it (it is held on rank(s) 0)"), "{e}");
+        let want = "partition (0,0): locations [0, 1] on rank 0 name rank 1, which has no data for it (it is held on rank(s) 0)";
+        assert!(e.contains(want), "{e}");
     }
 }

@@ -691,7 +691,7 @@ fn heat_replicated(cx: &Ctx) {
     let keys: Vec<i64> = (0..200).map(|_| rng.below(13) as i64 - 1).collect();
     // Heat 1.8 (the last rank named everywhere), and each rank naming itself
     for named in [cx.last(), cx.rank] {
-        let mut d = Split::new(&global, F32, dim, &[10], &[everyone.clone()], cx.rank);
+        let mut d = Split::new(&global, F32, dim, &[10], std::slice::from_ref(&everyone), cx.rank);
         d.owners[0] = vec![at(named)];
         d.locals = Some(vec![0, 0]);
         let t = dist(d.c(), cx, &opts);
