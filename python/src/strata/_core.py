@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 import os
 import weakref
-from ctypes import POINTER, byref, c_char_p, c_int32, c_int64, c_uint64
+from ctypes import byref, c_char_p, c_int32, c_uint64
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
