@@ -8,7 +8,8 @@
 #      1000 here); then the build without CUDA and clippy, warnings denied;
 #   2. the C side (scripts/c-tests.sh): examples under ASan/UBSan and valgrind, header compiles;
 #   3. the Python tests (scripts/py-tests.sh: ctypes, the installed package, README snippets)
-#      and the TensorFlow op (scripts/tf-tests.sh, tensorflow-cpu in build/tf-venv);
+#      and the TensorFlow op (scripts/tf-tests.sh, tensorflow-cpu in build/tf-venv); after the
+#      MPI tests, the Heat round trips (scripts/heat-tests.sh, heat and mpi4py in build/heat-venv);
 #   4. smoke runs of both benchmarks on small sizes (proves it builds and runs; times are not
 #      checked).
 set -euo pipefail
@@ -84,6 +85,13 @@ else
     bash scripts/tf-tests.sh
 fi
 echo "== MPI tests (feature mpi)"; bash scripts/mpi-tests.sh
+# heat (with PyTorch) and mpi4py go into build/heat-venv (about 5 GB, a few minutes, once).
+if [ -n "${STRATA_SKIP_HEAT:-}" ]; then
+    echo "== Heat round trips under MPI: SKIPPED (STRATA_SKIP_HEAT is set)"
+else
+    echo "== Heat round trips under MPI"
+    bash scripts/heat-tests.sh
+fi
 echo "== benchmark smoke run (small sizes; the numbers mean nothing here)"
 cargo bench --bench lookup -- 20000 64 5000 2
 cargo bench --bench tiered -- 20000 16 2000 3

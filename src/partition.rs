@@ -92,6 +92,9 @@ pub(crate) struct Part {
     #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub locations: Vec<Location>,
     pub data: Option<TensorView>,
+    /// Whether the description's `locals` list it (false when it gives no `locals`).
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub in_locals: bool,
 }
 
 /// How messages name a grid position: `partition (2,0)`.
@@ -341,7 +344,8 @@ pub(crate) unsafe fn validate(d: Description<'_>) -> Result<Layout> {
                 Some(v)
             }
         };
-        out.push(Part { grid: p.grid, start: p.start, shape: p.shape, locations: p.locations, data: view });
+        let in_locals = locals.is_some() && local;
+        out.push(Part { grid: p.grid, start: p.start, shape: p.shape, locations: p.locations, data: view, in_locals });
     }
     Ok(Layout { shape, tiling, parts: out })
 }
@@ -496,4 +500,326 @@ pub(crate) fn describe(t: &StaticTable) -> Result<TableDescription> {
     let store = t.store();
     let part = RowPart { start: 0, rows: store.rows(), ranks: vec![0], store: Some(store) };
     Ok(describe_parts(store.rows(), store.dim(), vec![part]))
+}
+
+// ---- one description from several ranks ----------------------------------------------------
+
+/// One description from several ranks: what each rank claims, and the merge every rank runs the
+/// same way over all the claims (distributed tables, feature `mpi`; tested without it).
+pub(crate) mod claims {
+    #![cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    use super::grid_name;
+    use crate::dlpack::{FloatDtype, dtype_name};
+    use crate::error::{Error, Result};
+    use crate::model::MissingKey;
+
+    /// What one rank passed to a collective build of a [rows, dim] table split along rows, once its
+    /// own checks passed: every rank gathers every rank's claim and merges them the same way
+    /// ([`merge_claims`]), so all reach the same table or the same error.
+    #[derive(Debug, Clone, PartialEq)]
+    pub(crate) struct RankClaim {
+        pub shape: [usize; 2],
+        /// One per partition, in row order.
+        pub parts: Vec<ClaimedPart>,
+        /// The dtype of this rank's data; `None` when it holds none.
+        pub dtype: Option<FloatDtype>,
+        pub default_value: f32,
+        pub missing: MissingKey,
+    }
+
+    /// One partition of a [`RankClaim`].
+    #[derive(Debug, Clone, PartialEq)]
+    pub(crate) struct ClaimedPart {
+        pub start: usize,
+        pub rows: usize,
+        /// The ranks its locations name in this rank's description.
+        pub locations: Vec<i32>,
+        /// Whether this rank holds it: it has the data and names itself in the locations or lists
+        /// the partition in `locals`.
+        pub here: bool,
+    }
+
+    const NO_DTYPE: u64 = u64::MAX;
+    const DTYPES: [FloatDtype; 3] = [FloatDtype::F32, FloatDtype::F16, FloatDtype::BF16];
+
+    fn missing_name(m: MissingKey) -> &'static str {
+        match m {
+            MissingKey::Fill => "fill",
+            MissingKey::Error => "error",
+        }
+    }
+
+    fn fnv(h: u64, v: u64) -> u64 {
+        v.to_le_bytes().iter().fold(h, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+    }
+
+    impl RankClaim {
+        /// The claim as plain numbers, for an all-gather: rows, dim, partitions, dtype, the default
+        /// value's bits, missing, then per partition start, rows, here, the number of locations and
+        /// the locations.
+        pub fn encode(&self) -> Vec<u64> {
+            let dtype = self.dtype.map_or(NO_DTYPE, |d| DTYPES.iter().position(|x| *x == d).unwrap_or(0) as u64);
+            let mut v = vec![
+                self.shape[0] as u64,
+                self.shape[1] as u64,
+                self.parts.len() as u64,
+                dtype,
+                self.default_value.to_bits() as u64,
+                self.missing as u64,
+            ];
+            for p in &self.parts {
+                v.extend([p.start as u64, p.rows as u64, p.here as u64, p.locations.len() as u64]);
+                v.extend(p.locations.iter().map(|&r| r as u32 as u64));
+            }
+            v
+        }
+
+        /// The inverse of [`RankClaim::encode`]; `None` for anything `encode` cannot make.
+        pub fn decode(v: &[u64]) -> Option<RankClaim> {
+            let head = v.get(..6)?;
+            let dtype = match head[3] {
+                NO_DTYPE => None,
+                c => Some(*DTYPES.get(usize::try_from(c).ok()?)?),
+            };
+            let missing = match head[5] {
+                0 => MissingKey::Fill,
+                1 => MissingKey::Error,
+                _ => return None,
+            };
+            let mut parts = Vec::new();
+            let mut rest = &v[6..];
+            for _ in 0..head[2] {
+                let [start, rows, here, n] = *rest.get(..4)? else { return None };
+                let n = usize::try_from(n).ok()?;
+                let locations = rest.get(4..4 + n)?.iter().map(|&r| r as u32 as i32).collect();
+                parts.push(ClaimedPart { start: start as usize, rows: rows as usize, locations, here: here != 0 });
+                rest = &rest[4 + n..];
+            }
+            rest.is_empty().then_some(RankClaim {
+                shape: [head[0] as usize, head[1] as usize],
+                parts,
+                dtype,
+                default_value: f32::from_bits(head[4] as u32),
+                missing,
+            })
+        }
+
+        /// What every rank's claim must share when no rank holds a partition its own description
+        /// does not name it for, as three numbers: a hash of the shape, partitions, locations and
+        /// options; whether this rank holds a partition only through `locals` (then the owners are a
+        /// union over ranks); the dtype. Equal summaries on every rank (dtypes: on every rank with
+        /// data) mean every rank's locations are the owners: no claim needs to travel.
+        pub fn summary(&self, rank: usize) -> [u64; 3] {
+            let mut plain = self.clone();
+            plain.dtype = None;
+            plain.parts.iter_mut().for_each(|p| p.here = false);
+            let hash = plain.encode().into_iter().fold(0xcbf2_9ce4_8422_2325u64, fnv);
+            let extra = self.parts.iter().any(|p| p.here && !p.locations.contains(&(rank as i32)));
+            [hash, extra as u64, self.encode()[3]]
+        }
+    }
+
+    /// The dtype of the first rank with data, from every rank's [`RankClaim::summary`].
+    pub(crate) fn summary_dtype(all: &[u64]) -> Option<FloatDtype> {
+        all.chunks(3).find(|x| x[2] != NO_DTYPE).and_then(|x| DTYPES.get(x[2] as usize).copied())
+    }
+
+    /// Whether every rank's summary allows the owners to be read off one rank's claim.
+    pub(crate) fn summaries_agree(all: &[u64]) -> bool {
+        let s: Vec<&[u64]> = all.chunks(3).collect();
+        let dtypes: Vec<u64> = s.iter().map(|x| x[2]).filter(|&d| d != NO_DTYPE).collect();
+        s.iter().all(|x| x[0] == s[0][0] && x[1] == 0) && dtypes.iter().all(|&d| d == dtypes[0])
+    }
+
+    /// The value most ranks give (a tie goes to the lowest rank), as the lowest rank giving it, and
+    /// the lowest rank giving another: `None` when all agree.
+    fn odd_one_out<T: PartialEq>(values: &[T]) -> Option<(usize, usize)> {
+        let (mut best, mut best_count) = (0, 0);
+        for i in 0..values.len() {
+            if values[..i].contains(&values[i]) {
+                continue;
+            }
+            let count = values.iter().filter(|v| **v == values[i]).count();
+            if count > best_count {
+                (best, best_count) = (i, count);
+            }
+            if 2 * best_count > values.len() {
+                break;
+            }
+        }
+        values.iter().position(|v| *v != values[best]).map(|odd| (best, odd))
+    }
+
+    fn ranks_list(r: &[usize]) -> String {
+        r.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
+    }
+
+    /// Merges every rank's claim (`claims[r]` from rank r) into the owners of each partition, the
+    /// union of what the ranks say: the ranks any rank's locations name, and every rank that holds
+    /// the partition (Heat describes a replicated array on every rank with one partition whose
+    /// location is a single rank, and data and `locals` on every rank). Where the claims disagree,
+    /// the error names the rank whose claim differs from what most ranks say and quotes its values
+    /// beside theirs: `partition (2,0): start[0] = 14, shape[0] = 6 on rank 3 but start[0] = 14,
+    /// shape[0] = 7 on rank 0`. Every rank named as an owner must hold the partition.
+    pub(crate) fn merge_claims(claims: &[RankClaim]) -> Result<Vec<Vec<i32>>> {
+        let same = "; expected the same description on every rank (each with its own local data)";
+        let differ = |what: &str, good: usize, a: String, bad: usize, b: String| {
+            Error::invalid("desc", format!("{what}{a} on rank {good} but {b} on rank {bad}{same}"))
+        };
+        let shapes: Vec<_> = claims.iter().map(|c| c.shape).collect();
+        if let Some((g, b)) = odd_one_out(&shapes) {
+            return Err(differ("shape ", g, format!("{:?}", shapes[g]), b, format!("{:?}", shapes[b])));
+        }
+        let tilings: Vec<_> = claims.iter().map(|c| c.parts.len()).collect();
+        if let Some((g, b)) = odd_one_out(&tilings) {
+            return Err(differ("partition_tiling ", g, format!("({}, 1)", tilings[g]), b, format!("({}, 1)", tilings[b])));
+        }
+        for p in 0..tilings[0] {
+            let spans: Vec<_> = claims.iter().map(|c| (c.parts[p].start, c.parts[p].rows)).collect();
+            if let Some((g, b)) = odd_one_out(&spans) {
+                let quote = |(s, n): (usize, usize)| format!("start[0] = {s}, shape[0] = {n}");
+                return Err(differ(&format!("{}: ", grid_name(&[p, 0])), g, quote(spans[g]), b, quote(spans[b])));
+            }
+        }
+        let opts: Vec<_> = claims.iter().map(|c| (c.default_value.to_bits(), c.missing)).collect();
+        if let Some((g, b)) = odd_one_out(&opts) {
+            let (what, a, v) = if opts[g].0 != opts[b].0 {
+                ("default_value", claims[g].default_value.to_string(), claims[b].default_value.to_string())
+            } else {
+                ("missing_key", missing_name(claims[g].missing).to_string(), missing_name(claims[b].missing).to_string())
+            };
+            return Err(Error::invalid(
+                "opts",
+                format!("{what} {a} on rank {g} but {v} on rank {b}; expected the same options on every rank"),
+            ));
+        }
+        let holders: Vec<usize> = (0..claims.len()).filter(|&r| claims[r].dtype.is_some()).collect();
+        let dtypes: Vec<_> = holders.iter().map(|&r| claims[r].dtype).collect();
+        if let Some((g, b)) = odd_one_out(&dtypes) {
+            let name = |d: Option<FloatDtype>| dtype_name(d.unwrap_or(FloatDtype::F32).dl());
+            return Err(Error::invalid(
+                "desc",
+                format!(
+                    "local data has dtype {} on rank {} but {} on rank {}; expected one dtype on every rank",
+                    name(dtypes[g]),
+                    holders[g],
+                    name(dtypes[b]),
+                    holders[b]
+                ),
+            ));
+        }
+        let mut owners = Vec::with_capacity(tilings[0]);
+        for p in 0..tilings[0] {
+            let held: Vec<usize> = (0..claims.len()).filter(|&r| claims[r].parts[p].here).collect();
+            let mut union: Vec<i32> = held.iter().map(|&r| r as i32).collect();
+            for (r, c) in claims.iter().enumerate() {
+                for &o in &c.parts[p].locations {
+                    if !held.contains(&(o as usize)) {
+                        let holders = match held.is_empty() {
+                            true => "no rank holds it".to_string(),
+                            false => format!("it is held on rank(s) {}", ranks_list(&held)),
+                        };
+                        return Err(Error::invalid(
+                            "desc",
+                            format!(
+                                "{}: locations {:?} on rank {r} name rank {o}, which has no data for it ({holders}); \
+                                 expected data on every rank a partition's locations name",
+                                grid_name(&[p, 0]),
+                                c.parts[p].locations
+                            ),
+                        ));
+                    }
+                    if !union.contains(&o) {
+                        union.push(o);
+                    }
+                }
+            }
+            if union.is_empty() {
+                let name = grid_name(&[p, 0]);
+                return Err(Error::invalid("desc", format!("{name}: no rank holds it; expected at least one owner")));
+            }
+            union.sort_unstable();
+            owners.push(union);
+        }
+        Ok(owners)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::claims::*;
+    use crate::dlpack::FloatDtype;
+    use crate::model::MissingKey;
+
+    /// A claim of `rows` split into partitions owned by `owners`, holding `here`.
+    fn claim(rows: &[usize], owners: &[Vec<i32>], here: &[bool]) -> RankClaim {
+        let mut start = 0;
+        let parts = rows
+            .iter()
+            .zip(owners)
+            .zip(here)
+            .map(|((&n, o), &h)| {
+                let p = ClaimedPart { start, rows: n, locations: o.clone(), here: h };
+                start += n;
+                p
+            })
+            .collect();
+        let dtype = here.iter().any(|&h| h).then_some(FloatDtype::F32);
+        RankClaim { shape: [start, 4], parts, dtype, default_value: 0.0, missing: MissingKey::Fill }
+    }
+
+    #[test]
+    fn claims_travel_as_numbers_and_back() {
+        let mut c = claim(&[7, 7, 6], &[vec![0], vec![1, 2], vec![2]], &[false, true, true]);
+        c.dtype = Some(FloatDtype::BF16);
+        c.default_value = -1.5;
+        c.missing = MissingKey::Error;
+        assert_eq!(RankClaim::decode(&c.encode()), Some(c.clone()));
+        let v = c.encode();
+        assert_eq!(RankClaim::decode(&v[..v.len() - 1]), None);
+        assert_eq!(RankClaim::decode(&[v.clone(), vec![0]].concat()), None);
+    }
+
+    #[test]
+    fn equal_claims_need_no_merge_and_heats_replicas_do() {
+        let split: Vec<RankClaim> = (0..3)
+            .map(|r| claim(&[4, 4, 3], &[vec![0], vec![1], vec![2]], &[r == 0, r == 1, r == 2]))
+            .collect();
+        let all: Vec<u64> = split.iter().enumerate().flat_map(|(r, c)| c.summary(r)).collect();
+        assert!(summaries_agree(&all));
+        assert_eq!(summary_dtype(&all), Some(FloatDtype::F32));
+        assert_eq!(merge_claims(&split).unwrap(), vec![vec![0], vec![1], vec![2]]);
+        // Heat's split=None on 3 ranks: location [2] everywhere, data and locals everywhere
+        let heat: Vec<RankClaim> = (0..3).map(|_| claim(&[10], &[vec![2]], &[true])).collect();
+        let all: Vec<u64> = heat.iter().enumerate().flat_map(|(r, c)| c.summary(r)).collect();
+        assert!(!summaries_agree(&all));
+        assert_eq!(merge_claims(&heat).unwrap(), vec![vec![0, 1, 2]]);
+    }
+
+    #[test]
+    fn a_differing_rank_is_named_with_its_own_values() {
+        // rank 0 is the odd one out among 4: the majority is the reference
+        let owners = [vec![0], vec![1], vec![2], vec![3]];
+        let mut c: Vec<RankClaim> = (0..4).map(|r| claim(&[7, 7, 7, 6], &owners, &[r == 0, r == 1, r == 2, r == 3])).collect();
+        c[0] = claim(&[7, 7, 6, 7], &owners, &[true, false, false, false]);
+        let e = merge_claims(&c).unwrap_err().to_string();
+        let want = "partition (2,0): start[0] = 14, shape[0] = 7 on rank 1 but start[0] = 14, shape[0] = 6 on rank 0";
+        assert!(e.contains(want), "{e}");
+        let mut c: Vec<RankClaim> = (0..3).map(|_| claim(&[5], &[vec![0, 1, 2]], &[true])).collect();
+        c[2].default_value = 2.5;
+        let e = merge_claims(&c).unwrap_err().to_string();
+        assert!(e.contains("opts: default_value 0 on rank 0 but 2.5 on rank 2"), "{e}");
+        c[2].default_value = 0.0;
+        c[1].missing = MissingKey::Error;
+        let e = merge_claims(&c).unwrap_err().to_string();
+        assert!(e.contains("missing_key fill on rank 0 but error on rank 1"), "{e}");
+        c[1].missing = MissingKey::Fill;
+        c[2].dtype = Some(FloatDtype::F16);
+        let e = merge_claims(&c).unwrap_err().to_string();
+        assert!(e.contains("local data has dtype float32 on rank 0 but float16 on rank 2"), "{e}");
+        let c = [claim(&[5], &[vec![0, 1]], &[true]), claim(&[5], &[vec![0]], &[false])];
+        let e = merge_claims(&c).unwrap_err().to_string();
+        let want = "partition (0,0): locations [0, 1] on rank 0 name rank 1, which has no data for it (it is held on rank(s) 0)";
+        assert!(e.contains(want), "{e}");
+    }
 }

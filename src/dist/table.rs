@@ -5,11 +5,12 @@ use crate::util::lock::lock;
 use super::DistTiming;
 use super::comm::Comm;
 use super::lookup::Scratch;
-use crate::dlpack::{FloatDtype, dtype_name};
+use crate::dlpack::FloatDtype;
 use crate::error::{Error, Result};
 use crate::storage::hugectr::SparseFolder;
 use crate::storage::index::KeyIndex;
 use crate::util::hash::mix;
+use crate::partition::claims::{ClaimedPart, RankClaim, merge_claims, summaries_agree, summary_dtype};
 use crate::partition::{
     Description, Layout, Part, RowPart, TableDescription, check_row_split, describe_parts, grid_name, table_from, validate,
 };
@@ -73,92 +74,30 @@ fn share_options(options: TableOptions) -> TableOptions {
     TableOptions { missing: MissingKey::Fill, ..options }
 }
 
-/// What every rank must agree on, as plain numbers for an all-gather.
-#[derive(Clone, Copy, PartialEq)]
-struct Summary {
-    shape: [u64; 2],
-    tiling: u64,
-    /// A hash of every partition's start, shape and owners.
-    parts: u64,
-    /// The local data's dtype, or `u64::MAX` when this rank holds none.
-    dtype: u64,
-    default_bits: u64,
-    missing: u64,
-}
-
-const SUMMARY_LEN: usize = 7;
-const NO_DTYPE: u64 = u64::MAX;
-
-impl Summary {
-    fn to_array(self) -> [u64; SUMMARY_LEN] {
-        [self.shape[0], self.shape[1], self.tiling, self.parts, self.dtype, self.default_bits, self.missing]
+/// Every rank's claim, in rank order: only the small summaries travel when they show that every
+/// rank's locations are the owners; else the whole claims, merged (union of owners, or an error
+/// quoting the rank that differs).
+fn gather_claims(comm: &mut Comm, mine: RankClaim) -> Result<(RankClaim, Vec<Vec<i32>>)> {
+    let summaries = comm.all_gather(&mine.summary(comm.rank));
+    if summaries_agree(&summaries) {
+        let owners = mine.parts.iter().map(|p| p.locations.clone()).collect();
+        return Ok((RankClaim { dtype: summary_dtype(&summaries), ..mine }, owners));
     }
-
-    fn from_slice(s: &[u64]) -> Summary {
-        Summary {
-            shape: [s[0], s[1]],
-            tiling: s[2],
-            parts: s[3],
-            dtype: s[4],
-            default_bits: s[5],
-            missing: s[6],
-        }
-    }
-}
-
-fn fnv(h: u64, v: u64) -> u64 {
-    v.to_le_bytes().iter().fold(h, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
-}
-
-const DTYPES: [FloatDtype; 3] = [FloatDtype::F32, FloatDtype::F16, FloatDtype::BF16];
-
-fn dtype_code(d: FloatDtype) -> u64 {
-    DTYPES.iter().position(|x| *x == d).unwrap_or(0) as u64
-}
-
-fn dtype_of_code(c: u64) -> FloatDtype {
-    DTYPES.get(c as usize).copied().unwrap_or(FloatDtype::F32)
-}
-
-/// Compares every rank's summary with rank 0's (dtypes: with the first rank holding data) and
-/// names the first difference. The same on every rank, since every rank sees every summary.
-fn check_agreement(all: &[u64], size: usize) -> Result<()> {
-    let s: Vec<Summary> = (0..size).map(|r| Summary::from_slice(&all[r * SUMMARY_LEN..(r + 1) * SUMMARY_LEN])).collect();
-    let same = "; expected the same description on every rank (each with its own local data)";
-    for (r, x) in s.iter().enumerate().skip(1) {
-        let a = &s[0];
-        if x.shape != a.shape {
-            return Err(Error::invalid("desc", format!("shape {:?} on rank 0 but {:?} on rank {r}{same}", a.shape, x.shape)));
-        }
-        if x.tiling != a.tiling {
-            return Err(Error::invalid(
-                "desc",
-                format!("partition_tiling ({}, 1) on rank 0 but ({}, 1) on rank {r}{same}", a.tiling, x.tiling),
-            ));
-        }
-        if x.parts != a.parts {
-            return Err(Error::invalid("desc", format!("the partitions' starts, shapes or locations differ between rank 0 and rank {r}{same}")));
-        }
-        if (x.default_bits, x.missing) != (a.default_bits, a.missing) {
-            return Err(Error::invalid(
-                "opts",
-                format!("default_value or missing_key differ between rank 0 and rank {r}; expected the same options on every rank"),
-            ));
-        }
-    }
-    if let Some(first) = s.iter().position(|x| x.dtype != NO_DTYPE)
-        && let Some(r) = s.iter().position(|x| x.dtype != NO_DTYPE && x.dtype != s[first].dtype)
-    {
-        return Err(Error::invalid(
-            "desc",
-            format!(
-                "local data has dtype {} on rank {first} but {} on rank {r}; expected one dtype on every rank",
-                dtype_name(dtype_of_code(s[first].dtype).dl()),
-                dtype_name(dtype_of_code(s[r].dtype).dl())
-            ),
-        ));
-    }
-    Ok(())
+    let v = mine.encode();
+    let lens = comm.all_gather(&[v.len() as u64]);
+    let width = lens.iter().copied().max().unwrap_or(0) as usize;
+    let mut padded = v;
+    padded.resize(width, 0);
+    let all = comm.all_gather(&padded);
+    let claims = (0..comm.size)
+        .map(|r| {
+            RankClaim::decode(&all[r * width..r * width + lens[r] as usize])
+                .ok_or_else(|| Error::Internal(format!("rank {r} sent a malformed description summary")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let owners = merge_claims(&claims)?;
+    let dtype = claims.iter().find_map(|c| c.dtype);
+    Ok((RankClaim { dtype, ..mine }, owners))
 }
 
 impl DistTable {
@@ -174,15 +113,12 @@ impl DistTable {
         // SAFETY: our caller guarantees d is valid as validate requires and that borrowed
         // partitions outlive the table, which is what local_partitions needs.
         let local = options.and_then(|options| Ok((unsafe { local_partitions(d?, rank, size, options) }?, options)));
-        let ((summary, route, local), options) = comm.agree(local)?;
-        let all = comm.all_gather(&summary.to_array());
-        check_agreement(&all, comm.size)?;
-        let dtype = (0..comm.size)
-            .map(|r| all[r * SUMMARY_LEN + 4])
-            .find(|&c| c != NO_DTYPE)
-            .map_or(FloatDtype::F32, dtype_of_code);
-        let [rows, dim] = summary.shape;
-        Ok(DistTable::assemble(comm, rows as usize, dim as usize, dtype, route, local, options))
+        let ((claim, local), options) = comm.agree(local)?;
+        let (claim, owners) = gather_claims(&mut comm, claim)?;
+        let ends = claim.parts.iter().map(|p| p.start + p.rows).collect();
+        let (route, dtype) = (Route::Dense { ends, owners }, claim.dtype.unwrap_or(FloatDtype::F32));
+        let [rows, dim] = claim.shape;
+        Ok(DistTable::assemble(comm, rows, dim, dtype, route, local, options))
     }
 
     /// Collective: see `strata_table_open_distributed`. `options` may be the error of reading
@@ -200,8 +136,12 @@ impl DistTable {
                 format!("dim {} on rank 0 but {} on rank {r}", a[0], b[0])
             } else if a[1] != b[1] {
                 format!("the folder holds {} rows on rank 0 but {} on rank {r}", a[1], b[1])
+            } else if a[2] != b[2] {
+                let v = |x: u64| f32::from_bits(x as u32);
+                format!("default_value {} on rank 0 but {} on rank {r}", v(a[2]), v(b[2]))
             } else {
-                format!("default_value or missing_key differ between rank 0 and rank {r}")
+                let m = |x: u64| if x == MissingKey::Error as u64 { "error" } else { "fill" };
+                format!("missing_key {} on rank 0 but {} on rank {r}", m(a[3]), m(b[3]))
             };
             return Err(Error::invalid("dir", format!("{what}; expected the same folder, dim and options on every rank")));
         }
@@ -321,9 +261,10 @@ impl DistTable {
 }
 
 /// This rank's side of building from a description: validates it, checks the rules a
-/// distributed table adds (owners are ranks of the communicator; a rank holds data exactly for
-/// the partitions that list it), and builds a table over each local partition (borrowed when
-/// its strides allow, as for a single partition in one process; else copied).
+/// distributed table adds (owners are ranks of the communicator; a rank has data exactly for the
+/// partitions it holds: those whose locations list it, or that its `locals` list), builds a table
+/// over each partition it holds (borrowed when its strides allow, as for a single partition in
+/// one process; else copied), and says what it was given ([`RankClaim`]), for the ranks to merge.
 ///
 /// # Safety
 /// As for [`validate`]; borrowed partitions must stay valid and unchanged until the tables
@@ -333,17 +274,15 @@ unsafe fn local_partitions(
     rank: usize,
     size: usize,
     options: TableOptions,
-) -> Result<(Summary, Route, Vec<LocalPart>)> {
+) -> Result<(RankClaim, Vec<LocalPart>)> {
     // SAFETY: our caller guarantees every tensor of d (and of its get) is valid DLPack memory
     // that stays readable, as validate requires.
     let layout = unsafe { validate(d) }?;
     let (rows, dim) = check_row_split(&layout)?;
     let Layout { parts, .. } = layout;
-    let mut hash = 0xcbf2_9ce4_8422_2325u64;
-    let mut ends = Vec::with_capacity(parts.len());
-    let mut owners = Vec::with_capacity(parts.len());
+    let mut claimed = Vec::with_capacity(parts.len());
     let mut local = Vec::new();
-    let mut dtype = NO_DTYPE;
+    let mut dtype = None;
     for p in parts {
         let name = grid_name(&p.grid);
         let mut ranks = Vec::with_capacity(p.locations.len());
@@ -359,11 +298,8 @@ unsafe fn local_partitions(
             }
             ranks.push(l.rank);
         }
-        for v in [p.start[0], p.shape[0]].into_iter().chain(ranks.iter().map(|&r| r as usize)) {
-            hash = fnv(hash, v as u64);
-        }
-        hash = fnv(hash, u64::MAX);
-        let mine = ranks.contains(&(rank as i32));
+        let listed = ranks.contains(&(rank as i32));
+        let mine = listed || p.in_locals;
         match (&p.data, mine) {
             (None, true) => {
                 return Err(Error::invalid(
@@ -374,19 +310,28 @@ unsafe fn local_partitions(
             (Some(_), false) => {
                 return Err(Error::invalid(
                     "desc",
-                    format!("{name} has data on rank {rank} but its locations {ranks:?} do not list this rank"),
+                    format!(
+                        "{name} has data on rank {rank} but its locations {ranks:?} do not list this rank; \
+                         expected data only for the partitions this rank's locations or locals name"
+                    ),
                 ));
             }
             _ => {}
         }
-        ends.push(p.start[0] + p.shape[0]);
-        owners.push(ranks);
+        claimed.push(ClaimedPart { start: p.start[0], rows: p.shape[0], locations: ranks, here: mine });
         if mine {
             let start = p.start[0];
             let one = Layout {
                 shape: p.shape.clone(),
                 tiling: vec![1, 1],
-                parts: vec![Part { grid: p.grid, start: vec![0, 0], shape: p.shape, locations: p.locations, data: p.data }],
+                parts: vec![Part {
+                    grid: p.grid,
+                    start: vec![0, 0],
+                    shape: p.shape,
+                    locations: p.locations,
+                    data: p.data,
+                    in_locals: p.in_locals,
+                }],
             };
             // SAFETY: `one` holds a partition of the validated layout; our caller guarantees a
             // borrowed partition stays valid and unchanged until its table is dropped.
@@ -394,19 +339,18 @@ unsafe fn local_partitions(
                 Error::Invalid { arg, msg } => Error::Invalid { arg, msg: format!("{name}: {msg}") },
                 other => other,
             })?;
-            dtype = dtype_code(table.dtype());
+            dtype = Some(table.dtype());
             local.push(LocalPart { start, table });
         }
     }
-    let summary = Summary {
-        shape: [rows as u64, dim as u64],
-        tiling: ends.len() as u64,
-        parts: hash,
+    let claim = RankClaim {
+        shape: [rows, dim],
+        parts: claimed,
         dtype,
-        default_bits: options.default_value.to_bits() as u64,
-        missing: options.missing as u64,
+        default_value: options.default_value,
+        missing: options.missing,
     };
-    Ok((summary, Route::Dense { ends, owners }, local))
+    Ok((claim, local))
 }
 
 /// This rank's share of a HugeCTR folder: the rows whose keys hash to `rank`. Every rank reads

@@ -3,7 +3,7 @@
 //! between ranks) fails the call on every rank with the status and message expected.
 
 use crate::common::*;
-use crate::desc::Split;
+use crate::desc::{Split, at};
 use dlpark::ffi::DLDataType;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::{Communicator, CommunicatorCollectives, Root};
@@ -44,6 +44,8 @@ pub fn run() {
         ("a handle that is not a communicator", bad_comm),
         ("HugeCTR folder shared over ranks by key hash", hugectr_shares),
         ("HugeCTR errors on one rank fail every rank", hugectr_errors),
+        ("Heat's replicated form: owners are the union of what the ranks say", heat_replicated),
+        ("owners named by one rank but holding no data fail every rank", union_errors),
     ];
     for (name, case) in cases {
         case(&cx);
@@ -442,7 +444,7 @@ fn mismatches(cx: &Ctx) {
         (
             if cx.rank == l { mine(&[7, 7, 6, 7]) } else { mine(&[7, 7, 7, 6]) },
             opts,
-            format!("desc: the partitions' starts, shapes or locations differ between rank 0 and rank {l}{same}"),
+            format!("desc: partition (2,0): start[0] = 14, shape[0] = 7 on rank 0 but start[0] = 14, shape[0] = 6 on rank {l}{same}"),
         ),
         (
             if cx.rank == l {
@@ -456,7 +458,7 @@ fn mismatches(cx: &Ctx) {
         (
             mine(&[7, 7, 7, 6]),
             TableOptions { default_value: if cx.rank == l { 1.0 } else { 0.0 }, ..opts },
-            format!("opts: default_value or missing_key differ between rank 0 and rank {l}"),
+            format!("opts: default_value 0 on rank 0 but 1 on rank {l}; expected the same options on every rank"),
         ),
     ];
     for (mut d, o, want) in cases {
@@ -602,7 +604,7 @@ fn hugectr_errors(cx: &Ctx) {
     let other = TableOptions { default_value: cx.rank as f32, ..opts };
     let (s, t) = open_dist(cx, &dir, dim as i64, &other);
     if cx.size > 1 {
-        let want = "dir: default_value or missing_key differ between rank 0 and rank 1";
+        let want = "dir: default_value 0 on rank 0 but 1 on rank 1; expected the same folder, dim and options on every rank";
         all_fail(cx, s, Status::STRATA_INVALID_ARGUMENT, None, &[want]);
         assert!(t.is_null());
     } else {
@@ -647,4 +649,103 @@ fn hugectr_errors(cx: &Ctx) {
     if cx.rank == 0 {
         std::fs::remove_dir_all(&dir).unwrap();
     }
+}
+
+/// The owners of each partition of `t`'s own description (`strata_table_partitioned`), and
+/// whether this rank has its data.
+fn described_owners(t: &Owned) -> Vec<(Vec<i32>, bool)> {
+    let mut p = null_mut();
+    // SAFETY: t.0 is a live distributed table (Owned); p is a reference.
+    ok(unsafe { strata_table_partitioned(t.0, &mut p) });
+    // SAFETY: strata_table_partitioned succeeded: p points at a description strata keeps until the
+    // free below, with partition_tiling[0] partitions laid out with strata's own struct_size.
+    let desc = unsafe { &*p };
+    // SAFETY: as above; partition_tiling has ndim = 2 values.
+    let n = unsafe { *desc.partition_tiling } as usize;
+    // SAFETY: as above: n partitions of size_of::<Partition>() bytes each.
+    let parts = unsafe { std::slice::from_raw_parts(desc.partitions, n) };
+    let out = parts
+        .iter()
+        .map(|part| {
+            // SAFETY: strata lays out num_locations locations of its own struct_size per partition.
+            let locs = unsafe { std::slice::from_raw_parts(part.locations, part.num_locations as usize) };
+            (locs.iter().map(|l| l.rank).collect(), !part.data.is_null())
+        })
+        .collect();
+    // SAFETY: p came from strata_table_partitioned and is freed once.
+    unsafe { strata_partitioned_free(p) };
+    out
+}
+
+/// Heat describes a `split=None` array on every rank as one partition whose location is a single
+/// rank (its last, from Heat 1.8's loop), with the data and `locals` [(0, 0)] on every rank. The
+/// owners are the union of what the ranks say: every rank holding data. A rank may also hold no
+/// data and claim nothing while the others hold it: its lookups go to them.
+fn heat_replicated(cx: &Ctx) {
+    let dim = 3;
+    let opts = TableOptions::default();
+    let global = random_values(F32, 10 * dim, 31);
+    let r = reference(&global, F32, 10, dim, &opts);
+    let everyone: Vec<i32> = (0..cx.size).collect();
+    let mut rng = Rng(40 + cx.rank as u64);
+    let keys: Vec<i64> = (0..200).map(|_| rng.below(13) as i64 - 1).collect();
+    // Heat 1.8 (the last rank named everywhere), and each rank naming itself
+    for named in [cx.last(), cx.rank] {
+        let mut d = Split::new(&global, F32, dim, &[10], std::slice::from_ref(&everyone), cx.rank);
+        d.owners[0] = vec![at(named)];
+        d.locals = Some(vec![0, 0]);
+        let t = dist(d.c(), cx, &opts);
+        same_as_reference(&t, &r, &keys, I64, &[200], F32, dim);
+        assert_eq!(described_owners(&t), vec![(everyone.clone(), true)]);
+    }
+    // every rank but the last holds it; the last gives no data and claims nothing
+    if cx.size > 1 {
+        let l = cx.last();
+        let mut d = Split::new(&global, F32, dim, &[10], &[(0..l).collect()], cx.rank);
+        d.owners[0] = vec![at(0)];
+        if cx.rank != l {
+            d.locals = Some(vec![0, 0]);
+        }
+        let t = dist(d.c(), cx, &opts);
+        same_as_reference(&t, &r, &keys, I64, &[200], F32, dim);
+        assert_eq!(described_owners(&t), vec![((0..l).collect(), cx.rank != l)]);
+    }
+    // two partitions, the second replicated Heat's way, the first plain
+    let mut d = Split::new(&global, F32, dim, &[4, 6], &[vec![0], everyone.clone()], cx.rank);
+    d.owners[1] = vec![at(cx.last())];
+    d.locals = Some(if cx.rank == 0 { vec![0, 0, 1, 0] } else { vec![1, 0] });
+    let t = dist(d.c(), cx, &opts);
+    same_as_reference(&t, &r, &keys, I64, &[200], F32, dim);
+    assert_eq!(described_owners(&t), vec![(vec![0], cx.rank == 0), (everyone.clone(), true)]);
+}
+
+fn union_errors(cx: &Ctx) {
+    if cx.size == 1 {
+        return;
+    }
+    let (dim, l) = (2, cx.last());
+    let opts = TableOptions::default();
+    let global = random_values(F32, 10 * dim, 32);
+    // rank 0 names the last rank among the owners; the last rank neither names itself nor holds data
+    let mut d = Split::new(&global, F32, dim, &[10], &[(0..l).collect()], cx.rank);
+    d.owners[0] = if cx.rank == 0 { vec![at(0), at(l)] } else { vec![at(0)] };
+    if cx.rank != l {
+        d.locals = Some(vec![0, 0]);
+    }
+    let held: Vec<String> = (0..l).map(|r| r.to_string()).collect();
+    let want = format!(
+        "desc: partition (0,0): locations [0, {l}] on rank 0 name rank {l}, which has no data for it \
+         (it is held on rank(s) {}); expected data on every rank a partition's locations name",
+        held.join(", ")
+    );
+    build_fails(cx, &mut d, &opts, Status::STRATA_INVALID_ARGUMENT, None, &[&want]);
+    // data the rank's own locations and locals do not claim is still refused on that rank
+    let mut d = Split::new(&global, F32, dim, &[10], &[(0..cx.size).collect()], cx.rank);
+    d.owners[0] = vec![at(0)];
+    if cx.rank != 1 {
+        d.locals = Some(vec![0, 0]);
+    }
+    build_fails(cx, &mut d, &opts, Status::STRATA_INVALID_ARGUMENT, Some(1), &[
+        "desc: partition (0,0) has data on rank 1 but its locations [0] do not list this rank",
+    ]);
 }

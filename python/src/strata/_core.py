@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import ctypes
-import itertools
 import os
 import weakref
-from ctypes import POINTER, byref, c_char_p, c_int32, c_int64, c_uint64
+from ctypes import byref, c_char_p, c_int32, c_uint64
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
 import numpy as np
 
 from . import _ffi
-from ._dlpack import Borrowed, View, exportable
+from ._dlpack import Borrowed, exportable
+from ._partitioned import TableViewOwner, describe
+from ._partitioned import from_partitioned as from_partitioned
 from .errors import InvalidArgument, NullArgument, ReadOnly, UnsupportedDevice, UnsupportedDtype, error_for
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -149,7 +150,7 @@ class Table(_Closeable):
         self._h: Any = handle
         self._keepalive = list(keepalive)  # producers and capsules the table borrows
         self._owner = owner  # the server owning a server table
-        self._views: "weakref.WeakSet[_TableViewOwner]" = weakref.WeakSet()
+        self._views: "weakref.WeakSet[TableViewOwner]" = weakref.WeakSet()
 
     # ---- construction ------------------------------------------------------------------------
 
@@ -357,67 +358,16 @@ class Table(_Closeable):
 
     @property
     def __partitioned__(self) -> Dict[str, Any]:
-        """The table as a ``__partitioned__`` description (Heat's shape): one partition
-        (tiling (1, 1)) at (0, 0) covering [rows, dim], owned by rank 0, whose ``data`` is a
-        read-only view of the table's vectors (a NumPy array for host tables, else a DLPack
-        producer), and ``get`` the identity. No copy: the view keeps the table alive, and
-        :meth:`close` refuses while a view is held. Dense tables only (keyed and server tables
-        raise :class:`InvalidArgument`)."""
-        p = _ffi.PARTITIONED_P()
-        _check(_ffi.strata_table_partitioned(self._handle(), byref(p)))
-        owner = _TableViewOwner(self, p)
-        self._views.add(owner)
-        d = p.contents
-        nd = int(d.ndim)
-        shape = tuple(int(d.shape[i]) for i in range(nd))
-        part = _ffi.sized_element(d.partitions, 0)
-        view = View(part.data.contents, owner)
-        dev_type, dev_id = view.__dlpack_device__()
-        host = dev_type in (_ffi.kDLCPU, _ffi.kDLCUDAHost)
-        data: Any = _view_as_numpy(view) if host else view
-        locs = [int(_ffi.sized_element(part.locations, j).rank) for j in range(int(part.num_locations))]
-        pos = (0,) * nd
-        return {
-            "shape": shape,
-            "partition_tiling": tuple(int(d.partition_tiling[i]) for i in range(nd)),
-            "partitions": {
-                pos: {
-                    "start": tuple(int(part.start[i]) for i in range(nd)),
-                    "shape": tuple(int(part.shape[i]) for i in range(nd)),
-                    "data": data,
-                    "location": locs,
-                    "dtype": _dtype_name(part.data.contents.dtype.code, part.data.contents.dtype.bits),
-                    "device": "cpu" if host else f"dlpack:{dev_type}:{dev_id}",
-                }
-            },
-            "locals": [pos],
-            "get": lambda x: x,
-        }
-
-
-class _TableViewOwner:
-    """Holds a table and the description strata produced for it while views are alive."""
-
-    def __init__(self, table: Table, desc: Any) -> None:
-        self.table = table
-        self.desc = desc
-
-    def __del__(self) -> None:
-        try:
-            _ffi.strata_partitioned_free(self.desc)
-        except Exception:
-            pass
-
-
-def _view_as_numpy(view: View) -> Any:
-    """A read-only NumPy array over a host view (bfloat16 stays a DLPack view: NumPy has no such dtype)."""
-    try:
-        arr = np.from_dlpack(view)
-    except (BufferError, TypeError, RuntimeError):
-        return view
-    if arr.flags.writeable:
-        arr.flags.writeable = False
-    return arr
+        """The table as a ``__partitioned__`` description (Heat's shape), as it is spread: one
+        process's table is one partition (tiling (1, 1)) at (0, 0) owned by rank 0; a distributed
+        table has tiling (P, 1), every partition with its ``start``, ``shape`` and ``location``
+        (the ranks holding it), and ``data`` only for this rank's partitions (None for the others),
+        which ``locals`` lists. ``data`` is a read-only view of the table's vectors (a NumPy array
+        for host tables, else a DLPack producer), and ``get`` the identity, so
+        ``heat.from_partitioned(table)`` rebuilds the array on every rank. No copy: the views keep
+        the table alive, and :meth:`close` refuses while one is held. Not collective. Dense tables
+        only (keyed and server tables raise :class:`InvalidArgument`)."""
+        return describe(self, self._views)
 
 
 def _as_dlpack(x: Any) -> Any:
@@ -910,95 +860,6 @@ class Server(_Closeable):
             _check(_ffi.strata_server_warning(h, i, byref(text)))
             out.append((text.value or b"").decode())
         return out
-
-
-# ---- __partitioned__ (consumer) --------------------------------------------------------------
-
-
-def _ints(values: Sequence[int]) -> Any:
-    values = [int(v) for v in values]
-    return (c_int64 * max(1, len(values)))(*values)
-
-
-def from_partitioned(
-    obj: Any,
-    default_value: float = 0.0,
-    missing: str = "fill",
-    *,
-    comm: Optional[int] = None,
-) -> Table:
-    """A dense table (key = global row number) from a ``__partitioned__`` description: an object
-    with a ``__partitioned__`` property (Heat's ``DNDarray``, a strata :class:`Table`) or the
-    dict itself, with ``shape`` [rows, dim], ``partition_tiling`` (P, 1), ``partitions`` keyed
-    by grid position (each with ``start``, ``shape``, ``data``, ``location``), ``locals`` and
-    ``get``. ``data`` is any DLPack producer, or a handle that ``get`` resolves to one.
-
-    ``comm``: an MPI communicator as ``MPI_Fint`` (mpi4py: ``comm.py2f()``) for a description
-    spread over ranks; None for one process holding every partition.
-
-    Ownership: a single partition with unit element stride is borrowed without a copy (the
-    table keeps its producer alive, and the data must not change while the table is open);
-    several partitions are copied."""
-    parts: Mapping[str, Any] = getattr(obj, "__partitioned__", obj)
-    if not isinstance(parts, Mapping):
-        raise InvalidArgument(f"obj: a {type(obj).__name__}; expected a __partitioned__ dict or an object with one")
-    try:
-        shape, tiling, entries = parts["shape"], parts["partition_tiling"], parts["partitions"]
-    except KeyError as e:
-        raise InvalidArgument(f"__partitioned__: no {e.args[0]!r} entry") from None
-    get = parts.get("get")
-    nd = len(shape)
-    if len(tiling) != nd:
-        raise InvalidArgument(f"__partitioned__: partition_tiling {tuple(tiling)} has not {nd} entries like shape")
-    grid = list(itertools.product(*(range(int(t)) for t in tiling)))
-    keep: List[Any] = []
-    c_parts = _ffi.partition_array(len(grid))
-    for i, pos in enumerate(grid):
-        entry = entries.get(pos)
-        if entry is None:
-            raise InvalidArgument(f"__partitioned__: partition {pos}: no entry for this grid position of the tiling")
-        c = c_parts[i]
-        start, pshape = _ints(entry["start"]), _ints(entry["shape"])
-        location = entry.get("location", [0])
-        locs = (_ffi.strata_partition_location * max(1, len(location)))()
-        for j, loc in enumerate(location):
-            if isinstance(loc, (tuple, list)):
-                host, pid, *dev = loc
-                locs[j] = _ffi.partition_location(-1, int(dev[0]) if dev else -1, int(pid), str(host).encode())
-            else:
-                locs[j] = _ffi.partition_location(int(loc))
-        keep += [start, pshape, locs]
-        c.start = ctypes.cast(start, POINTER(c_int64))
-        c.shape = ctypes.cast(pshape, POINTER(c_int64))
-        c.locations = ctypes.cast(locs, POINTER(_ffi.strata_partition_location))
-        c.num_locations = len(location)
-        data = entry.get("data")
-        if data is None:
-            continue
-        if not hasattr(data, "__dlpack__") and get is not None:
-            data = get(data)
-        b = Borrowed(_as_dlpack(data), f"partition {pos}: data")
-        keep.append(b)
-        c.data = b.tensor
-    desc = _ffi.partitioned()
-    desc.ndim = nd
-    shape_c, tiling_c = _ints(shape), _ints(tiling)
-    keep += [shape_c, tiling_c]
-    desc.shape = ctypes.cast(shape_c, POINTER(c_int64))
-    desc.partition_tiling = ctypes.cast(tiling_c, POINTER(c_int64))
-    desc.partitions = ctypes.cast(c_parts, POINTER(_ffi.strata_partition))
-    local_list = parts.get("locals")
-    if local_list is not None:
-        flat = _ints([x for p in local_list for x in p])
-        keep.append(flat)
-        desc.locals = ctypes.cast(flat, POINTER(c_int64))
-        desc.num_locals = len(local_list)
-    opts = _ffi.strata_table_options(float(default_value), _choice(_MISSING, missing, "missing"), 0, 0.5, 0.9, 0)
-    comm_c = None if comm is None else byref(c_int32(int(comm)))
-    out = _ffi.TABLE_P()
-    _check(_ffi.strata_table_from_partitioned(ctypes.pointer(desc), comm_c, byref(opts), byref(out)))
-    # Keep every borrowed producer: a single partition is read in place for the table's life.
-    return Table(out, keepalive=[b for b in keep if isinstance(b, Borrowed)])
 
 
 # ---- the library -----------------------------------------------------------------------------
