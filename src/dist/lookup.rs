@@ -221,9 +221,10 @@ impl DistTable {
             // SAFETY: as above; this pass only checks out against another local partition.
             unsafe { crate::model::plan(self.dim, *r, keys, out, opts) }?;
         }
+        // (A rank without keys of its own still serves other ranks' keys on these threads.)
         let threads = match opts.num_threads {
             0 => self.threads,
-            _ => plan.as_ref().map_or(1, |p| p.threads),
+            n => crate::util::threads::resolve_threads(n)?,
         };
         let mut counts = vec![0i32; self.size];
         let n = plan.as_ref().map_or(0, |p| p.n);
