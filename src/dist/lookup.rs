@@ -228,10 +228,11 @@ impl DistTable {
         };
         let mut counts = vec![0i32; self.size];
         let n = plan.as_ref().map_or(0, |p| p.n);
-        if n > (LOCAL - 1) as usize {
+        // (MPI counts are int; below that bound `pos` never reaches LOCAL or NOWHERE.)
+        if n > i32::MAX as usize {
             return Err(Error::invalid(
                 "keys",
-                format!("{n} keys; a lookup on a distributed table takes fewer than {LOCAL} keys per rank"),
+                format!("{n} keys; a lookup on a distributed table takes at most {} keys per rank", i32::MAX),
             ));
         }
         size(&mut s.keys, n);

@@ -55,7 +55,8 @@ pub fn shared_threads(mine: &[u64], all: &[Vec<u64>]) -> usize {
             share += 1.0 / sharers as f64;
         }
     }
-    (share.floor() as usize).max(1)
+    // (A little slack: 6 CPUs shared 3 ways may add up to 1.999...)
+    ((share + 1e-6).floor() as usize).max(1)
 }
 
 /// CPUs this process may run on (`sched_getaffinity`), at least 1.
@@ -95,6 +96,10 @@ mod tests {
         let sixteen = vec![0xffffu64];
         assert_eq!(shared_threads(&sixteen, &vec![sixteen.clone(); 2]), 8);
         assert_eq!(shared_threads(&sixteen, &vec![sixteen.clone(); 3]), 5);
+        let six = vec![0b11_1111u64];
+        assert_eq!(shared_threads(&six, &vec![six.clone(); 3]), 2);
+        let twelve = vec![0xfffu64];
+        assert_eq!(shared_threads(&twelve, &vec![twelve.clone(); 3]), 4);
         // One bound to CPUs 0-3, another unbound on 0-7: the first gets 4 halves, the second 4 + 2.
         let (low, all8) = (vec![0x0fu64], vec![0xffu64]);
         assert_eq!(shared_threads(&low, &[low.clone(), all8.clone()]), 2);
