@@ -5,6 +5,7 @@
 //! ever called from the thread that made that call.
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::util::threads;
 use mpi::datatype::{Equivalence, Partition, PartitionMut, UserDatatype, View, MutView};
 use mpi::ffi;
 use mpi::raw::FromRaw;
@@ -99,26 +100,31 @@ impl Comm {
 
     /// Sends items `displs(send_counts)[r] ..` (`send_counts[r]` of them) to rank `r`, where an
     /// item is `width` consecutive values, and receives `recv_counts[r]` items from each rank `r`
-    /// into `recv` (resized; its memory is reused from call to call), placed in rank order.
+    /// into `recv` (exactly `sum(recv_counts) * width` values), placed in rank order.
     pub fn exchange<T: Equivalence + Copy + Default>(
         &mut self,
         send: &[T],
         send_counts: &[i32],
         recv_counts: &[i32],
         width: usize,
-        recv: &mut Vec<T>,
+        recv: &mut [T],
     ) {
         let total: usize = recv_counts.iter().map(|&c| c as usize).sum();
-        refill(recv, total * width);
+        let sent_items: usize = send_counts.iter().map(|&c| c as usize).sum();
+        assert!(recv.len() == total * width && send.len() >= sent_items * width, "exchange buffers sized by the caller");
+        // An empty slice's pointer is dangling, and for bytes it equals MPI_IN_PLACE ((void *)1):
+        // pass a real one-element buffer instead (nothing is read or written through it).
+        let (dummy_send, mut dummy_recv) = ([T::default()], [T::default()]);
+        let send = if send.is_empty() { &dummy_send[..] } else { send };
+        let recv = if recv.is_empty() { &mut dummy_recv[..] } else { recv };
         let (sd, rd) = (displs(send_counts), displs(recv_counts));
         let item = UserDatatype::contiguous(width as i32, &T::equivalent_datatype());
-        let sent_items: i32 = send_counts.iter().sum();
         self.timed(|c| {
-            // SAFETY: `send` holds sent_items * width values and `recv` total * width, each
-            // viewed as items of `width` values.
-            let sv = unsafe { View::with_count_and_datatype(send, sent_items, &item) };
-            // SAFETY: as for sv: recv was just refilled to total * width values, total items.
-            let mut rv = unsafe { MutView::with_count_and_datatype(&mut recv[..], total as i32, &item) };
+            // SAFETY: `send` holds at least sent_items * width values and `recv` total * width
+            // (both checked above), each viewed as items of `width` values.
+            let sv = unsafe { View::with_count_and_datatype(send, sent_items as i32, &item) };
+            // SAFETY: as for sv.
+            let mut rv = unsafe { MutView::with_count_and_datatype(recv, total as i32, &item) };
             c.all_to_all_varcount_into(&Partition::new(&sv, send_counts, &sd[..]), &mut PartitionMut::new(&mut rv, recv_counts, &rd[..]));
         });
     }
@@ -154,6 +160,22 @@ impl Comm {
         }
     }
 
+    /// The default thread count of a lookup on this rank: the CPUs of its affinity mask, each
+    /// shared equally among the ranks on this node whose masks hold it (ranks found with
+    /// `MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`), or `STRATA_NUM_THREADS` when set. Two
+    /// ranks bound to a core each get 1; four unbound ranks on 16 cores get 4. Collective.
+    pub fn node_threads(&mut self) -> usize {
+        /// Words of a mask as exchanged (1024 CPUs, the size of a Linux `cpu_set_t`).
+        const WORDS: usize = 16;
+        let mut mine = threads::affinity_mask();
+        mine.resize(WORDS, 0);
+        let node = self.timed(|c| c.split_shared(c.rank()));
+        let mut all = vec![0u64; WORDS * node.size() as usize];
+        self.timed(|_| node.all_gather_into(&mine[..], &mut all[..]));
+        let masks: Vec<Vec<u64>> = all.chunks(WORDS).map(<[u64]>::to_vec).collect();
+        threads::shared_threads(&mine, &masks)
+    }
+
     /// Every rank's byte string, in rank order.
     fn all_gather_bytes(&mut self, mine: &[u8]) -> Vec<Vec<u8>> {
         let lens = self.all_gather(&[mine.len() as i32]);
@@ -176,9 +198,10 @@ impl Drop for Comm {
     }
 }
 
-/// Makes `v` hold `n` default values, reusing its memory.
-pub(crate) fn refill<T: Copy + Default>(v: &mut Vec<T>, n: usize) {
-    v.clear();
+/// Makes `v` hold `n` values, reusing its memory and keeping (not zeroing) those it has: for
+/// buffers every element of which is written before it is read.
+pub(crate) fn size<T: Copy + Default>(v: &mut Vec<T>, n: usize) {
+    v.truncate(n);
     v.resize(n, T::default());
 }
 

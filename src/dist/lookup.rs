@@ -1,50 +1,117 @@
 //! The collective lookup on a [`DistTable`]:
 //! 1. each rank validates its `keys` and `out` (as a local lookup would), reads its keys and
-//!    routes each to its owner; the all-to-all of per-owner counts also carries each rank's
-//!    validation status, so a bad input on one rank fails the call on every rank;
-//! 2. keys go to their owners (all-to-all-v);
-//! 3. owners gather the rows with the CPU executor, as float32 (exact for every table dtype);
-//! 4. rows (and, for keyed tables, found flags) come back (all-to-all-v);
-//! 5. each rank writes them into `out` in its keys' order, in `out`'s dtype, with the default
-//!    row for misses. With `STRATA_MISSING_ERROR` the ranks then agree, so a missing key on any
-//!    rank fails the call on every rank.
+//!    buckets them by owner (counts, then one counting-sort pass); the all-to-all of per-owner
+//!    counts also carries each rank's validation status, so a bad input on one rank fails the
+//!    call on every rank;
+//! 2. keys owned by other ranks go to their owners (all-to-all-v); a rank's own keys never
+//!    travel;
+//! 3. owners gather the rows other ranks asked for with the CPU executor, as float32 (exact for
+//!    every table dtype);
+//! 4. those rows (and, for keyed tables, found flags) come back (all-to-all-v);
+//! 5. each rank writes every key's row into `out` in one pass in its keys' order, in `out`'s
+//!    dtype: received rows from the exchange buffer, its own keys' rows straight from its local
+//!    partition, the default row for misses. With `STRATA_MISSING_ERROR` the ranks then agree,
+//!    so a missing key on any rank fails the call on every rank.
+//!
+//! Rows thus cross memory once for a local key (table to `out`, as in a single process) and
+//! three times for a remote one (table to the send buffer, the exchange, the receive buffer to
+//! `out`). The buffers are kept between calls, in huge-page memory, and never zeroed.
 
-use crate::util::lock::lock;
-use super::comm::{Comm, displs, refill};
-use super::table::{DistTable, Route};
+use super::buf::Buf;
+use super::comm::{Comm, displs, size};
+use super::table::{DistTable, LocalPart, Route};
 use crate::dlpack::{FloatDtype, KeyDtype, Walk};
 use crate::error::{Error, Result};
-use crate::exec::cpu::{Found, Gather};
-use crate::model::{KeySource, OutTarget};
+use crate::exec::cpu::{Found, Gather, RowFn, row_fn};
 use crate::exec::pool;
+use crate::model::{KeySource, OutTarget};
 use crate::model::{LookupOptions, LookupStats, Plan, plan};
 use crate::model::{MissingKey, Rows, StaticTable};
+use crate::util::lock::lock;
+use crate::util::prefetch;
 use dlpark::ffi::DLTensor;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-/// Keys a writer takes at a time in step 5.
+/// Keys a writer handles at a time in step 5 (its stack buffers hold one chunk).
 const CHUNK: usize = 256;
-/// `dest` of a key no rank holds.
+/// Keys a writer takes from the shared counter at a time in step 5.
+const TASK: usize = 2048;
+/// How many keys ahead step 5 prefetches rows (and, two stages further, index buckets).
+const AHEAD: usize = 6;
+/// Output bytes from which step 5 writes with non-temporal stores (as the CPU gather does).
+const STREAM_BYTES: usize = 4 << 20;
+/// `pos` of a key no rank holds.
 const NOWHERE: u32 = u32::MAX;
+/// `pos` of a key this rank holds (its row is read from the local partition).
+const LOCAL: u32 = u32::MAX - 1;
 
-/// Buffers a distributed table's lookups reuse from call to call (kept beside its communicator,
-/// about `2 * keys * dim * 4` bytes after a call): first-touching fresh pages can cost more than
-/// the exchange itself.
+/// The phases of a lookup, as timed in [`DistTiming`](super::DistTiming).
+#[derive(Clone, Copy)]
+enum Phase {
+    Bucket,
+    KeyExchange,
+    Gather,
+    RowExchange,
+    Reorder,
+}
+
+/// Times a lookup's phases: each [`Laps::lap`] charges the time since the previous one.
+struct Laps {
+    start: Instant,
+    last: Instant,
+    spent: [f64; 5],
+    keys: u64,
+    keys_sent: u64,
+    keys_served: u64,
+    bytes_sent: u64,
+    threads: u64,
+}
+
+impl Laps {
+    fn new() -> Self {
+        let now = Instant::now();
+        Laps { start: now, last: now, spent: [0.0; 5], keys: 0, keys_sent: 0, keys_served: 0, bytes_sent: 0, threads: 0 }
+    }
+
+    fn lap(&mut self, phase: Phase) {
+        let now = Instant::now();
+        self.spent[phase as usize] += (now - self.last).as_secs_f64();
+        self.last = now;
+    }
+
+    fn add_to(&self, t: &mut super::DistTiming) {
+        let [b, k, g, r, o] = self.spent;
+        t.bucket_s += b;
+        t.key_exchange_s += k;
+        t.gather_s += g;
+        t.row_exchange_s += r;
+        t.reorder_s += o;
+        t.keys += self.keys;
+        t.keys_sent += self.keys_sent;
+        t.keys_served += self.keys_served;
+        t.bytes_sent += self.bytes_sent;
+        t.threads = self.threads;
+    }
+}
+
+/// Buffers a distributed table's lookups reuse from call to call (kept beside its communicator;
+/// after a call about `keys * (2 * dim * 4 + 40)` bytes, most of it the two row buffers).
+/// Nothing is zeroed between calls: each step writes what the next reads.
 #[derive(Default)]
 pub(crate) struct Scratch {
-    /// This rank's keys (canonical), in the caller's order; their owners; their place in `send`.
+    /// This rank's keys (canonical), in the caller's order; their owners (`NOWHERE`: none);
+    /// where each one's row will be: a slot of `back`, `LOCAL` or `NOWHERE`.
     keys: Vec<u64>,
     dest: Vec<u32>,
     pos: Vec<u32>,
-    /// Keys in owner order, and the keys other ranks asked this rank for.
+    /// Keys for other ranks in owner order, and the keys other ranks asked this rank for
+    /// (turned into local row numbers in place for a dense partition).
     send: Vec<u64>,
     asked: Vec<u64>,
-    /// `asked` as rows of a local partition.
-    local: Vec<u64>,
     /// Rows this rank serves, and rows it gets back (float32), with found flags (keyed tables).
-    rows: Vec<f32>,
-    back: Vec<f32>,
+    rows: Buf<f32>,
+    back: Buf<f32>,
     found: Vec<u8>,
     back_found: Vec<u8>,
 }
@@ -53,27 +120,31 @@ pub(crate) struct Scratch {
 struct Request {
     /// `None` when this rank has no keys (it still takes part in the exchanges).
     plan: Option<Plan>,
-    /// Keys for each rank.
+    /// Keys for each rank (0 for this one: its own keys do not travel).
     counts: Vec<i32>,
+    threads: usize,
 }
 
 impl DistTable {
     /// Collective: every rank of the table's communicator must call it, in the same order for
     /// the same table. See [`crate::table::Table::lookup`] for `keys`, `out` and the result.
+    /// `opts.num_threads` 0 means this rank's share of its node's CPUs (see
+    /// [`Comm::node_threads`]).
     ///
     /// # Safety
     /// As for [`crate::table::Table::lookup`].
     pub unsafe fn lookup(&self, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions) -> Result<LookupStats> {
         let mut state = lock(&self.state);
         let (comm, scratch) = &mut *state;
-        let start = Instant::now();
+        let mut laps = Laps::new();
         // SAFETY: lookup_with needs Table::lookup's contract, which our caller upholds.
-        let result = unsafe { self.lookup_with(comm, scratch, keys, out, opts) };
+        let result = unsafe { self.lookup_with(comm, scratch, keys, out, opts, &mut laps) };
         let exchange = comm.take_time();
         let mut t = lock(&self.timing);
         t.lookups += 1;
-        t.total_s += start.elapsed().as_secs_f64();
+        t.total_s += laps.start.elapsed().as_secs_f64();
         t.exchange_s += exchange.as_secs_f64();
+        laps.add_to(&mut t);
         result
     }
 
@@ -95,6 +166,7 @@ impl DistTable {
         keys: &DLTensor,
         out: &DLTensor,
         opts: &LookupOptions,
+        laps: &mut Laps,
     ) -> Result<LookupStats> {
         // SAFETY: request needs Table::lookup's contract, which our caller upholds.
         let local = unsafe { self.request(s, keys, out, opts) };
@@ -102,24 +174,42 @@ impl DistTable {
             Ok(r) => r.counts.iter().map(|&c| c as i64).collect(),
             Err(e) => vec![-(e.kind().code() as i64); self.size],
         };
+        laps.lap(Phase::Bucket);
         let recv = comm.all_to_all(&send);
         let codes: Vec<i32> = recv.iter().map(|&c| if c < 0 { -c as i32 } else { 0 }).collect();
         let req = comm.settle(local, &codes)?;
         let recv_counts: Vec<i32> = recv.iter().map(|&c| c as i32).collect();
+        laps.lap(Phase::KeyExchange);
 
         self.by_owner(s, &req.counts);
+        laps.lap(Phase::Bucket);
+        let served: usize = recv_counts.iter().map(|&c| c as usize).sum();
+        size(&mut s.asked, served);
         comm.exchange(&s.send, &req.counts, &recv_counts, 1, &mut s.asked);
-        self.serve(s, req.plan.as_ref().map_or(1, |p| p.threads));
-        comm.exchange(&s.rows, &recv_counts, &req.counts, self.dim, &mut s.back);
+        laps.lap(Phase::KeyExchange);
+        self.serve(s, req.threads);
+        laps.lap(Phase::Gather);
+        comm.exchange(s.rows.as_slice(), &recv_counts, &req.counts, self.dim, s.back.as_mut_slice());
         let keyed = matches!(self.route, Route::Keyed);
         if keyed {
+            size(&mut s.back_found, s.send.len());
             comm.exchange(&s.found, &recv_counts, &req.counts, 1, &mut s.back_found);
         }
+        laps.lap(Phase::RowExchange);
         let result = self.write(s, &req, keyed);
+        laps.lap(Phase::Reorder);
+        let sent = s.send.len() as u64;
+        laps.keys = s.keys.len() as u64;
+        laps.keys_sent = sent;
+        laps.keys_served = served as u64;
+        laps.bytes_sent = sent * 8 + served as u64 * (self.dim as u64 * 4 + keyed as u64);
+        laps.threads = req.threads as u64;
         if self.missing == MissingKey::Error { comm.agree(result) } else { result }
     }
 
-    /// Step 1 on this rank: validates the tensors, reads the keys and finds their owners.
+    /// Step 1 on this rank: validates the tensors, reads the keys, finds their owners and
+    /// counts the keys for each other rank; sizes the receive buffer (the one allocation that
+    /// may fail here, which is agreed on with the rest).
     ///
     /// # Safety
     /// As for [`crate::table::Table::lookup`].
@@ -131,46 +221,63 @@ impl DistTable {
             // SAFETY: as above; this pass only checks out against another local partition.
             unsafe { crate::model::plan(self.dim, *r, keys, out, opts) }?;
         }
+        // (A rank without keys of its own still serves other ranks' keys on these threads.)
+        let threads = match opts.num_threads {
+            0 => self.threads,
+            n => crate::util::threads::resolve_threads(n)?,
+        };
         let mut counts = vec![0i32; self.size];
         let n = plan.as_ref().map_or(0, |p| p.n);
+        // (MPI counts are int; below that bound `pos` never reaches LOCAL or NOWHERE.)
         if n > i32::MAX as usize {
             return Err(Error::invalid(
                 "keys",
                 format!("{n} keys; a lookup on a distributed table takes at most {} keys per rank", i32::MAX),
             ));
         }
-        refill(&mut s.keys, n);
+        size(&mut s.keys, n);
         if let Some(plan) = &plan {
             let mut offs = [0isize; CHUNK];
             for (c, chunk) in s.keys.chunks_mut(CHUNK).enumerate() {
                 plan.keys.read(c * CHUNK, chunk, &mut offs[..chunk.len()]);
             }
         }
-        s.dest.clear();
-        s.dest.extend(s.keys.iter().map(|&k| match self.owner(k) {
-            Some(o) => {
-                counts[o] += 1;
-                o as u32
-            }
-            None => NOWHERE,
-        }));
-        Ok(Request { plan, counts })
+        size(&mut s.dest, n);
+        let me = self.rank;
+        for (&k, d) in s.keys.iter().zip(s.dest.iter_mut()) {
+            *d = match self.owner(k) {
+                Some(o) => {
+                    if o != me {
+                        counts[o] += 1;
+                    }
+                    o as u32
+                }
+                None => NOWHERE,
+            };
+        }
+        let remote: usize = counts.iter().map(|&c| c as usize).sum();
+        s.back.resize(remote * self.dim)?;
+        Ok(Request { plan, counts, threads })
     }
 
-    /// Puts the keys in owner order (`send`) and notes where each of the caller's keys went.
+    /// Puts the keys for other ranks in owner order (`send`) and notes where each of the
+    /// caller's keys' rows will be (`pos`).
     fn by_owner(&self, s: &mut Scratch, counts: &[i32]) {
         let mut next: Vec<u32> = displs(counts).iter().map(|&d| d as u32).collect();
-        refill(&mut s.send, counts.iter().map(|&c| c as usize).sum());
-        s.pos.clear();
-        for (&k, &d) in s.keys.iter().zip(&s.dest) {
-            if d == NOWHERE {
-                s.pos.push(NOWHERE);
-                continue;
-            }
-            let p = next[d as usize];
-            next[d as usize] += 1;
-            s.send[p as usize] = k;
-            s.pos.push(p);
+        size(&mut s.send, counts.iter().map(|&c| c as usize).sum());
+        size(&mut s.pos, s.keys.len());
+        let me = self.rank as u32;
+        for ((&k, &d), p) in s.keys.iter().zip(&s.dest).zip(s.pos.iter_mut()) {
+            *p = if d == NOWHERE {
+                NOWHERE
+            } else if d == me {
+                LOCAL
+            } else {
+                let slot = next[d as usize];
+                next[d as usize] += 1;
+                s.send[slot as usize] = k;
+                slot
+            };
         }
     }
 
@@ -178,19 +285,27 @@ impl DistTable {
     /// `rows`, and (keyed tables) whether each key was found, in `found`.
     fn serve(&self, s: &mut Scratch, threads: usize) {
         let (m, dim) = (s.asked.len(), self.dim);
-        refill(&mut s.rows, m * dim);
+        s.rows.resize_or_abort(m * dim);
+        let rows = s.rows.as_mut_slice();
         match (&self.route, self.local.as_slice()) {
             (Route::Keyed, [share]) => {
-                gather(&share.table, &s.asked, &mut s.rows, threads);
-                s.found.clear();
+                gather(&share.table, &s.asked, rows, threads);
+                size(&mut s.found, m);
                 if let Rows::Keyed(ix) = &share.table.rows {
-                    s.found.extend(s.asked.iter().map(|&k| ix.get(k).is_some() as u8));
+                    // The gather probed these buckets already, but long ago for a large batch:
+                    // prefetch them again, a fixed distance ahead.
+                    for (i, (f, &k)) in s.found.iter_mut().zip(&s.asked).enumerate() {
+                        if let Some(&ahead) = s.asked.get(i + 4 * AHEAD) {
+                            ix.prefetch(ahead);
+                        }
+                        *f = ix.get(k).is_some() as u8;
+                    }
                 }
             }
             (_, [part]) => {
-                s.local.clear();
-                s.local.extend(s.asked.iter().map(|&k| k - part.start as u64));
-                gather(&part.table, &s.local, &mut s.rows, threads);
+                let start = part.start as u64;
+                s.asked.iter_mut().for_each(|k| *k -= start);
+                gather(&part.table, &s.asked, rows, threads);
             }
             (_, parts) => {
                 // Several local partitions (replicas of several): gather each one's keys apart.
@@ -201,48 +316,48 @@ impl DistTable {
                     let mut got = vec![0f32; idx.len() * dim];
                     gather(&part.table, &local, &mut got, threads);
                     for (j, &i) in idx.iter().enumerate() {
-                        s.rows[i * dim..(i + 1) * dim].copy_from_slice(&got[j * dim..(j + 1) * dim]);
+                        rows[i * dim..(i + 1) * dim].copy_from_slice(&got[j * dim..(j + 1) * dim]);
                     }
                 }
             }
         }
     }
 
-    /// Step 5: writes every key's row into `out` (in parallel chunks) and counts hits and misses.
+    /// Step 5: writes every key's row into `out` in the caller's order (in parallel runs of
+    /// keys) and counts hits and misses.
     fn write(&self, s: &Scratch, req: &Request, keyed: bool) -> Result<LookupStats> {
         let Some(plan) = &req.plan else { return Ok(LookupStats::default()) };
         let (n, dim) = (plan.n, self.dim);
-        let found = keyed.then_some(&s.back_found[..]);
+        let out = &plan.out;
+        let stream = n.saturating_mul(dim * out.dtype.size()) >= STREAM_BYTES;
+        let contiguous = out.col_stride == 1;
+        let w = Writer {
+            s,
+            out,
+            dim,
+            found: keyed.then_some(&s.back_found[..]),
+            back: s.back.as_slice(),
+            local: LocalRows::of(&self.local),
+            from_back: row_fn(FloatDtype::F32, out.dtype, contiguous, stream),
+            from_local: self.local.first().map(|p| row_fn(p.table.dtype(), out.dtype, contiguous, stream)),
+            default: row_fn(FloatDtype::F32, out.dtype, contiguous, stream),
+            default_row: &self.default_row,
+        };
         let next = AtomicUsize::new(0);
-        let by_tasks = n.div_ceil(CHUNK * 8).max(1);
-        let parts = pool::run(plan.threads.min(by_tasks).max(1), || {
+        let parts = pool::run(req.threads.min(n.div_ceil(TASK)).max(1), || {
             let mut f = Found::default();
-            let mut staging = vec![0f32; CHUNK * dim];
-            let mut present = [false; CHUNK];
-            let mut offs = [0isize; CHUNK];
             loop {
-                let lo = next.fetch_add(CHUNK, Ordering::Relaxed);
+                let lo = next.fetch_add(TASK, Ordering::Relaxed);
                 if lo >= n {
                     break;
                 }
-                let hi = (lo + CHUNK).min(n);
-                for i in lo..hi {
-                    let p = s.pos[i];
-                    let hit = p != NOWHERE && found.is_none_or(|fl| fl[p as usize] != 0);
-                    present[i - lo] = hit;
-                    if hit {
-                        let p = p as usize;
-                        staging[(i - lo) * dim..(i - lo + 1) * dim].copy_from_slice(&s.back[p * dim..(p + 1) * dim]);
-                        f.hits += 1;
-                    } else {
-                        f.misses += 1;
-                        if f.first_miss.is_none() {
-                            f.first_miss = Some((i, s.keys[i]));
-                        }
-                    }
+                let hi = (lo + TASK).min(n);
+                for c in (lo..hi).step_by(CHUNK) {
+                    w.chunk(c, (c + CHUNK).min(hi), &mut f);
                 }
-                // SAFETY: the plan validated out for n keys; lo..hi are within them.
-                unsafe { plan.out.write_f32_rows(lo, dim, &staging, &present[..hi - lo], &self.default_row, &mut offs) };
+            }
+            if stream {
+                store_fence();
             }
             f
         });
@@ -261,6 +376,165 @@ impl DistTable {
         }
         Ok(total)
     }
+}
+
+/// Where this rank's own keys' rows are.
+enum LocalRows<'a> {
+    /// None here.
+    Empty,
+    /// One dense partition holding global rows `start ..`.
+    Dense { start: u64, table: &'a StaticTable },
+    /// A keyed share.
+    Keyed(&'a StaticTable, &'a crate::storage::index::KeyIndex),
+    /// Several dense partitions (replicas).
+    Parts(&'a [LocalPart]),
+}
+
+impl<'a> LocalRows<'a> {
+    fn of(local: &'a [LocalPart]) -> Self {
+        match local {
+            [] => LocalRows::Empty,
+            [p] => match &p.table.rows {
+                Rows::Keyed(ix) => LocalRows::Keyed(&p.table, ix),
+                Rows::Dense => LocalRows::Dense { start: p.start as u64, table: &p.table },
+            },
+            parts => LocalRows::Parts(parts),
+        }
+    }
+
+    /// Hints the index bucket of `key` into cache (keyed shares).
+    #[inline(always)]
+    fn prefetch(&self, key: u64) {
+        if let LocalRows::Keyed(_, ix) = self {
+            ix.prefetch(key);
+        }
+    }
+
+    /// The row of `key` (which `owner` placed on this rank) in its table's dtype, or `None` for
+    /// a key a keyed share lacks.
+    #[inline(always)]
+    fn row(&self, key: u64) -> Option<*const u8> {
+        match self {
+            LocalRows::Empty => None,
+            LocalRows::Dense { start, table } => Some(table.store().row_ptr((key - start) as usize)),
+            LocalRows::Keyed(table, ix) => ix.get(key).map(|r| table.store().row_ptr(r)),
+            LocalRows::Parts(parts) => parts
+                .iter()
+                .find(|p| (p.start as u64..(p.start + p.table.len()) as u64).contains(&key))
+                .map(|p| p.table.store().row_ptr((key - p.start as u64) as usize)),
+        }
+    }
+}
+
+/// Step 5's view of one lookup, shared by its writers.
+struct Writer<'a> {
+    s: &'a Scratch,
+    out: &'a OutTarget,
+    dim: usize,
+    found: Option<&'a [u8]>,
+    back: &'a [f32],
+    local: LocalRows<'a>,
+    from_back: RowFn,
+    from_local: Option<RowFn>,
+    default: RowFn,
+    default_row: &'a [f32],
+}
+
+// SAFETY: the raw pointers (in `out` and the local tables) are only dereferenced by `chunk`, on
+// the distinct output rows of the keys each writer takes, within the lookup call.
+unsafe impl Sync for Writer<'_> {}
+
+impl Writer<'_> {
+    /// The source row of key `i` (a received float32 row, a local row in the table's dtype or
+    /// the float32 default row) with its kernel, and whether it is a hit.
+    #[inline(always)]
+    fn source(&self, i: usize) -> (*const u8, RowFn, bool) {
+        let p = self.s.pos[i];
+        let miss = (self.default_row.as_ptr() as *const u8, self.default, false);
+        if p == NOWHERE {
+            return miss;
+        }
+        if p == LOCAL {
+            return match (self.local.row(self.s.keys[i]), self.from_local) {
+                (Some(r), Some(k)) => (r, k, true),
+                _ => miss,
+            };
+        }
+        let p = p as usize;
+        if self.found.is_some_and(|f| f[p] == 0) {
+            return miss;
+        }
+        (self.back[p * self.dim..].as_ptr() as *const u8, self.from_back, true)
+    }
+
+    /// Writes the rows of keys `lo..hi` (at most [`CHUNK`]): sources resolved and prefetched
+    /// [`AHEAD`] keys ahead of the copies (index buckets of local keys twice as far ahead).
+    fn chunk(&self, lo: usize, hi: usize, f: &mut Found) {
+        let m = hi - lo;
+        let mut offs = [0isize; CHUNK];
+        let mut src: [(*const u8, RowFn, bool); CHUNK] = [(std::ptr::null(), self.default, false); CHUNK];
+        self.out.walk.fill(lo, &mut offs[..m]);
+        let keys = &self.s.keys[lo..hi];
+        let pos = &self.s.pos[lo..hi];
+        let row_bytes = self.dim * 4;
+        let prefetch_bucket = |j: usize| {
+            if pos[j] == LOCAL {
+                self.local.prefetch(keys[j]);
+            }
+        };
+        (0..m.min(2 * AHEAD)).for_each(prefetch_bucket);
+        for (j, sj) in src.iter_mut().enumerate().take(m.min(AHEAD)) {
+            *sj = self.source(lo + j);
+            prefetch_row(sj.0, row_bytes);
+        }
+        let size = self.out.dtype.size() as isize;
+        let cs = self.out.col_stride;
+        for j in 0..m {
+            if j + 2 * AHEAD < m {
+                prefetch_bucket(j + 2 * AHEAD);
+            }
+            if j + AHEAD < m {
+                src[j + AHEAD] = self.source(lo + j + AHEAD);
+                prefetch_row(src[j + AHEAD].0, row_bytes);
+            }
+            let (ptr, kernel, hit) = src[j];
+            if hit {
+                f.hits += 1;
+            } else {
+                f.misses += 1;
+                if f.first_miss.is_none_or(|(i, _)| lo + j < i) {
+                    f.first_miss = Some((lo + j, keys[j]));
+                }
+            }
+            // SAFETY: ptr holds dim elements of the kernel's source dtype (a row of `back`,
+            // which holds dim float32 per received key; a row of a local table, below its row
+            // count since `owner` and `LocalRows::row` checked the key; or the default row);
+            // the destination is key lo + j's output row, which the plan validated to lie in
+            // `out`, apart from other keys' rows and from the keys and local tables. `back` and
+            // the default row are this table's own memory, never `out`.
+            unsafe { kernel(ptr, self.out.ptr.wrapping_offset(offs[j] * size), self.dim, cs) };
+        }
+    }
+}
+
+/// Hints up to the first 1 KiB of a row into cache.
+#[inline(always)]
+fn prefetch_row(p: *const u8, row_bytes: usize) {
+    let mut off = 0;
+    while off < row_bytes.min(1024) {
+        prefetch(p.wrapping_add(off));
+        off += 64;
+    }
+}
+
+/// Orders earlier non-temporal stores before anything that follows.
+#[inline]
+fn store_fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: sfence has no preconditions.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
 }
 
 /// Gathers the rows of `keys` (canonical, uint64) from `table` into `rows` (float32, `dim` per

@@ -13,6 +13,8 @@
 //! exist and fail with `STRATA_UNSUPPORTED_DEVICE`, and [`DistTable`] has no values.
 
 #[cfg(feature = "mpi")]
+mod buf;
+#[cfg(feature = "mpi")]
 mod comm;
 #[cfg(feature = "mpi")]
 mod lookup;
@@ -40,6 +42,24 @@ pub struct DistTiming {
     pub total_s: f64,
     /// Of those, seconds inside MPI exchanges (waiting for other ranks included).
     pub exchange_s: f64,
+    /// The phases of `total_s`, in the order they run: validating and bucketing keys by owner;
+    /// the key exchange (counts and keys, waiting for other ranks included); the gather of the
+    /// rows this rank serves; the row exchange (and found flags); writing rows into `out`.
+    pub bucket_s: f64,
+    pub key_exchange_s: f64,
+    pub gather_s: f64,
+    pub row_exchange_s: f64,
+    pub reorder_s: f64,
+    /// Keys this rank looked up, of those the keys sent to other ranks, and the keys this rank
+    /// served for other ranks.
+    pub keys: u64,
+    pub keys_sent: u64,
+    pub keys_served: u64,
+    /// Bytes this rank sent to other ranks (keys, rows and found flags; not counting what it
+    /// keeps for itself).
+    pub bytes_sent: u64,
+    /// Threads the last lookup on this rank used.
+    pub threads: u64,
 }
 
 /// Whether this build can make distributed tables (the `mpi` feature).

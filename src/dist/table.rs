@@ -52,6 +52,9 @@ pub struct DistTable {
     pub(crate) default_row: Vec<f32>,
     pub(crate) missing: MissingKey,
     pub(crate) timing: Mutex<DistTiming>,
+    /// Threads of a lookup that asks for the default (`num_threads` 0): this rank's share of
+    /// the CPUs it shares with the other ranks on its node ([`Comm::node_threads`]).
+    pub(crate) threads: usize,
 }
 
 // SAFETY: the communicator handle is a process-wide MPI handle, only used under the `state`
@@ -150,8 +153,9 @@ impl DistTable {
         Ok(DistTable::assemble(comm, file_rows, dim, FloatDtype::F32, Route::Keyed, local, options))
     }
 
+    /// Collective (it asks the node's ranks for their CPUs).
     fn assemble(
-        comm: Comm,
+        mut comm: Comm,
         rows: usize,
         dim: usize,
         dtype: FloatDtype,
@@ -160,7 +164,9 @@ impl DistTable {
         options: TableOptions,
     ) -> Self {
         let missing = options.missing;
+        let threads = comm.node_threads();
         DistTable {
+            threads,
             rank: comm.rank,
             size: comm.size,
             state: Mutex::new((comm, Scratch::default())),

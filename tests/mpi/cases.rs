@@ -35,6 +35,7 @@ pub fn run() {
     assert_eq!(strata_mpi_available(), 1);
     let cases: &[Case] = &[
         ("dense split 7/7/7/6, every key and out dtype, misses and stats", dense_uneven_rows),
+        ("large (streamed) and column-strided outputs, repeated calls of varying sizes", large_and_strided),
         ("replicated partitions: tiling (1, 1) on every rank, (2, 1) on two ranks each", replicated),
         ("zero copy both ways, produce -> consume; strided columns are copied", zero_copy),
         ("STRATA_MISSING_ERROR on one rank fails every rank", missing_error),
@@ -188,6 +189,39 @@ fn dense_uneven_rows(cx: &Ctx) {
     let r = reference(&global, F32, 27, dim, &opts);
     let keys: Vec<i64> = (0..27).collect();
     same_as_reference(&t, &r, &keys, U32, &[27], F32, dim);
+}
+
+/// Outputs of 4 MiB and more are written with non-temporal stores; a column stride of 2 takes
+/// the strided kernels; calls of varying sizes reuse (and grow) the exchange buffers, whose
+/// contents are never zeroed between calls. Each output is poisoned first and compared with a
+/// single-process table, bit for bit.
+fn large_and_strided(cx: &Ctx) {
+    let (rows, dim) = (3001usize, 64usize);
+    let opts = TableOptions { default_value: -2.0, ..TableOptions::default() };
+    let global = random_values(F32, rows * dim, 21);
+    let counts: Vec<i64> = (0..cx.size as i64).map(|p| rows as i64 / cx.size as i64 + i64::from(p < rows as i64 % cx.size as i64)).collect();
+    let mut d = Split::new(&global, F32, dim, &counts, &split_owners(cx.size as usize, cx.size), cx.rank);
+    let t = dist(d.c(), cx, &opts);
+    let r = reference(&global, F32, rows, dim, &opts);
+    let mut rng = Rng(500 + cx.rank as u64);
+    for m in [20_000usize, 3, 9_000, 25_000, 0, 1] {
+        // About 1% of keys out of range (misses), the rest spread over every rank's rows.
+        let keys: Vec<i64> = (0..m).map(|_| rng.below(rows as u64 + 30) as i64).collect();
+        same_as_reference(&t, &r, &keys, I64, &[m as i64], F32, dim);
+        same_as_reference(&t, &r, &keys, U32, &[m as i64], BF16, dim);
+        // out [m, dim] with a column stride of 2 inside a [m, 2 * dim] buffer.
+        let strided = |tb: &Owned| {
+            let mut ob = vec![f32::NAN; m * 2 * dim];
+            let k = Desc::compact(keys.as_ptr().cast(), I64, &[m as i64]);
+            let mut o = Desc::new(ob.as_mut_ptr().cast(), F32, &[m as i64, dim as i64], &[2 * dim as i64, 2], 0);
+            let mut st = LookupStats::default();
+            // SAFETY: tb.0 is a live table; k describes keys (m int64) and o m rows of dim
+            // float32 two apart inside ob, both alive past the call; st is a reference.
+            ok(unsafe { strata_lookup(tb.0, &k.t, &mut o.t, null(), &mut st) });
+            (ob.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), st.hits, st.misses)
+        };
+        assert_eq!(strided(&t), strided(&r), "{m} keys into a column-strided out");
+    }
 }
 
 fn replicated(cx: &Ctx) {
