@@ -3,9 +3,9 @@
 //! Each participant takes runs of [`TASK`] keys from a shared counter and processes them in
 //! chunks of [`CHUNK`]: it reads the keys in canonical form, resolves them all to rows in one
 //! pass (index buckets prefetched ahead), then copies (or converts) the rows into `out` in a
-//! second pass that prefetches rows ahead of the copy. Large outputs are written with non-temporal stores. Rows
-//! of one call go to distinct places in `out` (checked by the caller), so participants never
-//! write the same bytes.
+//! second pass that prefetches rows ahead of the copy. Large outputs are written with
+//! non-temporal stores. Rows of one call go to distinct places in `out` (checked by the
+//! caller), so participants never write the same bytes.
 
 use crate::dlpack::FloatDtype;
 use crate::exec::pool;
@@ -399,8 +399,8 @@ impl Gather<'_> {
 
     /// The gather loop, two passes per chunk: the first resolves every key of the chunk to its
     /// row (a keyed index hashes each key once and prefetches its bucket 16 keys ahead, so many
-    /// bucket misses are in flight at once; [`KeyIndex::get_batch`]), the
-    /// second copies the rows, prefetching each row a few keys ahead. Kept apart, each pass
+    /// bucket misses are in flight at once; [`KeyIndex::get_batch`]), the second copies the
+    /// rows, prefetching each row a few keys ahead. Kept apart, each pass
     /// keeps many misses of one kind in flight; interleaved in one loop (bucket of key i + 12,
     /// row of key i + 6, copy of row i), a bucket that had not arrived stalled the copies behind
     /// it (README, "Performance").
