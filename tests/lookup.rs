@@ -482,3 +482,29 @@ fn null_strides_mean_row_major() {
     // SAFETY: t was built above by strata_table_from_dlpack and is not used after this free.
     unsafe { strata_table_free(t) };
 }
+
+#[test]
+fn row_sizes_and_chunk_edges_match_the_reference() {
+    // The gather resolves a chunk of keys, then copies it with rows prefetched a number of keys
+    // ahead that depends on the row size: row sizes from 4 bytes to over 1 KiB, batches around
+    // the chunk size, on one thread and several, with misses and repeated keys.
+    let mut rng = Rng(31);
+    for dim in [1usize, 3, 16, 100, 300] {
+        let (f, tkeys) = Fixture::keyed(&mut rng, 3_000, dim, 0.5);
+        let d = Fixture::dense(&mut rng, 3_000, dim, -2.0);
+        for n in [1usize, 15, 17, 255, 256, 257, 2047, 2049, 5_000] {
+            let keys: Vec<i64> = (0..n)
+                .map(|i| match rng.below(10) {
+                    0 => rng.next() as i64,
+                    1 => tkeys[i % 7],
+                    _ => tkeys[rng.below(3_000) as usize],
+                })
+                .collect();
+            let dense_keys: Vec<i64> = (0..n).map(|_| rng.below(3_300) as i64 - 100).collect();
+            for threads in [1, 3] {
+                f.check(&keys, &Layout::compact(I64, &[n as i64], F32, dim as i64), threads);
+                d.check(&dense_keys, &Layout::compact(I64, &[n as i64], F32, dim as i64), threads);
+            }
+        }
+    }
+}

@@ -50,10 +50,41 @@ pub fn run_anchor(name: &str, env: &str, libs: &[&str], args: &[usize]) -> Resul
     if !built.status.success() {
         return Err(format!("building the anchor failed: {}", String::from_utf8_lossy(&built.stderr).lines().next().unwrap_or("")));
     }
-    let out = Command::new(&bin)
-        .args(args.iter().map(|v| v.to_string()))
-        .output()
-        .map_err(|e| format!("running the anchor: {e}"))?;
+    // strata advises its tables for transparent huge pages (unless STRATA_NO_HUGE_PAGES is
+    // set); where the kernel's THP mode is `madvise`, the anchor's std::vector and hash map
+    // would otherwise sit on 4 KiB pages and pay a TLB miss on every random row. glibc's
+    // malloc tunable gives the anchor the same advice without changing its source.
+    let huge = std::env::var_os("STRATA_NO_HUGE_PAGES").is_none();
+    let mut cmd = Command::new(&bin);
+    cmd.args(args.iter().map(|v| v.to_string())).stdout(std::process::Stdio::piped());
+    if huge {
+        let tunables = match std::env::var("GLIBC_TUNABLES") {
+            Ok(t) if !t.is_empty() => format!("{t}:glibc.malloc.hugetlb=1"),
+            _ => "glibc.malloc.hugetlb=1".to_string(),
+        };
+        cmd.env("GLIBC_TUNABLES", tunables);
+    }
+    let mut child = cmd.spawn().map_err(|e| format!("running the anchor: {e}"))?;
+    // Its largest huge-page backing while it runs, read from /proc, to show the advice took.
+    let rollup = format!("/proc/{}/smaps_rollup", child.id());
+    let mut peak = (0u64, 0u64);
+    while child.try_wait().map_err(|e| format!("running the anchor: {e}"))?.is_none() {
+        let text = std::fs::read_to_string(&rollup).unwrap_or_default();
+        let field = |name: &str| {
+            text.lines().find(|l| l.starts_with(name)).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        };
+        if let (Some(h), Some(a)) = (field("AnonHugePages:"), field("Anonymous:")) {
+            peak = peak.max((h, a));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().map_err(|e| format!("running the anchor: {e}"))?;
+    println!(
+        "  anchor> (huge pages: {} of {} MiB of anonymous memory at most, {})",
+        peak.0 / 1024,
+        peak.1 / 1024,
+        if huge { "GLIBC_TUNABLES=glibc.malloc.hugetlb=1" } else { "STRATA_NO_HUGE_PAGES set: 4 KiB pages" }
+    );
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     print!("{}", text.lines().map(|l| format!("  anchor> {l}\n")).collect::<String>());
     Ok(text)

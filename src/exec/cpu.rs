@@ -1,11 +1,11 @@
 //! The CPU gather: keys -> rows -> output, in chunks, on the calling thread and pool workers.
 //!
 //! Each participant takes runs of [`TASK`] keys from a shared counter and processes them in
-//! chunks of [`CHUNK`]: it reads the keys in canonical form, then runs a software pipeline
-//! that prefetches index buckets, resolves rows and prefetches them ahead of copying (or
-//! converting) each row into `out`. Large outputs are written with non-temporal stores. Rows
-//! of one call go to distinct places in `out` (checked by the caller), so participants never
-//! write the same bytes.
+//! chunks of [`CHUNK`]: it reads the keys in canonical form, resolves them all to rows in one
+//! pass (index buckets prefetched ahead), then copies (or converts) the rows into `out` in a
+//! second pass that prefetches rows ahead of the copy. Large outputs are written with
+//! non-temporal stores. Rows of one call go to distinct places in `out` (checked by the
+//! caller), so participants never write the same bytes.
 
 use crate::dlpack::FloatDtype;
 use crate::exec::pool;
@@ -29,8 +29,8 @@ pub(crate) const BYTES_PER_THREAD: usize = 256 * 1024;
 /// Output bytes from which rows are written with non-temporal (streaming) stores: an output
 /// this large will not stay in cache, and streaming skips the read-for-ownership of each line.
 const STREAM_BYTES: usize = 4 << 20;
-/// How many keys ahead rows are prefetched.
-const AHEAD: usize = 6;
+/// Cache lines of rows a thread keeps in flight ahead of its copies (see [`rows_ahead`]).
+const LINES_IN_FLIGHT: usize = 80;
 pub(crate) const NO_ROW: usize = usize::MAX;
 
 impl OutTarget {
@@ -146,7 +146,9 @@ unsafe fn copy_streaming<const SIZE: usize>(src: *const u8, dst: *mut u8, dim: u
     unsafe {
         use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
         let head = ((16 - (dst as usize & 15)) & 15).min(bytes);
-        std::ptr::copy_nonoverlapping(src, dst, head);
+        if head != 0 {
+            std::ptr::copy_nonoverlapping(src, dst, head);
+        }
         let (mut s, mut d, mut left) = (src.add(head), dst.add(head), bytes - head);
         while left >= 64 {
             let a = _mm_loadu_si128(s as *const __m128i);
@@ -167,13 +169,79 @@ unsafe fn copy_streaming<const SIZE: usize>(src: *const u8, dst: *mut u8, dim: u
             d = d.add(16);
             left -= 16;
         }
-        std::ptr::copy_nonoverlapping(s, d, left);
+        if left != 0 {
+            std::ptr::copy_nonoverlapping(s, d, left);
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     // SAFETY: the RowFn contract: src and dst each hold `bytes` contiguous bytes and do not overlap.
     unsafe {
         std::ptr::copy_nonoverlapping(src, dst, bytes)
     };
+}
+
+/// [`copy_streaming`] with 32-byte loads and non-temporal stores, for CPUs with AVX (half the
+/// instructions per row; [`row_fn`] picks it only where AVX is detected at run time). A row
+/// that starts 16 bytes past a 32-byte boundary (as rows of a `malloc`ed output do) begins and
+/// ends with one 16-byte streaming store, so no cache line is written both ways.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn copy_streaming_avx<const SIZE: usize>(src: *const u8, dst: *mut u8, dim: usize, _: usize) {
+    use std::arch::x86_64::{__m128i, __m256i, _mm_loadu_si128, _mm_stream_si128, _mm256_loadu_si256, _mm256_stream_si256};
+    let bytes = dim * SIZE;
+    // SAFETY: the RowFn contract: src and dst each hold `bytes` contiguous bytes and do not
+    // overlap. `head` bytes are copied plainly up to dst's next 16-byte boundary; the 16-byte
+    // step to a 32-byte boundary, every 64- and 32-byte step and the last 16-byte step each
+    // stay below `left`, so all reads and writes are inside the row. The streaming stores get
+    // the alignment they need (16 bytes for the 128-bit ones, 32 for the 256-bit ones) from
+    // the steps before them; the loads are unaligned ones. AVX is enabled on this function and
+    // row_fn only picks it when the CPU has it.
+    unsafe {
+        let head = ((16 - (dst as usize & 15)) & 15).min(bytes);
+        if head != 0 {
+            std::ptr::copy_nonoverlapping(src, dst, head);
+        }
+        let (mut s, mut d, mut left) = (src.add(head), dst.add(head), bytes - head);
+        if d as usize & 31 != 0 && left >= 16 {
+            _mm_stream_si128(d as *mut __m128i, _mm_loadu_si128(s as *const __m128i));
+            s = s.add(16);
+            d = d.add(16);
+            left -= 16;
+        }
+        while left >= 64 {
+            let a = _mm256_loadu_si256(s as *const __m256i);
+            let b = _mm256_loadu_si256(s.add(32) as *const __m256i);
+            _mm256_stream_si256(d as *mut __m256i, a);
+            _mm256_stream_si256(d.add(32) as *mut __m256i, b);
+            s = s.add(64);
+            d = d.add(64);
+            left -= 64;
+        }
+        if left >= 32 {
+            _mm256_stream_si256(d as *mut __m256i, _mm256_loadu_si256(s as *const __m256i));
+            s = s.add(32);
+            d = d.add(32);
+            left -= 32;
+        }
+        if left >= 16 {
+            _mm_stream_si128(d as *mut __m128i, _mm_loadu_si128(s as *const __m128i));
+            s = s.add(16);
+            d = d.add(16);
+            left -= 16;
+        }
+        if left != 0 {
+            std::ptr::copy_nonoverlapping(s, d, left);
+        }
+    }
+}
+
+/// The streaming copy for `SIZE`-byte elements: the AVX one where the CPU has AVX.
+fn streaming<const SIZE: usize>() -> RowFn {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx") {
+        return copy_streaming_avx::<SIZE>;
+    }
+    copy_streaming::<SIZE>
 }
 
 /// Orders earlier non-temporal stores before anything that follows.
@@ -255,8 +323,8 @@ struct Kernels {
 pub(crate) fn row_fn(src: FloatDtype, dst: FloatDtype, contiguous: bool, stream: bool) -> RowFn {
     use FloatDtype::*;
     match (src, dst, contiguous) {
-        (F32, F32, true) if stream => copy_streaming::<4>,
-        (F16, F16, true) | (BF16, BF16, true) if stream => copy_streaming::<2>,
+        (F32, F32, true) if stream => streaming::<4>(),
+        (F16, F16, true) | (BF16, BF16, true) if stream => streaming::<2>(),
         (F32, F32, true) => copy_contiguous::<4>,
         (F16, F16, true) | (BF16, BF16, true) => copy_contiguous::<2>,
         (F32, F32, false) => copy_strided::<u32>,
@@ -329,14 +397,19 @@ impl Gather<'_> {
         }
     }
 
-    /// The gather loop, a three-stage software pipeline per chunk: at key `i` it prefetches the
-    /// index bucket of key `i + 2 * AHEAD`, resolves key `i + AHEAD` and prefetches its row, and
-    /// copies row `i`, so the memory latency of buckets and rows overlaps the copies.
+    /// The gather loop, two passes per chunk: the first resolves every key of the chunk to its
+    /// row (a keyed index hashes each key once and prefetches its bucket 16 keys ahead, so many
+    /// bucket misses are in flight at once; [`KeyIndex::get_batch`]), the second copies the
+    /// rows, prefetching each row a few keys ahead. Kept apart, each pass
+    /// keeps many misses of one kind in flight; interleaved in one loop (bucket of key i + 12,
+    /// row of key i + 6, copy of row i), a bucket that had not arrived stalled the copies behind
+    /// it (README, "Performance").
     #[inline(always)]
     fn range_with<R: Resolve, const N: usize>(&self, r: &R, lo: usize, hi: usize, k: &Kernels, track_first: bool, found: &mut Found) {
         let store = &self.table.store;
         let dim = self.table.dim();
         let row_bytes = dim * store.dtype().size();
+        let ahead = rows_ahead(row_bytes);
         let out_size = self.out.dtype.size();
         let default = self.table.default_row_ptr();
         let mut offs = [0isize; N];
@@ -346,21 +419,14 @@ impl Gather<'_> {
         while start < hi {
             let n = N.min(hi - start);
             self.keys.read(start, &mut keys[..n], &mut offs[..n]);
+            r.resolve_all(&keys[..n], &mut rows[..n]);
             self.out.walk.fill(start, &mut offs[..n]);
-            for &key in &keys[..n.min(2 * AHEAD)] {
-                r.prefetch(key);
-            }
-            for i in 0..n.min(AHEAD) {
-                rows[i] = r.row(keys[i]);
-                prefetch_row(store, rows[i], row_bytes);
+            for &row in &rows[..n.min(ahead)] {
+                prefetch_row(store, row, row_bytes);
             }
             for i in 0..n {
-                if i + 2 * AHEAD < n {
-                    r.prefetch(keys[i + 2 * AHEAD]);
-                }
-                if i + AHEAD < n {
-                    rows[i + AHEAD] = r.row(keys[i + AHEAD]);
-                    prefetch_row(store, rows[i + AHEAD], row_bytes);
+                if i + ahead < n {
+                    prefetch_row(store, rows[i + ahead], row_bytes);
                 }
                 let dst = self.out.ptr.wrapping_offset(offs[i] * out_size as isize);
                 if rows[i] == NO_ROW {
@@ -387,10 +453,22 @@ impl Gather<'_> {
     }
 }
 
+/// How many keys ahead of the copy a row is prefetched: about [`LINES_IN_FLIGHT`] cache lines
+/// of rows in flight per thread, between 4 and 16 rows.
+#[inline(always)]
+fn rows_ahead(row_bytes: usize) -> usize {
+    (LINES_IN_FLIGHT / row_bytes.div_ceil(64).clamp(1, 16)).clamp(4, 16)
+}
+
 /// Maps canonical keys to row numbers ([`NO_ROW`] when absent).
 pub(crate) trait Resolve {
+    /// Hints the CPU to fetch what resolving `key` will read.
     fn prefetch(&self, key: u64);
+    /// The row of `key`, or [`NO_ROW`].
     fn row(&self, key: u64) -> usize;
+    /// The rows of `keys` into `rows` (as long as `keys`), with what each key reads
+    /// prefetched ahead of resolving it.
+    fn resolve_all(&self, keys: &[u64], rows: &mut [usize]);
 }
 
 /// Dense tables: key `k` is row `k` below the row count.
@@ -403,6 +481,12 @@ impl Resolve for Dense {
     fn row(&self, key: u64) -> usize {
         if key < self.0 { key as usize } else { NO_ROW }
     }
+    #[inline(always)]
+    fn resolve_all(&self, keys: &[u64], rows: &mut [usize]) {
+        for (row, &key) in rows.iter_mut().zip(keys) {
+            *row = self.row(key);
+        }
+    }
 }
 
 impl Resolve for KeyIndex {
@@ -413,6 +497,10 @@ impl Resolve for KeyIndex {
     #[inline(always)]
     fn row(&self, key: u64) -> usize {
         self.get(key).unwrap_or(NO_ROW)
+    }
+    #[inline(always)]
+    fn resolve_all(&self, keys: &[u64], rows: &mut [usize]) {
+        self.get_batch(keys, rows, NO_ROW)
     }
 }
 
@@ -451,5 +539,37 @@ impl StaticTable {
             return Err(Error::KeyNotFound { key: p.key_dtype.value(key), index });
         }
         Ok(LookupStats { hits: found.hits, misses: found.misses, ..LookupStats::default() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both streaming copies, every destination alignment and row length up to a few lines:
+    /// exactly the row's bytes change, to the source's values.
+    #[test]
+    fn streaming_copies_write_exactly_the_row() {
+        let src: Vec<u8> = (0..700u32).map(|i| (i * 7 + 3) as u8).collect();
+        let mut kernels: Vec<RowFn> = vec![copy_streaming::<1>];
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx") {
+            kernels.push(copy_streaming_avx::<1>);
+        }
+        for kernel in kernels {
+            for align in 0..64 {
+                for len in (0..300).chain([511, 512, 513, 640]) {
+                    let mut dst = vec![0xEEu8; 800];
+                    let at = (64 - dst.as_ptr() as usize % 64) % 64 + align;
+                    // SAFETY: src holds 700 >= len + 5 bytes, dst[at..] holds at least len bytes
+                    // (at < 128, len <= 640, 800 bytes), and the two vectors do not overlap.
+                    unsafe { kernel(src[5..].as_ptr(), dst[at..].as_mut_ptr(), len, 1) };
+                    store_fence();
+                    assert!(dst[..at].iter().all(|&b| b == 0xEE), "before the row: align {align} len {len}");
+                    assert_eq!(&dst[at..at + len], &src[5..5 + len], "align {align} len {len}");
+                    assert!(dst[at + len..].iter().all(|&b| b == 0xEE), "after the row: align {align} len {len}");
+                }
+            }
+        }
     }
 }

@@ -7,6 +7,7 @@
 //! configuration's check of every `sparse_files` entry). Both check the sizes with
 //! [`check_sizes`].
 
+use crate::util::memory::prefault_for_reads;
 use crate::error::{Error, Result};
 use crate::limits::MAX_DIM;
 use std::path::{Path, PathBuf};
@@ -156,8 +157,12 @@ impl SparseFolder {
         u64::from_le_bytes(b.try_into().unwrap_or([0; 8]))
     }
 
-    /// Gives up the key mapping and returns the vector mapping (`None` for an empty table).
+    /// Gives up the key mapping and returns the vector mapping (`None` for an empty table),
+    /// prepared for random row reads (see [`prefault_for_reads`]).
     pub fn into_vectors(self) -> Option<memmap2::Mmap> {
+        if let Some(m) = &self.vecs {
+            prefault_for_reads(m);
+        }
         self.vecs
     }
 }

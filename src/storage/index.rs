@@ -17,6 +17,9 @@ use crate::util::hash::mix;
 use crate::error::{Error, Result};
 
 const SLOTS: usize = 5;
+/// Keys a batched lookup ([`KeyIndex::get_batch`]) hashes and prefetches ahead of the one it
+/// probes.
+const BATCH_AHEAD: usize = 16;
 const EMPTY: u32 = 0;
 /// Highest load factor the index is built for.
 const MAX_LOAD: f64 = 0.85;
@@ -131,30 +134,68 @@ impl KeyIndex {
     /// Hints the CPU to fetch the bucket `key` starts in.
     #[inline(always)]
     pub fn prefetch(&self, key: u64) {
-        crate::util::prefetch(self.buckets().as_ptr().wrapping_add(self.home(key)) as *const u8);
+        self.prefetch_bucket(self.home(key));
     }
 
-    /// The row of `key`, if present. Each bucket is checked without data-dependent branches
-    /// (match and free-slot masks); the probe moves on only past full buckets that overflowed.
+    /// The row of `key`, if present. Each bucket's five keys are compared without branches
+    /// into a match mask; slots fill left to right and are never emptied, so a match is a hit
+    /// unless its slot is empty (a zero key matching an empty slot), and a bucket has a free
+    /// slot exactly when its last one is free. The probe moves on only past full buckets that
+    /// overflowed.
     #[inline(always)]
     pub fn get(&self, key: u64) -> Option<usize> {
+        self.get_from(self.home(key), key)
+    }
+
+    /// The rows of `keys` into `rows` (as long as `keys`), `absent` for a missing key: each
+    /// key is hashed once and its bucket prefetched [`BATCH_AHEAD`] (16) keys before it is
+    /// probed, so that many bucket misses are in flight at once.
+    #[inline(always)]
+    pub fn get_batch(&self, keys: &[u64], rows: &mut [usize], absent: usize) {
+        const AHEAD: usize = BATCH_AHEAD;
+        let n = keys.len().min(rows.len());
+        let mut homes = [0usize; AHEAD];
+        for (home, &key) in homes.iter_mut().zip(&keys[..n.min(AHEAD)]) {
+            *home = self.home(key);
+            self.prefetch_bucket(*home);
+        }
+        for i in 0..n {
+            let home = homes[i % AHEAD];
+            if i + AHEAD < n {
+                let next = self.home(keys[i + AHEAD]);
+                self.prefetch_bucket(next);
+                homes[i % AHEAD] = next;
+            }
+            rows[i] = self.get_from(home, keys[i]).unwrap_or(absent);
+        }
+    }
+
+    /// Hints the CPU to fetch bucket `b` (< nb).
+    #[inline(always)]
+    fn prefetch_bucket(&self, b: usize) {
+        crate::util::prefetch(self.buckets().as_ptr().wrapping_add(b) as *const u8);
+    }
+
+    /// The row of `key`, probing from bucket `b` (its home).
+    #[inline(always)]
+    fn get_from(&self, mut b: usize, key: u64) -> Option<usize> {
         let nb = self.nb;
         let buckets = self.buckets();
-        let mut b = self.home(key);
         loop {
             // SAFETY: b < nb always (home() < nb; wraps below).
             let bucket = unsafe { buckets.get_unchecked(b) };
             let mut hit = 0u32;
-            let mut free = 0u32;
             for s in 0..SLOTS {
-                let used = bucket.rows[s] != EMPTY;
-                hit |= ((used & (bucket.keys[s] == key)) as u32) << s;
-                free |= (!used as u32) << s;
+                hit |= ((bucket.keys[s] == key) as u32) << s;
             }
-            if hit != 0 {
-                return Some(bucket.rows[hit.trailing_zeros() as usize] as usize - 1);
+            while hit != 0 {
+                let row = bucket.rows[hit.trailing_zeros() as usize];
+                if row != EMPTY {
+                    return Some(row as usize - 1);
+                }
+                hit &= hit - 1;
             }
-            if free != 0 || bucket.overflowed == 0 {
+            if bucket.rows[SLOTS - 1] == EMPTY || bucket.overflowed == 0 {
                 return None;
             }
             b += 1;
@@ -232,6 +273,55 @@ mod tests {
             assert_eq!(idx.get(k), Some(i));
         }
         assert_eq!(idx.get(u64::MAX), None);
+    }
+
+    #[test]
+    fn zero_key_against_empty_slots_and_long_probe_chains() {
+        // Key 0 equals the key field of every empty slot: only a stored 0 may be found. At the
+        // index's full load many buckets overflow into the next one.
+        for with_zero in [false, true] {
+            let mut s = 99u64;
+            let mut keys: Vec<u64> = (0..997).map(|_| lcg(&mut s) | 1).collect();
+            if with_zero {
+                keys[500] = 0;
+            }
+            keys.sort_unstable();
+            keys.dedup();
+            let idx = KeyIndex::build(keys.iter().copied(), |k| k as i128, "keys").unwrap();
+            let reference: std::collections::HashMap<u64, usize> = keys.iter().enumerate().map(|(i, &k)| (k, i)).collect();
+            assert_eq!(idx.get(0), reference.get(&0).copied());
+            for probe in keys.iter().copied().chain((0..5000).map(|_| lcg(&mut s))) {
+                assert_eq!(idx.get(probe), reference.get(&probe).copied());
+            }
+        }
+        // A single bucket: every probe starts and ends in it.
+        let idx = KeyIndex::build([0u64, 5, 9].into_iter(), |k| k as i128, "keys").unwrap();
+        assert_eq!((idx.get(0), idx.get(5), idx.get(9), idx.get(1)), (Some(0), Some(1), Some(2), None));
+        let idx = KeyIndex::build([5u64].into_iter(), |k| k as i128, "keys").unwrap();
+        assert_eq!((idx.get(0), idx.get(5)), (None, Some(0)));
+    }
+
+    #[test]
+    fn batched_lookups_match_single_ones() {
+        // Random keys, misses and repeats, in batches shorter and longer than the prefetch
+        // distance, against a HashMap reference.
+        let mut s = 5u64;
+        let keys: Vec<u64> = (0..20_000).map(|_| lcg(&mut s)).collect();
+        let idx = KeyIndex::build(keys.iter().copied(), |k| k as i128, "keys").unwrap();
+        let reference: std::collections::HashMap<u64, usize> = keys.iter().enumerate().map(|(i, &k)| (k, i)).collect();
+        for n in [0usize, 1, BATCH_AHEAD - 1, BATCH_AHEAD, BATCH_AHEAD + 1, 1000] {
+            let probe: Vec<u64> = (0..n)
+                .map(|i| match lcg(&mut s) % 4 {
+                    0 => lcg(&mut s),
+                    1 => keys[i % 3],
+                    _ => keys[(lcg(&mut s) % 20_000) as usize],
+                })
+                .collect();
+            let mut rows = vec![7usize; n];
+            idx.get_batch(&probe, &mut rows, usize::MAX);
+            let want: Vec<usize> = probe.iter().map(|k| reference.get(k).copied().unwrap_or(usize::MAX)).collect();
+            assert_eq!(rows, want, "batch of {n}");
+        }
     }
 
     #[test]
