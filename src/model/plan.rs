@@ -54,7 +54,9 @@ pub(crate) struct Plan {
 // disjoint output rows (validated by `plan`).
 unsafe impl Sync for Plan {}
 
-/// `keys` and `out` checked against a table's `dim`, wherever they live. Built by [`check`].
+/// `keys` and `out` checked against a table's `dim`, wherever they live. Built by [`check`] (for
+/// the CUDA path; the host path plans from [`check_views`] without keeping the views).
+#[cfg(feature = "cuda")]
 pub(crate) struct Checked {
     pub k: TensorView,
     pub o: TensorView,
@@ -67,6 +69,7 @@ pub(crate) struct Checked {
     pub col_stride: usize,
 }
 
+#[cfg(feature = "cuda")]
 impl Checked {
     /// Where the keys are read from.
     pub(crate) fn key_source(&self) -> KeySource {
@@ -74,7 +77,6 @@ impl Checked {
     }
 
     /// The keys in canonical form (host keys only).
-    #[cfg(feature = "cuda")]
     pub(crate) fn host_keys(&self) -> Vec<u64> {
         let mut keys = vec![0u64; self.n];
         let mut offs = vec![0isize; self.n];
@@ -87,7 +89,6 @@ impl Checked {
     ///
     /// # Safety
     /// `out` must be writable host memory as validated.
-    #[cfg(feature = "cuda")]
     pub(crate) unsafe fn write_host_rows(&self, rows: &[u8]) {
         let size = self.od.size();
         let dim = rows.len() / size / self.n.max(1);
@@ -111,6 +112,7 @@ impl Checked {
 
 /// Checks dtypes, shapes and strides of the views of `keys` and `out` for a table of `dim`,
 /// on any device; `None` when there are no keys (a valid no-op).
+#[cfg(feature = "cuda")]
 pub(crate) fn check(dim: usize, k: TensorView, o: TensorView) -> Result<Option<Checked>> {
     let Some(Layout { kd, od, n, lead, col_stride }) = check_views(dim, &k, &o)? else {
         return Ok(None);
