@@ -19,6 +19,7 @@ pub enum KeyDtype {
 
 impl KeyDtype {
     /// The key dtype of `dt`, or an error naming `arg`.
+    #[inline]
     pub fn of(dt: DLDataType, arg: &'static str) -> Result<Self> {
         let k = match (dt.code, dt.bits, dt.lanes) {
             (DLDataTypeCode::INT, 32, 1) => KeyDtype::I32,
@@ -76,6 +77,7 @@ pub enum FloatDtype {
 
 impl FloatDtype {
     /// The float dtype of `dt`, or an error naming `arg`.
+    #[inline]
     pub fn of(dt: DLDataType, arg: &'static str) -> Result<Self> {
         match (dt.code, dt.bits, dt.lanes) {
             (DLDataTypeCode::FLOAT, 32, 1) => Ok(FloatDtype::F32),
@@ -185,17 +187,146 @@ fn unsupported_reason() -> &'static str {
 }
 
 /// Fails unless `d` is memory the CPU path can read and write directly.
+#[inline]
 pub fn require_host(d: DLDevice, arg: &'static str) -> Result<()> {
     match d.device_type {
         DLDeviceType::CPU | DLDeviceType::CUDAHOST => Ok(()),
-        _ => Err(Error::Device {
-            arg,
-            msg: format!(
-                "device {}; this build of strata serves host memory only (kDLCPU, kDLCUDAHost): {}",
-                device_name(d),
-                unsupported_reason()
-            ),
-        }),
+        _ => Err(not_host(d, arg)),
+    }
+}
+
+#[cold]
+fn not_host(d: DLDevice, arg: &'static str) -> Error {
+    Error::Device {
+        arg,
+        msg: format!(
+            "device {}; this build of strata serves host memory only (kDLCPU, kDLCUDAHost): {}",
+            device_name(d),
+            unsupported_reason()
+        ),
+    }
+}
+
+/// How many values a [`Dims`] holds without allocating by default: the rank of nearly every
+/// tensor a lookup sees (keys up to 3-D, their rows 4-D).
+const INLINE_DIMS: usize = 4;
+
+/// A short list of sizes, strides or (size, stride) pairs: up to `N` values inline, more on the
+/// heap, so validating and planning a lookup of ordinary rank allocates nothing. Reads as a
+/// slice (and prints as one, `[2, 3]`).
+#[derive(Clone)]
+pub enum Dims<T: Copy + Default, const N: usize = INLINE_DIMS> {
+    /// The first `len` values of the array.
+    Inline(u8, [T; N]),
+    /// More than `N` values.
+    Heap(Vec<T>),
+}
+
+impl<T: Copy + Default, const N: usize> Dims<T, N> {
+    /// An empty list.
+    #[inline]
+    pub fn new() -> Self {
+        Dims::Inline(0, [T::default(); N])
+    }
+
+    /// An empty list with room for `n` values (allocated only beyond `N`).
+    #[inline]
+    pub fn with_capacity(n: usize) -> Self {
+        if n > N { Dims::Heap(Vec::with_capacity(n)) } else { Self::new() }
+    }
+
+    /// The list `f(0), .., f(n - 1)`.
+    #[inline]
+    pub fn from_fn(n: usize, mut f: impl FnMut(usize) -> T) -> Self {
+        if n <= N {
+            let mut a = [T::default(); N];
+            for (i, x) in a[..n].iter_mut().enumerate() {
+                *x = f(i);
+            }
+            Dims::Inline(n as u8, a)
+        } else {
+            Dims::Heap((0..n).map(f).collect())
+        }
+    }
+
+    /// Appends `v`.
+    #[inline]
+    pub fn push(&mut self, v: T) {
+        match self {
+            Dims::Inline(len, a) if (*len as usize) < N => {
+                a[*len as usize] = v;
+                *len += 1;
+            }
+            Dims::Inline(_, a) => {
+                let mut h = Vec::with_capacity(2 * N);
+                h.extend_from_slice(a);
+                h.push(v);
+                *self = Dims::Heap(h);
+            }
+            Dims::Heap(h) => h.push(v),
+        }
+    }
+}
+
+impl<T: Copy + Default, const N: usize> Default for Dims<T, N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T: Copy + Default, const N: usize> std::ops::Deref for Dims<T, N> {
+    type Target = [T];
+    #[inline]
+    fn deref(&self) -> &[T] {
+        match self {
+            Dims::Inline(len, a) => &a[..*len as usize],
+            Dims::Heap(h) => h,
+        }
+    }
+}
+
+impl<T: Copy + Default, const N: usize> std::ops::DerefMut for Dims<T, N> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut [T] {
+        match self {
+            Dims::Inline(len, a) => &mut a[..*len as usize],
+            Dims::Heap(h) => h,
+        }
+    }
+}
+
+impl<T: Copy + Default, const N: usize> FromIterator<T> for Dims<T, N> {
+    fn from_iter<I: IntoIterator<Item = T>>(iter: I) -> Self {
+        let iter = iter.into_iter();
+        let mut d = Dims::with_capacity(iter.size_hint().0);
+        for v in iter {
+            d.push(v);
+        }
+        d
+    }
+}
+
+impl<T: Copy + Default + std::fmt::Debug, const N: usize> std::fmt::Debug for Dims<T, N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
+    }
+}
+
+impl<T: Copy + Default + PartialEq, const N: usize> PartialEq for Dims<T, N> {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl<T: Copy + Default + PartialEq, const N: usize, const M: usize> PartialEq<[T; M]> for Dims<T, N> {
+    fn eq(&self, other: &[T; M]) -> bool {
+        **self == other[..]
+    }
+}
+
+impl<T: Copy + Default + PartialEq, const N: usize> PartialEq<Vec<T>> for Dims<T, N> {
+    fn eq(&self, other: &Vec<T>) -> bool {
+        **self == other[..]
     }
 }
 
@@ -210,9 +341,9 @@ pub struct TensorView {
     pub ptr: *mut u8,
     pub dtype: DLDataType,
     pub device: DLDevice,
-    pub shape: Vec<usize>,
+    pub shape: Dims<usize>,
     /// Strides in elements (DLPack convention).
-    pub strides: Vec<isize>,
+    pub strides: Dims<isize>,
     pub numel: usize,
     /// Bytes per element.
     pub elem: usize,
@@ -226,20 +357,22 @@ impl TensorView {
     ///
     /// # Safety
     /// `t.shape` and `t.strides` must be readable for `t.ndim` elements (or NULL).
+    #[inline]
     pub unsafe fn new(t: &DLTensor, arg: &'static str) -> Result<Self> {
         // SAFETY: the caller guarantees t.shape and t.strides are readable for t.ndim elements;
         // `r` lives only in this function, while `t` is borrowed and not modified.
         let r = unsafe { dlpark::TensorRef::from_raw(t) }.map_err(|e| dlpark_error(e, arg))?;
-        let shape: Vec<usize> = r.shape().iter().map(|&s| s as usize).collect();
         let elem_bits = t.dtype.bits as usize * t.dtype.lanes as usize;
         if !elem_bits.is_multiple_of(8) {
-            return Err(Error::Dtype { arg, got: dtype_name(t.dtype), expected: "a whole-byte dtype" });
+            return Err(partial_byte(t.dtype, arg));
         }
         let elem = elem_bits / 8;
-        let overflow = || Error::layout(arg, "shape and strides reach beyond the address space");
-        let strides: Vec<isize> = match r.strides() {
+        let dims = r.shape();
+        // dlpark checked every size non-negative and their product.
+        let shape: Dims<usize> = Dims::from_fn(dims.len(), |d| dims[d] as usize);
+        let strides: Dims<isize> = match r.strides() {
             None => {
-                let mut s = vec![0isize; shape.len()];
+                let mut s: Dims<isize> = Dims::from_fn(dims.len(), |_| 0);
                 let mut acc = 1isize;
                 for d in (0..shape.len()).rev() {
                     s[d] = acc;
@@ -247,19 +380,20 @@ impl TensorView {
                 }
                 s
             }
-            Some(st) => st.iter().map(|&s| isize::try_from(s).map_err(|_| overflow())).collect::<Result<_>>()?,
+            // isize is i64 on the 64-bit targets strata builds for.
+            Some(st) => Dims::from_fn(st.len(), |d| st[d] as isize),
         };
         let numel = r.num_elements();
         let (ptr, range) = if numel == 0 {
             (std::ptr::NonNull::<u8>::dangling().as_ptr(), (0, 0))
         } else {
             if t.data.is_null() {
-                return Err(Error::layout(arg, format!("data is NULL but the tensor has {numel} elements")));
+                return Err(null_data(numel, arg));
             }
             // Offsets of the lowest and highest element, in elements, exactly (i128 cannot
             // overflow for 64-bit sizes and strides summed over fewer than 2^60 dimensions).
             let (mut lo, mut hi) = (0i128, 0i128);
-            for (&n, &s) in shape.iter().zip(&strides) {
+            for (&n, &s) in shape.iter().zip(strides.iter()) {
                 let step = (n as i128 - 1) * s as i128;
                 if step < 0 { lo += step } else { hi += step }
             }
@@ -267,20 +401,11 @@ impl TensorView {
             let start = base + lo * elem as i128;
             let end = base + (hi + 1) * elem as i128;
             if start < 0 || end > usize::MAX as i128 || end - start > isize::MAX as i128 {
-                return Err(Error::layout(
-                    arg,
-                    format!("shape {shape:?} with strides {strides:?} and byte_offset {} reaches beyond the address space", t.byte_offset),
-                ));
+                return Err(beyond_address_space(&shape, &strides, t.byte_offset, arg));
             }
             let align = elem.clamp(1, 8);
             if elem.is_power_of_two() && base % align as i128 != 0 {
-                return Err(Error::layout(
-                    arg,
-                    format!(
-                        "data + byte_offset = {base:#x} is not aligned to {align} bytes ({}); expected aligned elements",
-                        dtype_name(t.dtype)
-                    ),
-                ));
+                return Err(misaligned(base, align, t.dtype, arg));
             }
             ((t.data as *mut u8).wrapping_add(t.byte_offset as usize), (start as usize, end as usize))
         };
@@ -288,6 +413,7 @@ impl TensorView {
     }
 
     /// Fails unless every stride is non-negative (outputs, adopted vectors).
+    #[inline]
     pub fn require_non_negative_strides(&self) -> Result<()> {
         match self.strides.iter().position(|&s| s < 0) {
             None => Ok(()),
@@ -312,20 +438,21 @@ impl TensorView {
     /// Whether the elements of this view occupy distinct addresses, by the usual sufficient
     /// rule: sorted by |stride|, each stride steps past everything the smaller ones reach.
     /// (Some exotic interleavings with distinct elements are refused too.)
+    #[inline]
     pub fn is_non_overlapping(&self) -> bool {
         if self.numel == 0 {
             return true;
         }
-        let mut dims: Vec<(usize, usize)> = self
+        let mut dims: Dims<(usize, usize)> = self
             .shape
             .iter()
-            .zip(&self.strides)
+            .zip(self.strides.iter())
             .filter(|(n, _)| **n > 1)
             .map(|(&n, &s)| (n, s.unsigned_abs()))
             .collect();
-        dims.sort_by_key(|&(_, s)| s);
+        dims.sort_unstable_by_key(|&(_, s)| s);
         let mut reach = 0usize; // largest element offset reached by the dims so far
-        for (n, s) in dims {
+        for &(n, s) in dims.iter() {
             if s <= reach {
                 return false;
             }
@@ -335,6 +462,30 @@ impl TensorView {
     }
 }
 
+#[cold]
+fn partial_byte(dtype: DLDataType, arg: &'static str) -> Error {
+    Error::Dtype { arg, got: dtype_name(dtype), expected: "a whole-byte dtype" }
+}
+
+#[cold]
+fn null_data(numel: usize, arg: &'static str) -> Error {
+    Error::layout(arg, format!("data is NULL but the tensor has {numel} elements"))
+}
+
+#[cold]
+fn beyond_address_space(shape: &[usize], strides: &[isize], byte_offset: u64, arg: &'static str) -> Error {
+    Error::layout(arg, format!("shape {shape:?} with strides {strides:?} and byte_offset {byte_offset} reaches beyond the address space"))
+}
+
+#[cold]
+fn misaligned(base: i128, align: usize, dtype: DLDataType, arg: &'static str) -> Error {
+    Error::layout(
+        arg,
+        format!("data + byte_offset = {base:#x} is not aligned to {align} bytes ({}); expected aligned elements", dtype_name(dtype)),
+    )
+}
+
+#[cold]
 fn dlpark_error(e: dlpark::tensor::Error, arg: &'static str) -> Error {
     use dlpark::tensor::Error as E;
     match e {
@@ -371,13 +522,14 @@ fn null_shape_arg(arg: &'static str, _ndim: i32) -> &'static str {
 #[derive(Debug, Clone)]
 pub struct Walk {
     /// (size, stride) pairs, outermost first, after merging.
-    dims: Vec<(usize, isize)>,
+    dims: Dims<(usize, isize), 2>,
 }
 
 impl Walk {
     /// A walk over `shape` with element `strides`.
+    #[inline]
     pub fn new(shape: &[usize], strides: &[isize]) -> Self {
-        let mut dims: Vec<(usize, isize)> = Vec::with_capacity(shape.len());
+        let mut dims: Dims<(usize, isize), 2> = Dims::new();
         for (&n, &s) in shape.iter().zip(strides) {
             if n == 1 {
                 continue;
@@ -395,7 +547,7 @@ impl Walk {
     /// The uniform stride when the walk is one-dimensional (or trivial).
     #[inline]
     pub fn linear_stride(&self) -> Option<isize> {
-        match self.dims.as_slice() {
+        match &self.dims[..] {
             [] => Some(0),
             [(_, s)] => Some(*s),
             _ => None,
@@ -499,6 +651,25 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn dims_hold_any_rank_inline_or_not() {
+        for len in 0..10usize {
+            let d: Dims<usize> = (0..len).collect();
+            let want: Vec<usize> = (0..len).collect();
+            assert_eq!(&d[..], &want[..]);
+            assert!(d == want);
+            assert_eq!(format!("{d:?}"), format!("{want:?}"));
+            let mut e = d.clone();
+            e.push(99);
+            assert_eq!(e.len(), len + 1);
+            assert_eq!(e[len], 99);
+            assert!(e != d);
+        }
+        let mut d: Dims<isize> = [3, 1, 2].into_iter().collect();
+        d.sort_unstable();
+        assert!(d == [1, 2, 3]);
     }
 
     #[test]

@@ -265,20 +265,10 @@ impl Table {
             // tensors (CUDA ones until the stream has run the lookup) and a live opts.stream.
             return unsafe { crate::exec::cuda::run::lookup(source, &self.gpu, &self.resident, keys, out, opts, want_stats) };
         }
-        let _ = want_stats;
-        match &self.kind {
-            // SAFETY: StaticTable::lookup needs Table::lookup's contract, which the caller upholds.
-            TableKind::Static(t) => unsafe { t.lookup(keys, out, opts) },
-            // SAFETY: plan needs Table::lookup's contract, which the caller upholds. A tiered
-            // table's rows live in its tiers, not in caller memory, so there is no range to keep
-            // out clear of.
-            TableKind::Tiered(t) => match unsafe { plan(t.dim(), (0, 0), keys, out, opts) }? {
-                Some(p) => t.lookup(&p),
-                None => Ok(LookupStats::default()),
-            },
-            // SAFETY: DistTable::lookup needs Table::lookup's contract, which the caller upholds.
-            TableKind::Dist(t) => unsafe { t.lookup(keys, out, opts) },
-        }
+        let r = BatchRequest { table: self, keys, offsets: None, weights: None, pooling: None, out, want_stats };
+        // SAFETY: planning and running a request need Table::lookup's contract, which the caller
+        // upholds.
+        unsafe { r.plan(opts)?.run(usize::MAX, opts) }
     }
 
     /// Looks up bags of keys and writes one pooled row per bag into `out` (see
@@ -299,9 +289,10 @@ impl Table {
         opts: &LookupOptions,
         want_stats: bool,
     ) -> Result<LookupStats> {
+        let r = BatchRequest { table: self, keys, offsets, weights, pooling: Some(pooling), out, want_stats };
         #[cfg(feature = "cuda")]
         if let Some(source) = self.source()
-            && [Some(keys), offsets, weights, Some(out)].into_iter().flatten().any(crate::exec::cuda::run::is_cuda)
+            && r.on_cuda()
         {
             // SAFETY: forwarded: the caller vouches for the tensors (and, for CUDA tensors, for
             // their validity until the stream has run the lookup).
@@ -309,46 +300,41 @@ impl Table {
                 crate::exec::cuda::pooled::lookup(source, &self.gpu, &self.resident, keys, offsets, weights, pooling, out, opts, want_stats)
             };
         }
-        let _ = want_stats;
-        let stats = |f: crate::exec::cpu::Found| LookupStats { hits: f.hits, misses: f.misses, ..LookupStats::default() };
-        match &self.kind {
-            TableKind::Static(t) => {
-                // SAFETY: forwarded from the caller.
-                let p = unsafe { plan_pooled(t.dim(), t.store().byte_range(), keys, offsets, weights, pooling, out, opts) }?;
-                crate::exec::pooled::pool_static(t, &p).map(stats)
-            }
-            TableKind::Tiered(t) => {
-                // SAFETY: forwarded from the caller.
-                let p = unsafe { plan_pooled(t.dim(), (0, 0), keys, offsets, weights, pooling, out, opts) }?;
-                crate::exec::pooled::pool_tiered(t, &p)
-            }
-            TableKind::Dist(t) => {
-                // Validated on every rank together, then one collective gather of every key's
-                // row, pooled locally.
-                // SAFETY: forwarded from the caller.
-                let p = t.agree(unsafe { plan_pooled(t.dim(), (0, 0), keys, offsets, weights, pooling, out, opts) })?;
-                let dim = t.dim();
-                let mut rows = vec![0f32; p.nnz * dim];
-                let mut shape = [p.nnz as i64, dim as i64];
-                let staged = DLTensor {
-                    data: rows.as_mut_ptr().cast(),
-                    device: dlpark::ffi::DLDevice { device_type: dlpark::ffi::DLDeviceType::CPU, device_id: 0 },
-                    ndim: 2,
-                    dtype: FloatDtype::F32.dl(),
-                    shape: shape.as_mut_ptr(),
-                    strides: std::ptr::null_mut(),
-                    byte_offset: 0,
-                };
-                // SAFETY: keys as the caller vouched; `staged` describes `rows`, nnz x dim.
-                let found = unsafe { t.lookup(keys, &staged, opts) }?;
-                crate::exec::pooled::pool_gathered(&rows, dim, &p)?;
-                Ok(found)
-            }
-        }
+        // SAFETY: planning and running a request need this function's contract, which the caller
+        // upholds.
+        unsafe { r.plan(opts)?.run(usize::MAX, opts) }
     }
 }
 
-/// One lookup of a batch ([`lookup_batch`]): plain when `pooling` is `None`, else pooled.
+/// A pooled lookup on a distributed table: validated on every rank together, then one
+/// collective gather of every key's row, pooled locally.
+///
+/// # Safety
+/// As for [`Table::lookup_pooled`].
+unsafe fn pool_dist(t: &crate::dist::DistTable, r: &BatchRequest, pooling: Pooling, opts: &LookupOptions) -> Result<LookupStats> {
+    // SAFETY: forwarded from the caller.
+    let p = t.agree(unsafe { plan_pooled(t.dim(), (0, 0), r.keys, r.offsets, r.weights, pooling, r.out, opts) })?;
+    let dim = t.dim();
+    let mut rows = vec![0f32; p.nnz * dim];
+    let mut shape = [p.nnz as i64, dim as i64];
+    let staged = DLTensor {
+        data: rows.as_mut_ptr().cast(),
+        device: dlpark::ffi::DLDevice { device_type: dlpark::ffi::DLDeviceType::CPU, device_id: 0 },
+        ndim: 2,
+        dtype: FloatDtype::F32.dl(),
+        shape: shape.as_mut_ptr(),
+        strides: std::ptr::null_mut(),
+        byte_offset: 0,
+    };
+    // SAFETY: keys as the caller vouched; `staged` describes `rows`, nnz x dim.
+    let found = unsafe { t.lookup(r.keys, &staged, opts) }?;
+    crate::exec::pooled::pool_gathered(&rows, dim, &p)?;
+    Ok(found)
+}
+
+/// One lookup, as the C calls take it: plain when `pooling` is `None`, else pooled. A
+/// `strata_lookup`, a `strata_lookup_pooled` and each request of a batch ([`lookup_batch`]) are
+/// planned by the same step ([`BatchRequest::plan`]) and run by the same code ([`Work::run`]).
 pub struct BatchRequest<'a> {
     pub table: &'a Table,
     pub keys: &'a DLTensor,
@@ -360,7 +346,8 @@ pub struct BatchRequest<'a> {
     pub want_stats: bool,
 }
 
-/// A validated request of a batch, ready to run.
+/// A planned request, ready to run. Planning a host request of ordinary rank allocates nothing
+/// (besides the copy of more than a few offsets).
 enum Work<'a> {
     Static(&'a StaticTable, Option<Plan>),
     Tiered(&'a TieredTable, Option<Plan>),
@@ -370,27 +357,52 @@ enum Work<'a> {
     /// on the stream (`exec::cuda::pooled::run`).
     #[cfg(feature = "cuda")]
     Cuda(Box<crate::exec::cuda::pooled::Valid<'a>>),
-    /// Distributed tables run as their own calls (collective), after every request was
-    /// validated.
-    Own(&'a BatchRequest<'a>),
+    /// A distributed table: validated and run collectively by its own lookup.
+    Dist(&'a crate::dist::DistTable, &'a BatchRequest<'a>),
 }
 
-impl BatchRequest<'_> {
+impl<'a> BatchRequest<'a> {
+    /// Whether a tensor of this request is CUDA memory.
+    #[cfg(feature = "cuda")]
     fn on_cuda(&self) -> bool {
-        #[cfg(feature = "cuda")]
-        return [Some(self.keys), self.offsets, self.weights, Some(self.out)]
-            .into_iter()
-            .flatten()
-            .any(crate::exec::cuda::run::is_cuda);
-        #[cfg(not(feature = "cuda"))]
-        return false;
+        [Some(self.keys), self.offsets, self.weights, Some(self.out)].into_iter().flatten().any(crate::exec::cuda::run::is_cuda)
     }
 
-    /// Validates this request into its work.
+    /// Plans this request for the host: every tensor validated against the table (nothing is
+    /// written). A distributed table's request is left to its collective lookup.
+    ///
+    /// # Safety
+    /// As for [`Table::lookup`] (with `offsets` and `weights` readable as for
+    /// [`Table::lookup_pooled`]).
+    unsafe fn plan(&'a self, opts: &LookupOptions) -> Result<Work<'a>> {
+        let (keys, out) = (self.keys, self.out);
+        // SAFETY: the caller vouches for the tensors each arm plans.
+        let work = unsafe {
+            match (&self.table.kind, self.pooling) {
+                (TableKind::Static(t), None) => Work::Static(t, plan(t.dim(), t.store().byte_range(), keys, out, opts)?),
+                // A tiered table's rows live in its tiers, not in caller memory, so there is no
+                // range to keep out clear of.
+                (TableKind::Tiered(t), None) => Work::Tiered(t, plan(t.dim(), (0, 0), keys, out, opts)?),
+                (TableKind::Static(t), Some(p)) => Work::PooledStatic(
+                    t,
+                    plan_pooled(t.dim(), t.store().byte_range(), keys, self.offsets, self.weights, p, out, opts)?,
+                ),
+                (TableKind::Tiered(t), Some(p)) => {
+                    Work::PooledTiered(t, plan_pooled(t.dim(), (0, 0), keys, self.offsets, self.weights, p, out, opts)?)
+                }
+                (TableKind::Dist(t), _) => Work::Dist(t, self),
+            }
+        };
+        Ok(work)
+    }
+
+    /// Validates this request of a batch into its work: CUDA tensors for their device, host
+    /// tensors by [`BatchRequest::plan`], and a distributed table's tensors by the same local
+    /// checks its collective lookup makes (the batch agrees on the outcome before any lookup).
     ///
     /// # Safety
     /// As for [`lookup_batch`].
-    unsafe fn validate(&self, opts: &LookupOptions) -> Result<Work<'_>> {
+    unsafe fn validate(&'a self, opts: &LookupOptions) -> Result<Work<'a>> {
         #[cfg(feature = "cuda")]
         if self.on_cuda()
             && let Some(source) = self.table.source()
@@ -410,25 +422,17 @@ impl BatchRequest<'_> {
             // SAFETY: the caller vouches for the tensors.
             return Ok(Work::Cuda(Box::new(unsafe { crate::exec::cuda::pooled::validate(&cuda, opts) }?)));
         }
-        if self.on_cuda() || matches!(self.table.kind, TableKind::Dist(_)) {
-            return Ok(Work::Own(self));
+        if let TableKind::Dist(t) = &self.table.kind {
+            // SAFETY: the caller vouches for the tensors; this only checks them.
+            unsafe {
+                match self.pooling {
+                    None => plan(t.dim(), (0, 0), self.keys, self.out, opts).map(drop),
+                    Some(p) => plan_pooled(t.dim(), (0, 0), self.keys, self.offsets, self.weights, p, self.out, opts).map(drop),
+                }
+            }?;
         }
-        let (keys, out, offsets, weights) = (self.keys, self.out, self.offsets, self.weights);
-        // SAFETY: the caller of lookup_batch vouches for the tensors each arm plans.
-        let work = unsafe {
-            match (&self.table.kind, self.pooling) {
-                (TableKind::Static(t), None) => Work::Static(t, plan(t.dim(), t.store().byte_range(), keys, out, opts)?),
-                (TableKind::Tiered(t), None) => Work::Tiered(t, plan(t.dim(), (0, 0), keys, out, opts)?),
-                (TableKind::Static(t), Some(p)) => {
-                    Work::PooledStatic(t, plan_pooled(t.dim(), t.store().byte_range(), keys, offsets, weights, p, out, opts)?)
-                }
-                (TableKind::Tiered(t), Some(p)) => {
-                    Work::PooledTiered(t, plan_pooled(t.dim(), (0, 0), keys, offsets, weights, p, out, opts)?)
-                }
-                (TableKind::Dist(_), _) => Work::Own(self),
-            }
-        };
-        Ok(work)
+        // SAFETY: forwarded from the caller.
+        unsafe { self.plan(opts) }
     }
 }
 
@@ -442,14 +446,15 @@ impl Work<'_> {
             Work::PooledTiered(t, p) => p.nnz * t.dim() * 4,
             #[cfg(feature = "cuda")]
             Work::Cuda(_) => 0,
-            Work::Own(_) => 0,
+            Work::Dist(..) => 0,
         }
     }
 
     /// Runs on at most `threads` threads.
     ///
     /// # Safety
-    /// As for [`lookup_batch`].
+    /// As for the call that planned it ([`Table::lookup`], [`Table::lookup_pooled`],
+    /// [`lookup_batch`]).
     unsafe fn run(self, threads: usize, opts: &LookupOptions) -> Result<LookupStats> {
         let pooled_stats = |f: crate::exec::cpu::Found| LookupStats { hits: f.hits, misses: f.misses, ..LookupStats::default() };
         match self {
@@ -460,14 +465,14 @@ impl Work<'_> {
                 crate::exec::pooled::pool_static(t, &PooledPlan { threads: p.threads.min(threads), ..p }).map(pooled_stats)
             }
             Work::PooledTiered(t, p) => crate::exec::pooled::pool_tiered(t, &PooledPlan { threads: p.threads.min(threads), ..p }),
-            // SAFETY: the caller of lookup_batch vouches for the tensors.
+            // SAFETY: the planning call's caller vouches for the tensors.
             #[cfg(feature = "cuda")]
             Work::Cuda(v) => unsafe { crate::exec::cuda::pooled::run(vec![*v], opts) }.map(|mut s| s.remove(0)).map_err(|(_, e)| e),
-            // SAFETY: the caller of lookup_batch vouches for the request's tensors.
-            Work::Own(r) => unsafe {
+            // SAFETY: the planning call's caller vouches for the request's tensors.
+            Work::Dist(t, r) => unsafe {
                 match r.pooling {
-                    None => r.table.lookup_with(r.keys, r.out, opts, r.want_stats),
-                    Some(pooling) => r.table.lookup_pooled(r.keys, r.offsets, r.weights, pooling, r.out, opts, r.want_stats),
+                    None => t.lookup(r.keys, r.out, opts),
+                    Some(pooling) => pool_dist(t, r, pooling, opts),
                 }
             },
         }

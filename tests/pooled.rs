@@ -485,3 +485,62 @@ fn threads_do_not_change_pooled_results() {
     }
     assert!(outs.windows(2).all(|w| w[0] == w[1]), "results differ with the thread count");
 }
+
+/// Keys of rank 5 and an out of rank 6 (beyond the dimensions a tensor view holds inline), with
+/// strides that do not merge, give the reference rows alone and in a batch; the out's padding
+/// stays poisoned.
+#[test]
+fn high_rank_strided_requests_give_the_reference_rows() {
+    let mut rng = Rng(51);
+    let fx = Fixture::new(&mut rng, 300, 5, -1.5, false);
+    let shape = [2i64, 1, 3, 2, 2];
+    let kstrides = [40i64, 40, 10, 4, 1]; // no two neighbouring dimensions merge
+    let n = 24;
+    let flat = fx.draw_keys(&mut rng, n);
+    let mut backing = vec![-7i64; 66];
+    let mut oshape = shape.to_vec();
+    oshape.push(fx.dim as i64);
+    let ostrides = [84i64, 84, 28, 14, 7, 1]; // rows of 5 values 7 apart
+    let mut at = Vec::with_capacity(n); // (key offset, out offset) of each flat index
+    for a in 0..2 {
+        for c in 0..3 {
+            for d in 0..2 {
+                for e in 0..2 {
+                    at.push(((a * 40 + c * 10 + d * 4 + e) as usize, (a * 84 + c * 28 + d * 14 + e * 7) as usize));
+                }
+            }
+        }
+    }
+    for (i, &(k, _)) in at.iter().enumerate() {
+        backing[k] = flat[i];
+    }
+    let bags: Vec<(usize, usize)> = (0..n).map(|i| (i, i + 1)).collect();
+    let (want, misses) = fx.expected(&flat, &bags, None, 1);
+    let kd = Desc::new(backing.as_ptr().cast(), I64, &shape, &kstrides, 0);
+    let poison = f32::from_bits(u32::from_ne_bytes([POISON; 4]));
+    let check = |out: &[f32], what: &str| {
+        let mut written = vec![false; out.len()];
+        for (i, &(_, o)) in at.iter().enumerate() {
+            for c in 0..fx.dim {
+                assert_eq!(out[o + c].to_bits(), want[i * fx.dim + c].to_bits(), "{what}: key {i}, column {c}");
+                written[o + c] = true;
+            }
+        }
+        for (j, x) in out.iter().enumerate() {
+            assert!(written[j] || x.to_bits() == poison.to_bits(), "{what}: element {j} outside the rows was written");
+        }
+    };
+    let mut alone = vec![poison; 168];
+    let mut ad = Desc::new(alone.as_mut_ptr().cast(), F32, &oshape, &ostrides, 0);
+    let mut stats = strata_lookup_stats_default();
+    // SAFETY: live table and descriptions of this test's buffers.
+    ok(unsafe { strata_lookup(fx.table.0, &kd.t, &mut ad.t, null(), &mut stats) });
+    assert_eq!((stats.hits, stats.misses), (n as u64 - misses, misses));
+    check(&alone, "alone");
+    let mut batched = vec![poison; 168];
+    let mut bd = Desc::new(batched.as_mut_ptr().cast(), F32, &oshape, &ostrides, 0);
+    let r = [strata_lookup_request { table: fx.table.0, keys: &kd.t, out: &mut bd.t, ..strata_lookup_request_default() }];
+    // SAFETY: one request over live descriptions.
+    ok(unsafe { strata_lookup_batch(r.as_ptr(), 1, null()) });
+    check(&batched, "batched");
+}

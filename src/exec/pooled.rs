@@ -23,6 +23,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 const CHUNK: usize = 256;
 /// How many keys ahead rows are prefetched.
 const AHEAD: usize = 8;
+/// How many keys ahead a fill prefetches index buckets: one line each, so more of them fit in
+/// the memory system's outstanding misses than rows do.
+const BUCKET_AHEAD: usize = 32;
 /// Keys a participant takes at a time (rounded to whole bags).
 const TASK_KEYS: usize = 4096;
 
@@ -270,15 +273,15 @@ fn bags(
 }
 
 /// Fills row addresses of a static table's store, resolving keys through `r` with the bucket
-/// of the key [`AHEAD`] further prefetched.
+/// of the key [`BUCKET_AHEAD`] further prefetched.
 fn static_fill<'a, R: Resolve + Sync>(t: &'a StaticTable, r: &'a R) -> impl Fn(usize, &[u64], &mut [*const u8], &mut Scratch) -> Result<()> + Sync + 'a {
     move |_, keys, ptrs, _| {
-        for &k in &keys[..keys.len().min(AHEAD)] {
+        for &k in &keys[..keys.len().min(BUCKET_AHEAD)] {
             r.prefetch(k);
         }
         for i in 0..keys.len() {
-            if i + AHEAD < keys.len() {
-                r.prefetch(keys[i + AHEAD]);
+            if i + BUCKET_AHEAD < keys.len() {
+                r.prefetch(keys[i + BUCKET_AHEAD]);
             }
             let row = r.row(keys[i]);
             ptrs[i] = if row == NO_ROW { std::ptr::null() } else { t.store().row_ptr(row) };

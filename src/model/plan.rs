@@ -54,7 +54,9 @@ pub(crate) struct Plan {
 // disjoint output rows (validated by `plan`).
 unsafe impl Sync for Plan {}
 
-/// `keys` and `out` checked against a table's `dim`, wherever they live. Built by [`check`].
+/// `keys` and `out` checked against a table's `dim`, wherever they live. Built by [`check`] (for
+/// the CUDA path; the host path plans from [`check_views`] without keeping the views).
+#[cfg(feature = "cuda")]
 pub(crate) struct Checked {
     pub k: TensorView,
     pub o: TensorView,
@@ -67,6 +69,7 @@ pub(crate) struct Checked {
     pub col_stride: usize,
 }
 
+#[cfg(feature = "cuda")]
 impl Checked {
     /// Where the keys are read from.
     pub(crate) fn key_source(&self) -> KeySource {
@@ -74,7 +77,6 @@ impl Checked {
     }
 
     /// The keys in canonical form (host keys only).
-    #[cfg(feature = "cuda")]
     pub(crate) fn host_keys(&self) -> Vec<u64> {
         let mut keys = vec![0u64; self.n];
         let mut offs = vec![0isize; self.n];
@@ -87,7 +89,6 @@ impl Checked {
     ///
     /// # Safety
     /// `out` must be writable host memory as validated.
-    #[cfg(feature = "cuda")]
     pub(crate) unsafe fn write_host_rows(&self, rows: &[u8]) {
         let size = self.od.size();
         let dim = rows.len() / size / self.n.max(1);
@@ -111,25 +112,44 @@ impl Checked {
 
 /// Checks dtypes, shapes and strides of the views of `keys` and `out` for a table of `dim`,
 /// on any device; `None` when there are no keys (a valid no-op).
+#[cfg(feature = "cuda")]
 pub(crate) fn check(dim: usize, k: TensorView, o: TensorView) -> Result<Option<Checked>> {
+    let Some(Layout { kd, od, n, lead, col_stride }) = check_views(dim, &k, &o)? else {
+        return Ok(None);
+    };
+    Ok(Some(Checked { k, o, kd, od, n, lead, col_stride }))
+}
+
+/// What [`check_views`] finds: the dtypes, the key count and where each key's row goes.
+struct Layout {
+    kd: KeyDtype,
+    od: FloatDtype,
+    n: usize,
+    lead: Walk,
+    col_stride: usize,
+}
+
+/// [`check`] on borrowed views: the checks every lookup of `keys` into `out` makes, wherever
+/// the tensors live.
+#[inline]
+fn check_views(dim: usize, k: &TensorView, o: &TensorView) -> Result<Option<Layout>> {
     let kd = KeyDtype::of(k.dtype, "keys")?;
     let od = FloatDtype::of(o.dtype, "out")?;
     let n = k.numel;
 
     let nd = k.shape.len();
-    let (lead_shape, lead_strides): (Vec<usize>, Vec<isize>) =
-        if o.shape.len() == nd + 1 && o.shape[..nd] == k.shape[..] && o.shape[nd] == dim {
-            (k.shape.clone(), o.strides[..nd].to_vec())
-        } else if o.shape.len() == 2 && o.shape[0] == n && o.shape[1] == dim {
-            (vec![n], vec![o.strides[0]])
-        } else {
-            let mut want = k.shape.clone();
-            want.push(dim);
-            return Err(Error::invalid(
-                "out",
-                format!("shape {:?}; expected [*keys.shape, dim] = {want:?} or [numel(keys), dim] = [{n}, {dim}]", o.shape),
-            ));
-        };
+    let lead = if o.shape.len() == nd + 1 && o.shape[..nd] == k.shape[..] && o.shape[nd] == dim {
+        Walk::new(&k.shape, &o.strides[..nd])
+    } else if o.shape.len() == 2 && o.shape[0] == n && o.shape[1] == dim {
+        Walk::new(&[n], &o.strides[..1])
+    } else {
+        let mut want = k.shape.clone();
+        want.push(dim);
+        return Err(Error::invalid(
+            "out",
+            format!("shape {:?}; expected [*keys.shape, dim] = {want:?} or [numel(keys), dim] = [{n}, {dim}]", o.shape),
+        ));
+    };
     o.require_non_negative_strides()?;
     let col_stride = *o.strides.last().expect("out has at least one dimension") as usize;
     if n == 0 {
@@ -145,7 +165,7 @@ pub(crate) fn check(dim: usize, k: TensorView, o: TensorView) -> Result<Option<C
             ),
         ));
     }
-    Ok(Some(Checked { k, o, kd, od, n, lead: Walk::new(&lead_shape, &lead_strides), col_stride }))
+    Ok(Some(Layout { kd, od, n, lead, col_stride }))
 }
 
 /// Validates host `keys` and `out` for a table of `dim` whose own memory is `table_range`;
@@ -168,18 +188,18 @@ pub(crate) unsafe fn plan(
     let o = unsafe { TensorView::new(out, "out") }?;
     require_host(k.device, "keys")?;
     require_host(o.device, "out")?;
-    let Some(c) = check(dim, k, o)? else {
+    let Some(c) = check_views(dim, &k, &o)? else {
         return Ok(None);
     };
-    if overlaps(c.o.byte_range(), c.k.byte_range()) {
+    if overlaps(o.byte_range(), k.byte_range()) {
         return Err(Error::layout("out", "overlaps the memory of keys; expected separate buffers"));
     }
-    if overlaps(c.o.byte_range(), table_range) {
+    if overlaps(o.byte_range(), table_range) {
         return Err(Error::layout("out", "overlaps the table's vectors; expected a separate buffer"));
     }
     Ok(Some(Plan {
-        keys: c.key_source(),
-        out: OutTarget { ptr: c.o.ptr, dtype: c.od, walk: c.lead, col_stride: c.col_stride },
+        keys: KeySource { ptr: k.ptr, dtype: c.kd, walk: Walk::new(&k.shape, &k.strides), elem: k.elem },
+        out: OutTarget { ptr: o.ptr, dtype: c.od, walk: c.lead, col_stride: c.col_stride },
         n: c.n,
         threads,
         key_dtype: c.kd,

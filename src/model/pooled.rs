@@ -6,7 +6,7 @@
 //! table's default row. Accumulation is float32, in key order within a bag.
 
 use super::plan::{KeySource, LookupOptions, OutTarget, overlaps};
-use crate::dlpack::{FloatDtype, KeyDtype, TensorView, Walk, dtype_name, require_host};
+use crate::dlpack::{Dims, FloatDtype, KeyDtype, TensorView, Walk, dtype_name, require_host};
 use crate::error::{Error, Result};
 use crate::util::threads::resolve_threads;
 use dlpark::ffi::{DLDataTypeCode, DLTensor};
@@ -27,7 +27,7 @@ pub(crate) enum Bags {
     /// Bag `b` is keys `b * L .. (b + 1) * L` (2-D keys `[B, L]`).
     Fixed(usize),
     /// Bag `b` is keys `offsets[b] .. offsets[b + 1]` (`B + 1` entries, validated).
-    Offsets(Vec<usize>),
+    Offsets(Dims<usize>),
 }
 
 /// Where the weights are: float32, one per key, at the element offsets of a walk over the keys'
@@ -99,7 +99,7 @@ pub(crate) enum CheckedBags {
     /// Bag `b` is keys `b * L .. (b + 1) * L` (2-D keys `[B, L]`).
     Fixed(usize),
     /// Offsets read on the host and validated (`B + 1` entries), and their view.
-    Read(Vec<usize>, TensorView),
+    Read(Dims<usize>, TensorView),
     /// Offsets left where they are (values not checked); `wide`: int64, else int32.
     InPlace { view: TensorView, wide: bool },
 }
@@ -122,8 +122,9 @@ pub(crate) struct PooledChecked {
 
 /// Checks offset values (`values.len()` = B + 1 entries): the first 0, non-decreasing, the last
 /// `nnz`. The messages are the CPU path's, wherever the offsets were read.
-pub(crate) fn check_offset_values(values: impl IntoIterator<Item = i64>, nnz: usize) -> Result<Vec<usize>> {
-    let mut out = Vec::new();
+pub(crate) fn check_offset_values(values: impl IntoIterator<Item = i64>, nnz: usize) -> Result<Dims<usize>> {
+    let values = values.into_iter();
+    let mut out = Dims::with_capacity(values.size_hint().0);
     let mut prev = 0i64;
     for (i, x) in values.into_iter().enumerate() {
         if i == 0 && x != 0 {
