@@ -143,10 +143,11 @@ fn ptxas_output_is_parsed() {
 /// is set, a missing ptxas fails the test.
 #[test]
 fn every_kernel_assembles_for_sm90_without_spills() {
+    let (block, min_blocks) = cuda::launch_bounds();
     let source = include_str!("../src/exec/cuda/gather.cu");
-    assert!(source.contains(&format!("#define STRATA_BLOCK {}\n", cuda::BLOCK)), "gather.cu's STRATA_BLOCK differs from BLOCK");
+    assert!(source.contains(&format!("#define STRATA_BLOCK {}\n", block)), "gather.cu's STRATA_BLOCK differs from BLOCK");
     assert!(
-        source.contains(&format!("#define STRATA_MIN_BLOCKS {}\n", cuda::MIN_BLOCKS_PER_SM)),
+        source.contains(&format!("#define STRATA_MIN_BLOCKS {}\n", min_blocks)),
         "gather.cu's STRATA_MIN_BLOCKS differs from MIN_BLOCKS_PER_SM"
     );
     let required = std::env::var_os("STRATA_REQUIRE_NVRTC").is_some();
@@ -179,8 +180,8 @@ fn every_kernel_assembles_for_sm90_without_spills() {
     let kernels = parse_ptxas(&log);
     let mut report = format!(
         "ptxas sm_90, {} threads a block, at least {} blocks a multiprocessor:\n{:<40} {:>5} {:>6} {:>7} {:>10}\n",
-        cuda::BLOCK,
-        cuda::MIN_BLOCKS_PER_SM,
+        block,
+        min_blocks,
         "kernel",
         "regs",
         "stack",
@@ -189,7 +190,7 @@ fn every_kernel_assembles_for_sm90_without_spills() {
     );
     let mut problems = Vec::new();
     for (name, k) in &kernels {
-        let occ = occupancy_sm90(k.registers, k.shared, cuda::BLOCK);
+        let occ = occupancy_sm90(k.registers, k.shared, block);
         report += &format!(
             "{name:<40} {:>5} {:>6} {:>7} {:>9.0}%\n",
             k.registers,
@@ -200,7 +201,7 @@ fn every_kernel_assembles_for_sm90_without_spills() {
         if k.spill_stores != 0 || k.spill_loads != 0 {
             problems.push(format!("{name}: {} bytes spill stores, {} bytes spill loads", k.spill_stores, k.spill_loads));
         }
-        if occ < (cuda::MIN_BLOCKS_PER_SM * cuda::BLOCK / 32) as f64 / 64.0 {
+        if occ < (min_blocks * block / 32) as f64 / 64.0 {
             problems.push(format!("{name}: occupancy {:.0}% with {} registers", occ * 100.0, k.registers));
         }
     }

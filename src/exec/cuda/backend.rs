@@ -200,10 +200,10 @@ pub(crate) trait Backend {
 }
 
 /// Threads per block of every launch (`STRATA_BLOCK`, the kernels' `__launch_bounds__`).
-pub const BLOCK: u32 = 256;
+pub(crate) const BLOCK: u32 = 256;
 /// Blocks per multiprocessor the kernels' registers must allow (`STRATA_MIN_BLOCKS` in
 /// gather.cu): ptxas keeps them at 64 a thread or fewer, so occupancy is at least 50%.
-pub const MIN_BLOCKS_PER_SM: u32 = 4;
+pub(crate) const MIN_BLOCKS_PER_SM: u32 = 4;
 
 /// Blocks for `n` rows of one warp each: enough to fill every multiprocessor several times
 /// over, no more than there are rows.

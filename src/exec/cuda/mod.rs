@@ -28,7 +28,6 @@ pub(crate) mod residency;
 pub(crate) mod run;
 
 pub use residency::Residency;
-pub use backend::{BLOCK, MIN_BLOCKS_PER_SM};
 
 use crate::util::lock::lock;
 use crate::error::{Error, Result};
@@ -70,6 +69,12 @@ pub fn kernel_names() -> Vec<String> {
 }
 
 pub use crate::util::cuda::{device_count, unsupported_reason};
+
+/// The kernels' launch bounds: threads per block, and the blocks per multiprocessor their
+/// registers must allow (`STRATA_BLOCK` and `STRATA_MIN_BLOCKS` in gather.cu).
+pub fn launch_bounds() -> (u32, u32) {
+    (backend::BLOCK, backend::MIN_BLOCKS_PER_SM)
+}
 
 /// Whether NVRTC (`libnvrtc.so.12`) can be loaded.
 pub fn nvrtc_available() -> bool {
