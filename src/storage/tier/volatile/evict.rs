@@ -1,6 +1,6 @@
 //! Which rows a full shard gives up: the [`OverflowPolicy`] and the choice of its victims.
 
-use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU16, Ordering::Relaxed};
 
 /// Which rows a full shard evicts: HPS's `volatile_db.overflow_policy`, also the parsed
 /// configuration's value (`config::VolatileDbConfig::overflow_policy`). Deserialises from HPS's
@@ -38,16 +38,16 @@ impl std::fmt::Display for OverflowPolicy {
 }
 
 impl OverflowPolicy {
-    /// Moves the `k` rows this policy evicts to the front of `cand`, the shard's live slots
-    /// (`0 < k <= cand.len()`); the order of the rest is unspecified. `seq` and `uses` are the
-    /// shard's per-slot insertion sequence and lookup count; `rng` draws for
+    /// Moves the `k` rows this policy evicts to the front of `cand`, the shard's live (slot,
+    /// key) pairs (`0 < k <= cand.len()`); the order of the rest is unspecified. `stamp` and
+    /// `uses` are the shard's per-slot insertion stamp and lookup count; `rng` draws for
     /// [`OverflowPolicy::EvictRandom`].
     pub(super) fn choose_victims(
         self,
-        cand: &mut [u32],
+        cand: &mut [(u32, u64)],
         k: usize,
-        seq: &[u64],
-        uses: &[AtomicU32],
+        stamp: &[u32],
+        uses: &[AtomicU16],
         rng: &mut SplitMix64,
     ) {
         match self {
@@ -61,12 +61,12 @@ impl OverflowPolicy {
             }
             OverflowPolicy::EvictOldest => {
                 if k < cand.len() {
-                    cand.select_nth_unstable_by_key(k - 1, |&s| seq[s as usize]);
+                    cand.select_nth_unstable_by_key(k - 1, |&(s, _)| stamp[s as usize]);
                 }
             }
             OverflowPolicy::EvictLeastUsed => {
                 if k < cand.len() {
-                    cand.select_nth_unstable_by_key(k - 1, |&s| (uses[s as usize].load(Relaxed), seq[s as usize]));
+                    cand.select_nth_unstable_by_key(k - 1, |&(s, _)| (uses[s as usize].load(Relaxed), stamp[s as usize]));
                 }
             }
         }
