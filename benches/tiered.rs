@@ -119,7 +119,7 @@ fn main() {
     let op = out.as_mut_ptr();
     // Wall time and process CPU time (all threads) of one lookup: on a shared machine the CPU
     // time is the steadier of the two.
-    let faults = std::cell::Cell::new([0u64; 2]);
+    let faults = std::cell::Cell::new([[0u64; 2]; 2]);
     let run = |t: *mut Table, q: &[i64]| -> (f64, f64, LookupStats) {
         let k = Desc::compact(q.as_ptr().cast(), I64, &[q.len() as i64]);
         let mut o = Desc::compact(op.cast(), F32, &[q.len() as i64, dim as i64]);
@@ -131,8 +131,9 @@ fn main() {
         ok(unsafe { strata_lookup(t, &k.t, &mut o.t, std::ptr::null(), &mut st) });
         let (wall, cpu) = (t0.elapsed().as_secs_f64(), cpu_s() - c0);
         let i = usize::from(t != keyed.0);
-        let mut f = faults.get();
-        f[i] += page_faults() - f0;
+        let (mut f, f1) = (faults.get(), page_faults());
+        f[i][0] += f1[0] - f0[0];
+        f[i][1] += f1[1] - f0[1];
         faults.set(f);
         (wall, cpu, st)
     };
@@ -147,7 +148,7 @@ fn main() {
     run(tiered, &queries[0]);
     run(keyed.0, &queries[0]);
     let before = stats(tiered);
-    faults.set([0, 0]);
+    faults.set([[0; 2]; 2]);
     let (mut tt, mut tk, mut ct, mut ck) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut vh, mut ph, mut miss) = (0u64, 0u64, 0u64);
     for q in &queries[1..] {
@@ -224,21 +225,25 @@ fn main() {
         after.evictions - before.evictions
     );
     println!(
-        "page faults per batch (first touches of mapped pages): keyed {:.0}, tiered {:.0}",
-        keyed_faults as f64 / batches as f64,
-        tiered_faults as f64 / batches as f64
+        "page faults per batch (first touches of mapped pages; major = read from disk): keyed {:.0} minor {:.0} major, \
+         tiered {:.0} minor {:.0} major",
+        keyed_faults[0] as f64 / batches as f64,
+        keyed_faults[1] as f64 / batches as f64,
+        tiered_faults[0] as f64 / batches as f64,
+        tiered_faults[1] as f64 / batches as f64
     );
 
     // Where the time goes, per key, through the same call on the same threads:
     // (1) volatile hits: a timed batch looked up again right after itself (its misses were
     //     just promoted), so nearly every key is a volatile hit;
     // (2) persistent hits with promotion: keys of ranks no batch drew (cold), so nearly every
-    //     key misses the volatile tier, is read from LMDB and promoted (evicting as needed);
+    //     key misses the volatile tier, is read from LMDB and promoted (twice a batch of them,
+    //     enough to fill the tier and evict);
     // (3) persistent hits alone: the same kind of cold keys through a second server over the
     //     same store whose volatile tier neither warms nor promotes.
     let cold: Vec<i64> = {
         let mut r = Rng(99);
-        (0..batch).map(|_| keys[rows / 2 + (r.next() % (rows / 2) as u64) as usize]).collect()
+        (0..2 * batch).map(|_| keys[rows / 2 + (r.next() % (rows / 2) as u64) as usize]).collect()
     };
     let per_key = |t: *mut Table, q: &[i64], rounds: usize| -> (f64, f64, f64, f64) {
         let (mut w, mut c, mut v, mut p) = (Vec::new(), Vec::new(), 0u64, 0u64);
@@ -266,6 +271,28 @@ fn main() {
     }
     // (1): batches 1..=5 again, after all five ran once, so their rows are held but not in the
     // CPU caches any more.
+    // (1): batches 1..=5 again, after all five ran once, so their rows are held but not in the
+    // CPU caches any more.
+    if std::env::var_os("EXPERIMENT").is_some() {
+        let t = store.table("bench/sparse_embedding0", dim, None).unwrap();
+        let mut r = Rng(1234);
+        for round in 0..6 {
+            let n = 13_000;
+            let ks: Vec<u64> = (0..n).map(|_| keys[(r.next() % rows as u64) as usize] as u64).collect();
+            let (mut rows_b, mut found) = (vec![0f32; n * dim], vec![false; n]);
+            t.get_many(&ks, &mut rows_b, &mut found).unwrap();
+            for k in ks.chunks(67) { let _ = k; }
+            let per = if round % 2 == 0 { 67 } else { n };
+            // evict CPU caches with unrelated traffic
+            let junk: Vec<u8> = vec![1u8; 64 << 20];
+            std::hint::black_box(&junk);
+            let (c0, t0) = (cpu_s(), Instant::now());
+            for (kc, (rc, fc)) in ks.chunks(per).zip(rows_b.chunks_mut(per * dim).zip(found.chunks_mut(per))) {
+                t.get_many(kc, rc, fc).unwrap();
+            }
+            println!("EXPERIMENT lmdb {n} keys in calls of {per}: {:.0} ns wall {:.0} ns CPU per key", t0.elapsed().as_secs_f64() / n as f64 * 1e9, (cpu_s() - c0) / n as f64 * 1e9);
+        }
+    }
     let hot_batches = batches.min(5);
     for q in &queries[1..=hot_batches] {
         run(tiered, q);
@@ -278,7 +305,7 @@ fn main() {
         hv += v / hot_batches as f64;
     }
     let (vw, vc) = (median(hw), median(hc));
-    let (lpw, lpc, _, lpp) = per_key(tiered, &cold, 5);
+    let (lpw, lpc, _, lpp) = per_key(tiered, &cold, 10);
     let promoted_evictions = stats(tiered).evictions - after.evictions;
     // SAFETY: server is the server opened above, freed once here; its table `tiered` is not used
     // after.
@@ -288,7 +315,7 @@ fn main() {
     // SAFETY: server is the live server just opened (freed below); model is a NUL-terminated
     // string alive past the call; plain is a reference.
     ok(unsafe { strata_server_table(server, model.as_ptr(), 0, &mut plain) });
-    let (lw, lc, _, lp) = per_key(plain, &cold, 5);
+    let (lw, lc, _, lp) = per_key(plain, &cold, 10);
     // SAFETY: server is the server opened just above, freed once here; plain is not used after.
     unsafe { strata_server_free(server) };
     drop(store);
@@ -373,13 +400,13 @@ fn cpu_s() -> f64 {
     t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
 }
 
-/// Page faults of this process so far (minor and major).
-fn page_faults() -> u64 {
+/// Page faults of this process so far: [minor, major (read from disk)].
+fn page_faults() -> [u64; 2] {
     // SAFETY: an all-zero rusage is a valid value for getrusage to overwrite.
     let mut u: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: u is a valid rusage to write; RUSAGE_SELF is always supported.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
-    (u.ru_minflt + u.ru_majflt) as u64
+    [u.ru_minflt as u64, u.ru_majflt as u64]
 }
 
 /// The library's default thread count (STRATA_NUM_THREADS, else the affinity mask).

@@ -61,7 +61,7 @@ impl KeyMap {
     /// The home position of hash `h` in a table of `cap` entries.
     #[inline(always)]
     fn home(h: u64, cap: usize) -> usize {
-        ((h & 0xffff_ffff) as u128 * cap as u128 >> 32) as usize
+        (((h & 0xffff_ffff) as u128 * cap as u128) >> 32) as usize
     }
 
     /// The position after `i`.
