@@ -218,11 +218,21 @@ impl Slots {
             return 0;
         }
         let k = live - to;
-        let mut cand: Vec<(u32, u64)> = self.map.iter().map(|(key, slot)| (slot, key)).collect();
+        let policy = g.policy;
+        let mut cand: Vec<(u64, u64)> = self
+            .map
+            .iter()
+            .map(|(key, slot)| {
+                let s = slot as usize;
+                (policy.rank(self.stamp[s], self.uses[s].load(Relaxed)), key)
+            })
+            .collect();
         debug_assert_eq!(cand.len(), live);
-        g.policy.choose_victims(&mut cand, k, &self.stamp, &self.uses, &mut self.rng);
-        for &(slot, key) in &cand[..k] {
-            self.remove(key, slot);
+        policy.choose_victims(&mut cand, k, &mut self.rng);
+        for &(_, key) in &cand[..k] {
+            if let Some(slot) = self.map.remove(key, mix(key)) {
+                self.free_slot(slot);
+            }
         }
         k as u64
     }
