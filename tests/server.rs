@@ -359,3 +359,38 @@ fn server_level_errors() {
     // SAFETY: freeing NULL is a documented no-op.
     unsafe { strata_server_free(null_mut()) };
 }
+
+/// A lookup larger than one round of the tiered path (2^18 keys), with many duplicates, keys in
+/// either tier and keys in neither, in a random order: every row is the reference row or the
+/// default, and the per-tier counts add up exactly. Then again, after the promotions.
+#[test]
+fn large_lookups_with_duplicates_match_the_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("db");
+    let volatile = r#"{ "type": "hash_map", "num_partitions": 3, "overflow_margin": 40,
+        "overflow_policy": "evict_least_used", "overflow_resolution_target": 0.5,
+        "initial_cache_rate": 0.1, "cache_missed_embeddings": true }"#;
+    let persistent = format!(r#"{{ "type": "rocks_db", "path": "{}" }}"#, db.display());
+    let s = open_json(&config(dir.path(), volatile, &persistent), dir.path()).unwrap();
+    let t = table(&s, "wdl", 0);
+    let mut rng = Rng(41);
+    // wdl0 holds keys 7 * i for i < 1000; draw from 0..10,000 (about 1 in 7 present, each
+    // drawn about 60 times).
+    let keys: Vec<i64> = (0..600_000).map(|_| (rng.next() % 10_000) as i64).collect();
+    let present = rows_of(&(0..1000).map(|i| i * 7).collect::<Vec<_>>(), 8);
+    let held = keys.iter().filter(|k| present.contains_key(k)).count() as u64;
+    for pass in 0..2 {
+        let before = stats(t);
+        let (out, st) = lookup(t, &keys, 8);
+        expect_rows(&out, &keys, 8, &present, 0.5);
+        assert_eq!(st.hits, held, "pass {pass}");
+        assert_eq!(st.misses, keys.len() as u64 - held, "pass {pass}");
+        assert_eq!(st.volatile_hits + st.persistent_hits, st.hits, "pass {pass}");
+        assert!(st.persistent_hits > 0, "pass {pass}: a volatile tier of 120 rows cannot hold 1000");
+        let after = stats(t);
+        assert_eq!(after.volatile_hits - before.volatile_hits, st.volatile_hits);
+        assert_eq!(after.persistent_hits - before.persistent_hits, st.persistent_hits);
+        assert_eq!(after.misses - before.misses, st.misses);
+        assert!(after.volatile_rows <= 120);
+    }
+}

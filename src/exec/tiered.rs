@@ -1,14 +1,26 @@
-//! Lookups on a parameter server's tiered table: keys in chunks over the calling thread and pool
-//! workers, each chunk resolved through the tiers ([`TieredTable::fetch`]) and written into
-//! `out` with the default row for keys found nowhere.
+//! Lookups on a parameter server's tiered table, in rounds of at most [`ROUND`] keys, each in two
+//! phases over the calling thread and pool workers:
+//! 1. the volatile tier: keys in chunks of [`CHUNK`]; hits are written into `out`, the other
+//!    keys get the default row for now and are listed (key, flat index);
+//! 2. the persistent tier: the listed keys of the whole round, sorted and deduplicated, read in
+//!    runs of [`RUN`] keys (one LMDB read transaction each) and written over their default rows.
+//!
+//! Sorting the round's misses together is what makes the LMDB reads cheap: consecutive keys
+//! share the B-tree's upper pages, which stay in cache (measured with the tiered benchmark's
+//! data: 1.3-1.4 us of CPU per read against 2.0-2.3 us when each chunk of 512 keys read its own
+//! ~70 misses).
 
 use crate::error::{Error, Result};
 use crate::exec::pool;
-use crate::model::{LookupStats, Plan, TierScratch, TieredTable};
+use crate::model::{LookupStats, Plan, Promote, TieredTable};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// Keys per chunk of a tiered lookup.
+/// Keys per chunk of the volatile phase.
 const CHUNK: usize = 512;
+/// Distinct keys per persistent read (one read transaction).
+const RUN: usize = 1024;
+/// Most keys per round: bounds the memory of the miss list (24 bytes a miss).
+const ROUND: usize = 1 << 18;
 
 /// What one participant of a lookup found.
 #[derive(Default)]
@@ -19,34 +31,37 @@ struct Found {
     first_miss: Option<(usize, u64)>,
 }
 
+impl Found {
+    fn add(&mut self, f: Found) {
+        self.volatile_hits += f.volatile_hits;
+        self.persistent_hits += f.persistent_hits;
+        self.misses += f.misses;
+        self.first_miss = match (self.first_miss, f.first_miss) {
+            (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
+            (a, b) => a.or(b),
+        };
+    }
+
+    /// Counts `count` keys found nowhere, the first at flat index `index`.
+    fn miss(&mut self, count: u64, index: usize, key: u64, is_error: bool) {
+        self.misses += count;
+        if is_error && self.first_miss.is_none_or(|(j, _)| index < j) {
+            self.first_miss = Some((index, key));
+        }
+    }
+}
+
 impl TieredTable {
     /// Runs a validated lookup: volatile tier, then persistent tier, then the default row.
     pub(crate) fn lookup(&self, p: &Plan) -> Result<LookupStats> {
-        let by_tasks = p.n.div_ceil(CHUNK * 4).max(1);
-        let threads = p.threads.min(by_tasks).max(1);
-        let next = AtomicUsize::new(0);
-        let parts = pool::run(threads, || {
-            let mut found = Found::default();
-            let mut scratch = Scratch::new(self.dim());
-            loop {
-                let lo = next.fetch_add(CHUNK, Ordering::Relaxed);
-                if lo >= p.n {
-                    break;
-                }
-                self.chunk(p, lo, (lo + CHUNK).min(p.n), &mut scratch, &mut found)?
-            }
-            Ok(found)
-        });
+        self.refresh()?;
         let mut total = Found::default();
-        for part in parts {
-            let f = part?;
-            total.volatile_hits += f.volatile_hits;
-            total.persistent_hits += f.persistent_hits;
-            total.misses += f.misses;
-            total.first_miss = match (total.first_miss, f.first_miss) {
-                (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
-                (a, b) => a.or(b),
-            };
+        let mut misses: Vec<(u64, usize)> = Vec::new();
+        let mut lo = 0;
+        while lo < p.n {
+            let hi = (lo + ROUND).min(p.n);
+            total.add(self.round(p, lo, hi, &mut misses)?);
+            lo = hi;
         }
         if let Some((index, key)) = total.first_miss {
             return Err(Error::KeyNotFound { key: p.key_dtype.value(key), index });
@@ -60,26 +75,116 @@ impl TieredTable {
         })
     }
 
-    /// Looks up flat key indices `lo..hi` into `out`.
-    fn chunk(&self, p: &Plan, lo: usize, hi: usize, s: &mut Scratch, found: &mut Found) -> Result<()> {
-        let n = hi - lo;
+    /// Looks up flat key indices `lo..hi` into `out` (both phases); `misses` is reused.
+    fn round(&self, p: &Plan, lo: usize, hi: usize, misses: &mut Vec<(u64, usize)>) -> Result<Found> {
         let dim = self.dim();
-        p.keys.read(lo, &mut s.keys[..n], &mut s.offs[..n]);
-        let (vh, ph) = self.fetch(&s.keys[..n], &mut s.rows[..n * dim], &mut s.present[..n], &mut s.tiers)?;
-        found.volatile_hits += vh;
-        found.persistent_hits += ph;
-        for i in 0..n {
-            if !s.present[i] {
-                found.misses += 1;
-                if self.missing_is_error() && found.first_miss.is_none_or(|(j, _)| lo + i < j) {
-                    found.first_miss = Some((lo + i, s.keys[i]));
+        let n = hi - lo;
+        let threads = p.threads.min(n.div_ceil(CHUNK * 4)).max(1);
+        // Phase 1: the volatile tier.
+        let next = AtomicUsize::new(lo);
+        let parts = pool::run(threads, || {
+            let mut s = Scratch::new(dim, CHUNK);
+            let mut listed = Vec::new();
+            let mut hits = 0;
+            loop {
+                let a = next.fetch_add(CHUNK, Ordering::Relaxed);
+                if a >= hi {
+                    break;
+                }
+                let b = (a + CHUNK).min(hi);
+                let m = b - a;
+                p.keys.read(a, &mut s.keys[..m], &mut s.offs[..m]);
+                hits += self.fetch_volatile(&s.keys[..m], &mut s.rows[..m * dim], &mut s.present[..m]);
+                // SAFETY: the plan validated out for every key index below p.n; b <= p.n.
+                unsafe { p.out.write_f32_rows(a, dim, &s.rows[..m * dim], &s.present[..m], self.default_row(), &mut s.offs) };
+                listed.extend((0..m).filter(|&i| !s.present[i]).map(|i| (s.keys[i], a + i)));
+            }
+            (hits, listed)
+        });
+        let mut found = Found::default();
+        misses.clear();
+        for (hits, listed) in parts {
+            found.volatile_hits += hits;
+            misses.extend(listed);
+        }
+        if misses.is_empty() {
+            return Ok(found);
+        }
+        // Phase 2: the persistent tier, in key order, each distinct key read once.
+        misses.sort_unstable();
+        let is_error = self.missing_is_error();
+        if !self.has_persistent() {
+            let mut i = 0;
+            while i < misses.len() {
+                let j = group_end(misses, i);
+                found.miss((j - i) as u64, misses[i].1, misses[i].0, is_error);
+                i = j;
+            }
+            return Ok(found);
+        }
+        let starts: Vec<usize> = {
+            let mut v = Vec::with_capacity(misses.len() + 1);
+            let mut i = 0;
+            while i < misses.len() {
+                v.push(i);
+                i = group_end(misses, i);
+            }
+            v.push(misses.len());
+            v
+        };
+        let distinct = starts.len() - 1;
+        let threads = p.threads.min(distinct.div_ceil(RUN)).max(1);
+        let next = AtomicUsize::new(0);
+        let misses = &*misses;
+        let parts = pool::run(threads, || -> Result<Found> {
+            let mut f = Found::default();
+            let mut s = Scratch::new(dim, RUN);
+            let mut promote = Promote::default();
+            loop {
+                let a = next.fetch_add(RUN, Ordering::Relaxed);
+                if a >= distinct {
+                    break;
+                }
+                let b = (a + RUN).min(distinct);
+                let m = b - a;
+                for (j, k) in s.keys[..m].iter_mut().enumerate() {
+                    *k = misses[starts[a + j]].0;
+                }
+                let rows = &mut s.rows[..m * dim];
+                self.read_persistent(&s.keys[..m], rows, &mut s.present[..m], &mut promote)?;
+                for j in 0..m {
+                    let group = &misses[starts[a + j]..starts[a + j + 1]];
+                    if !s.present[j] {
+                        f.miss(group.len() as u64, group[0].1, group[0].0, is_error);
+                        continue;
+                    }
+                    f.persistent_hits += group.len() as u64;
+                    for &(_, index) in group {
+                        // SAFETY: the plan validated out for every key index below p.n, and
+                        // index < hi <= p.n.
+                        unsafe {
+                            p.out.write_f32_rows(index, dim, &rows[j * dim..(j + 1) * dim], &[true], self.default_row(), &mut s.offs[..1])
+                        };
+                    }
                 }
             }
+            Ok(f)
+        });
+        for part in parts {
+            found.add(part?);
         }
-        // SAFETY: the plan validated out for every key index below p.n; hi <= p.n.
-        unsafe { p.out.write_f32_rows(lo, dim, &s.rows[..n * dim], &s.present[..n], self.default_row(), &mut s.offs) };
-        Ok(())
+        Ok(found)
     }
+}
+
+/// The end of the run of entries of `sorted` that share `sorted[i]`'s key.
+fn group_end(sorted: &[(u64, usize)], i: usize) -> usize {
+    let key = sorted[i].0;
+    let mut j = i + 1;
+    while j < sorted.len() && sorted[j].0 == key {
+        j += 1;
+    }
+    j
 }
 
 /// Per-participant buffers of a tiered lookup, reused across chunks.
@@ -88,17 +193,10 @@ struct Scratch {
     offs: Vec<isize>,
     rows: Vec<f32>,
     present: Vec<bool>,
-    tiers: TierScratch,
 }
 
 impl Scratch {
-    fn new(dim: usize) -> Self {
-        Scratch {
-            keys: vec![0; CHUNK],
-            offs: vec![0; CHUNK],
-            rows: vec![0.0; CHUNK * dim],
-            present: vec![false; CHUNK],
-            tiers: TierScratch::default(),
-        }
+    fn new(dim: usize, n: usize) -> Self {
+        Scratch { keys: vec![0; n], offs: vec![0; n], rows: vec![0.0; n * dim], present: vec![false; n] }
     }
 }

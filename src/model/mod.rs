@@ -29,7 +29,7 @@ pub(crate) use plan::{Checked, check};
 pub(crate) use static_table::{Rows, read_keys, read_rows};
 pub use static_table::{StaticTable, TableInfo};
 pub use tiered::{TableStats, TieredTable};
-pub(crate) use tiered::TierScratch;
+pub(crate) use tiered::{Promote, TierScratch};
 
 use crate::error::Result;
 

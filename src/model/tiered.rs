@@ -156,7 +156,7 @@ impl TieredTable {
     /// If a check is due, reads the persistent commit counter and, when another process moved
     /// it, empties the volatile tier (under `writes`, so no promotion that read the persistent
     /// tier before the check inserts afterwards, and no writer of this process runs meanwhile).
-    fn refresh(&self) -> Result<()> {
+    pub(crate) fn refresh(&self) -> Result<()> {
         let (Some(r), Some(p)) = (&self.refresh, &self.persistent) else { return Ok(()) };
         let now = r.start.elapsed().as_nanos() as u64;
         if now < r.next_check.load(Ordering::Acquire) {
@@ -248,45 +248,76 @@ impl TieredTable {
             let (h, _) = v.get_many(keys, rows, present);
             vh = h;
         }
-        if let Some(t) = &self.persistent {
+        if self.persistent.is_some() {
             s.missing.clear();
             s.missing.extend((0..n).filter(|&i| !present[i]));
             if !s.missing.is_empty() {
-                let before = *lock::read(&self.writes);
                 let m = s.missing.len();
                 s.miss_keys.clear();
                 s.miss_keys.extend(s.missing.iter().map(|&i| keys[i]));
                 s.miss_rows.resize(m * dim, 0.0);
                 s.miss_found.clear();
                 s.miss_found.resize(m, false);
-                let (h, _) = t.get_many(&s.miss_keys, &mut s.miss_rows, &mut s.miss_found)?;
-                #[cfg(test)]
-                tests::after_persistent_read(self);
-                ph = h;
+                ph = self.read_persistent(&s.miss_keys, &mut s.miss_rows, &mut s.miss_found, &mut s.promote)?;
                 for (j, &i) in s.missing.iter().enumerate() {
                     if s.miss_found[j] {
                         rows[i * dim..(i + 1) * dim].copy_from_slice(&s.miss_rows[j * dim..(j + 1) * dim]);
                         present[i] = true;
                     }
                 }
-                if self.cache_missed && h > 0
-                    && let Some(v) = &self.volatile {
-                        s.promote_keys.clear();
-                        s.promote_rows.clear();
-                        for (j, &k) in s.miss_keys.iter().enumerate() {
-                            if s.miss_found[j] {
-                                s.promote_keys.push(k);
-                                s.promote_rows.extend_from_slice(&s.miss_rows[j * dim..(j + 1) * dim]);
-                            }
-                        }
-                        let writes = lock::read(&self.writes);
-                        if *writes == before {
-                            v.insert_many(&s.promote_keys, &s.promote_rows);
-                        }
-                    }
             }
         }
         Ok((vh, ph))
+    }
+
+    /// Whether the table has a persistent tier.
+    pub(crate) fn has_persistent(&self) -> bool {
+        self.persistent.is_some()
+    }
+
+    /// Looks `keys` up in the volatile tier only (see [`VolatileTier::get_many`]); returns the
+    /// hits. Without a volatile tier, finds nothing.
+    pub(crate) fn fetch_volatile(&self, keys: &[u64], rows: &mut [f32], present: &mut [bool]) -> u64 {
+        match &self.volatile {
+            Some(v) => v.get_many(keys, rows, present).0,
+            None => {
+                present.fill(false);
+                0
+            }
+        }
+    }
+
+    /// Reads `keys` from the persistent tier (one read transaction; sorted keys read fastest):
+    /// rows into `rows` (`keys.len() * dim`), whether each was found into `found`, and promotes
+    /// the rows found into the volatile tier when the configuration asks, unless a write of this
+    /// process committed since the read began (so a promotion never puts back a row older than
+    /// a committed write). Returns the hits. Without a persistent tier, finds nothing.
+    pub(crate) fn read_persistent(&self, keys: &[u64], rows: &mut [f32], found: &mut [bool], s: &mut Promote) -> Result<u64> {
+        let Some(t) = &self.persistent else {
+            found.fill(false);
+            return Ok(0);
+        };
+        let dim = self.dim;
+        let before = *lock::read(&self.writes);
+        let (h, _) = t.get_many(keys, rows, found)?;
+        #[cfg(test)]
+        tests::after_persistent_read(self);
+        if self.cache_missed && h > 0
+            && let Some(v) = &self.volatile {
+                s.keys.clear();
+                s.rows.clear();
+                for (j, &k) in keys.iter().enumerate() {
+                    if found[j] {
+                        s.keys.push(k);
+                        s.rows.extend_from_slice(&rows[j * dim..(j + 1) * dim]);
+                    }
+                }
+                let writes = lock::read(&self.writes);
+                if *writes == before {
+                    v.insert_many(&s.keys, &s.rows);
+                }
+            }
+        Ok(h)
     }
 
     /// Whether a missing key fails the lookup.
@@ -375,8 +406,14 @@ pub(crate) struct TierScratch {
     miss_keys: Vec<u64>,
     miss_rows: Vec<f32>,
     miss_found: Vec<bool>,
-    promote_keys: Vec<u64>,
-    promote_rows: Vec<f32>,
+    promote: Promote,
+}
+
+/// Buffers of [`TieredTable::read_persistent`]'s promotions, reused across calls.
+#[derive(Default)]
+pub(crate) struct Promote {
+    keys: Vec<u64>,
+    rows: Vec<f32>,
 }
 
 #[cfg(test)]

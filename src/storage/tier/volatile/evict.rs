@@ -1,6 +1,5 @@
 //! Which rows a full shard gives up: the [`OverflowPolicy`] and the choice of its victims.
 
-use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 /// Which rows a full shard evicts: HPS's `volatile_db.overflow_policy`, also the parsed
 /// configuration's value (`config::VolatileDbConfig::overflow_policy`). Deserialises from HPS's
@@ -38,18 +37,23 @@ impl std::fmt::Display for OverflowPolicy {
 }
 
 impl OverflowPolicy {
-    /// Moves the `k` rows this policy evicts to the front of `cand`, the shard's live slots
-    /// (`0 < k <= cand.len()`); the order of the rest is unspecified. `seq` and `uses` are the
-    /// shard's per-slot insertion sequence and lookup count; `rng` draws for
-    /// [`OverflowPolicy::EvictRandom`].
-    pub(super) fn choose_victims(
-        self,
-        cand: &mut [u32],
-        k: usize,
-        seq: &[u64],
-        uses: &[AtomicU32],
-        rng: &mut SplitMix64,
-    ) {
+    /// The eviction rank of a row with insertion stamp `stamp` and lookup count `uses`: the
+    /// policy evicts the lowest ranks first (0 for every row under
+    /// [`OverflowPolicy::EvictRandom`]).
+    #[inline]
+    pub(super) fn rank(self, stamp: u32, uses: u16) -> u64 {
+        match self {
+            OverflowPolicy::EvictRandom => 0,
+            OverflowPolicy::EvictOldest => stamp as u64,
+            OverflowPolicy::EvictLeastUsed => ((uses as u64) << 32) | stamp as u64,
+        }
+    }
+
+    /// Moves the `k` rows this policy evicts to the front of `cand`, the shard's live rows as
+    /// (rank, key) pairs (`0 < k <= cand.len()`, ranks from [`OverflowPolicy::rank`]); the order
+    /// of the rest is unspecified. `rng` draws for [`OverflowPolicy::EvictRandom`]. The ranks
+    /// are computed once, before, so the selection compares plain integers.
+    pub(super) fn choose_victims(self, cand: &mut [(u64, u64)], k: usize, rng: &mut SplitMix64) {
         match self {
             OverflowPolicy::EvictRandom => {
                 // Partial Fisher-Yates: the first k candidates become a uniform sample.
@@ -59,14 +63,9 @@ impl OverflowPolicy {
                     cand.swap(i, j);
                 }
             }
-            OverflowPolicy::EvictOldest => {
+            OverflowPolicy::EvictOldest | OverflowPolicy::EvictLeastUsed => {
                 if k < cand.len() {
-                    cand.select_nth_unstable_by_key(k - 1, |&s| seq[s as usize]);
-                }
-            }
-            OverflowPolicy::EvictLeastUsed => {
-                if k < cand.len() {
-                    cand.select_nth_unstable_by_key(k - 1, |&s| (uses[s as usize].load(Relaxed), seq[s as usize]));
+                    cand.select_nth_unstable_by_key(k - 1, |&(rank, _)| rank);
                 }
             }
         }

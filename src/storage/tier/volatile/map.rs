@@ -1,8 +1,12 @@
 //! A shard's key -> slot map.
 //!
-//! Open addressing with linear probing over 12-byte entries (key, slot + 1), a power-of-two
-//! table kept at most 3/4 full, with backward-shift deletion (no tombstones). The caller hashes
-//! each key once with [`mix`] and passes the hash in.
+//! Open addressing with linear probing over 12-byte entries (key, slot + 1), kept at most 4/5
+//! full, with backward-shift deletion (no tombstones). The caller hashes each key once with
+//! [`mix`] and passes the hash in. A key's home position comes from the low 32 bits of its hash
+//! (the shard was chosen by the high bits) by a multiply-shift, so the table may have any size:
+//! it doubles while it grows, but never beyond what the shard's most rows need
+//! (`max_rows * 5 / 4`), so a full shard's map costs 15 bytes a row, not the 16-32 of a
+//! power-of-two table.
 //!
 //! Why not `hashbrown::HashTable`: it was tried (same 12-byte entries, plus a rebuild so that
 //! tombstones never make it double) and measured. At the tiered benchmark's default size
@@ -10,9 +14,7 @@
 //! 331.3) and found keys more slowly (25-31 ns against 19-21 per uniform lookup, 17-22 against
 //! 11-13 per Zipf(1.1) lookup, the two maps side by side in one process): a hit costs a cache
 //! miss on the control bytes and another on the entry, where here the key sits in the entry
-//! the probe lands on. The whole tiered lookup did not tell the two apart on a loaded 2-core
-//! machine. hashbrown held less memory only where a shard's size falls between 3/4 and 7/8
-//! of a power of two (63.2 MiB against 68.7 at 2M rows x 32).
+//! the probe lands on.
 
 use crate::util::hash::mix;
 
@@ -35,16 +37,47 @@ impl Entry {
     }
 }
 
-/// Open-addressing key -> slot map with linear probing, at most 3/4 full.
+/// Open-addressing key -> slot map with linear probing, at most 4/5 full.
 pub(super) struct KeyMap {
     entries: Vec<Entry>,
-    mask: usize,
     len: usize,
+    /// Most entries the table ever needs: room for the shard's most rows at 4/5 load.
+    max_table: usize,
+}
+
+/// Whether a table of `cap` entries may hold `n` keys (at most 4/5 full).
+#[inline(always)]
+fn fits(n: usize, cap: usize) -> bool {
+    n.saturating_mul(5) <= cap.saturating_mul(4)
 }
 
 impl KeyMap {
-    pub(super) fn new() -> Self {
-        KeyMap { entries: Vec::new(), mask: 0, len: 0 }
+    /// An empty map for a shard holding at most `max_rows` keys (no memory until the first key).
+    pub(super) fn new(max_rows: usize) -> Self {
+        let max_table = max_rows.saturating_mul(5).div_ceil(4).max(MIN_TABLE);
+        KeyMap { entries: Vec::new(), len: 0, max_table }
+    }
+
+    /// The home position of hash `h` in a table of `cap` entries.
+    #[inline(always)]
+    fn home(h: u64, cap: usize) -> usize {
+        (((h & 0xffff_ffff) as u128 * cap as u128) >> 32) as usize
+    }
+
+    /// The position after `i`.
+    #[inline(always)]
+    fn next(&self, i: usize) -> usize {
+        if i + 1 == self.entries.len() { 0 } else { i + 1 }
+    }
+
+    /// Where `key` would be looked for first (`h = mix(key)`): for prefetching.
+    #[inline(always)]
+    pub(super) fn probe_start(&self, h: u64) -> *const u8 {
+        let cap = self.entries.len();
+        if cap == 0 {
+            return std::ptr::null();
+        }
+        self.entries[Self::home(h, cap)..].as_ptr().cast()
     }
 
     /// The slot of `key` (`h = mix(key)`).
@@ -53,7 +86,7 @@ impl KeyMap {
         if self.len == 0 {
             return None;
         }
-        let mut i = h as usize & self.mask;
+        let mut i = Self::home(h, self.entries.len());
         loop {
             let e = self.entries[i];
             if e.slot1 == 0 {
@@ -62,19 +95,29 @@ impl KeyMap {
             if e.key() == key {
                 return Some(e.slot1 - 1);
             }
-            i = (i + 1) & self.mask;
+            i = self.next(i);
         }
     }
 
-    /// Makes room for one more key; false when the bigger table cannot be allocated.
+    /// Every (key, slot) held, in table order.
+    pub(super) fn iter(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.entries.iter().filter(|e| e.slot1 != 0).map(|e| (e.key(), e.slot1 - 1))
+    }
+
+    /// Makes room for one more key; false when the bigger table cannot be allocated (or the
+    /// shard's most rows are already held).
     pub(super) fn reserve_one(&mut self) -> bool {
         let need = self.len + 1;
-        if need * 4 <= self.entries.len() * 3 {
+        if fits(need, self.entries.len()) {
             return true;
         }
         let mut cap = (self.entries.len() * 2).max(MIN_TABLE);
-        while need * 4 > cap * 3 {
+        while !fits(need, cap) {
             cap *= 2;
+        }
+        let cap = cap.min(self.max_table.max(need.saturating_mul(5).div_ceil(4)));
+        if !fits(need, cap) {
+            return false;
         }
         let mut entries = Vec::new();
         if entries.try_reserve_exact(cap).is_err() {
@@ -82,7 +125,6 @@ impl KeyMap {
         }
         entries.resize(cap, Entry::default());
         let old = std::mem::replace(&mut self.entries, entries);
-        self.mask = cap - 1;
         for e in old {
             if e.slot1 != 0 {
                 self.place(e, mix(e.key()));
@@ -94,9 +136,9 @@ impl KeyMap {
     /// Puts an entry whose key is absent into the first free position of its probe sequence.
     #[inline]
     fn place(&mut self, e: Entry, h: u64) {
-        let mut i = h as usize & self.mask;
+        let mut i = Self::home(h, self.entries.len());
         while self.entries[i].slot1 != 0 {
-            i = (i + 1) & self.mask;
+            i = self.next(i);
         }
         self.entries[i] = e;
     }
@@ -104,7 +146,7 @@ impl KeyMap {
     /// Adds an absent key; [`KeyMap::reserve_one`] must have succeeded first.
     pub(super) fn insert_new(&mut self, key: u64, h: u64, slot: u32) {
         debug_assert!(self.find(key, h).is_none());
-        debug_assert!((self.len + 1) * 4 <= self.entries.len() * 3);
+        debug_assert!(fits(self.len + 1, self.entries.len()));
         self.place(Entry { lo: key as u32, hi: (key >> 32) as u32, slot1: slot + 1 }, h);
         self.len += 1;
     }
@@ -115,8 +157,8 @@ impl KeyMap {
         if self.len == 0 {
             return None;
         }
-        let mask = self.mask;
-        let mut i = h as usize & mask;
+        let cap = self.entries.len();
+        let mut i = Self::home(h, cap);
         loop {
             let e = self.entries[i];
             if e.slot1 == 0 {
@@ -125,19 +167,21 @@ impl KeyMap {
             if e.key() == key {
                 break;
             }
-            i = (i + 1) & mask;
+            i = self.next(i);
         }
         let slot = self.entries[i].slot1 - 1;
+        // Distance from a to b going forward around the table.
+        let dist = |a: usize, b: usize| if b >= a { b - a } else { b + cap - a };
         let mut j = i;
         loop {
-            j = (j + 1) & mask;
+            j = self.next(j);
             let e = self.entries[j];
             if e.slot1 == 0 {
                 break;
             }
-            let home = mix(e.key()) as usize & mask;
+            let home = Self::home(mix(e.key()), cap);
             // `e` may fill the hole at `i` when `i` lies on its probe path (home ..= j).
-            if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(i) & mask) {
+            if dist(home, j) >= dist(i, j) {
                 self.entries[i] = e;
                 i = j;
             }
@@ -155,7 +199,7 @@ impl KeyMap {
     /// Keys the map holds without growing.
     #[cfg(test)]
     pub(super) fn capacity(&self) -> usize {
-        self.entries.len() / 4 * 3
+        self.entries.len() * 4 / 5
     }
 
     /// Bytes of memory held.

@@ -6,14 +6,13 @@
 use super::evict::{OverflowPolicy, SplitMix64};
 use super::map::KeyMap;
 use crate::util::hash::mix;
-use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use crate::util::prefetch;
+use std::sync::atomic::{AtomicU16, Ordering::Relaxed};
 
 /// Target size of one slab chunk.
 const CHUNK_BYTES: usize = 256 << 10;
 /// Most rows one shard can index (slots are `u32`).
 const MAX_ROWS_PER_SHARD: usize = u32::MAX as usize - 1;
-/// Lookup counters stop counting here (so concurrent increments can never wrap).
-const USE_SATURATION: u32 = u32::MAX - (1 << 16);
 
 /// The fixed shape of every shard.
 #[derive(Clone, Copy)]
@@ -43,19 +42,24 @@ impl Geometry {
 }
 
 /// The contents of one shard (behind its lock).
+///
+/// Per slot it keeps 6 bytes besides the row: an insertion stamp and a lookup count. The key
+/// lives only in the map (eviction walks the map's entries), so a 32-float row costs 128 + 6 +
+/// 15 (map) bytes at capacity.
 pub(super) struct Slots {
     map: KeyMap,
     /// Chunk `c` holds slots `c << shift ..`; every chunk but the last is full size.
     chunks: Vec<Box<[f32]>>,
     /// Slots backed by chunks.
     pub(super) allocated: usize,
-    /// Per slot ever handed out (`len` = high-water mark): key, sequence (0 = free), uses.
-    keys: Vec<u64>,
-    seq: Vec<u64>,
-    uses: Vec<AtomicU32>,
+    /// Per slot ever handed out (`len` = high-water mark): the insertion stamp (0 = free; the
+    /// order of inserts and overwrites, renumbered when it would overflow) and the lookup count
+    /// (saturating).
+    stamp: Vec<u32>,
+    uses: Vec<AtomicU16>,
     /// Free slots below the high-water mark.
     free: Vec<u32>,
-    next_seq: u64,
+    next_stamp: u32,
     /// For [`OverflowPolicy::EvictRandom`].
     rng: SplitMix64,
 }
@@ -73,16 +77,16 @@ pub(super) enum Upsert {
 }
 
 impl Slots {
-    pub(super) fn new(seed: u64) -> Self {
+    /// An empty shard of at most `g.margin` rows.
+    pub(super) fn new(g: &Geometry, seed: u64) -> Self {
         Slots {
-            map: KeyMap::new(),
+            map: KeyMap::new(g.margin),
             chunks: Vec::new(),
             allocated: 0,
-            keys: Vec::new(),
-            seq: Vec::new(),
+            stamp: Vec::new(),
             uses: Vec::new(),
             free: Vec::new(),
-            next_seq: 1,
+            next_stamp: 1,
             rng: SplitMix64::new(seed),
         }
     }
@@ -112,13 +116,58 @@ impl Slots {
         &mut self.chunks[s >> g.shift][off..off + g.dim]
     }
 
-    /// Counts a lookup of `slot` (under the read lock).
+    /// Where the map probe of a key hashing to `h` starts: for prefetching.
+    #[inline(always)]
+    pub(super) fn probe_start(&self, h: u64) -> *const u8 {
+        self.map.probe_start(h)
+    }
+
+    /// Prefetches the row and the lookup count of `slot`.
+    #[inline(always)]
+    pub(super) fn prefetch_slot(&self, g: &Geometry, slot: u32) {
+        let row = self.row(g, slot);
+        let bytes = std::mem::size_of_val(row).min(512);
+        let p = row.as_ptr().cast::<u8>();
+        let mut off = 0;
+        while off < bytes {
+            prefetch(p.wrapping_add(off));
+            off += 64;
+        }
+        prefetch(self.uses[slot as usize..].as_ptr().cast());
+    }
+
+    /// Counts a lookup of `slot` (under the read lock). A plain load and store, not a locked
+    /// read-modify-write: two readers counting the same row at once may count it once, which
+    /// an eviction policy can afford, and a hot row's count costs no bus lock. Saturates.
     #[inline(always)]
     pub(super) fn touch(&self, slot: u32) {
         let u = &self.uses[slot as usize];
-        if u.load(Relaxed) < USE_SATURATION {
-            u.fetch_add(1, Relaxed);
+        let v = u.load(Relaxed);
+        if v < u16::MAX {
+            u.store(v + 1, Relaxed);
         }
+    }
+
+    /// Makes the next insertion stamp `v` (to test the renumbering).
+    #[cfg(test)]
+    pub(super) fn set_next_stamp(&mut self, v: u32) {
+        self.next_stamp = v;
+    }
+
+    /// The next insertion stamp; renumbers the live ones (keeping their order) when the
+    /// counter would overflow.
+    fn take_stamp(&mut self) -> u32 {
+        if self.next_stamp == u32::MAX {
+            let mut live: Vec<u32> = (0..self.stamp.len() as u32).filter(|&s| self.stamp[s as usize] != 0).collect();
+            live.sort_unstable_by_key(|&s| self.stamp[s as usize]);
+            for (rank, &s) in live.iter().enumerate() {
+                self.stamp[s as usize] = rank as u32 + 1;
+            }
+            self.next_stamp = live.len() as u32 + 1;
+        }
+        let t = self.next_stamp;
+        self.next_stamp += 1;
+        t
     }
 
     /// A slot for a new row: a freed one, the next one of the slab, or a new chunk's first.
@@ -127,7 +176,7 @@ impl Slots {
         if let Some(s) = self.free.pop() {
             return Some(s);
         }
-        let s = self.keys.len();
+        let s = self.stamp.len();
         if s == self.allocated {
             let rows = (1usize << g.shift).min(g.margin - self.allocated);
             if rows == 0 {
@@ -136,27 +185,28 @@ impl Slots {
             let mut chunk: Vec<f32> = Vec::new();
             chunk.try_reserve_exact(rows * g.dim).ok()?;
             chunk.resize(rows * g.dim, 0.0);
-            let more = self.allocated + rows - self.keys.len();
+            let more = self.allocated + rows - self.stamp.len();
             self.chunks.try_reserve(1).ok()?;
-            self.keys.try_reserve_exact(more).ok()?;
-            self.seq.try_reserve_exact(more).ok()?;
+            self.stamp.try_reserve_exact(more).ok()?;
             self.uses.try_reserve_exact(more).ok()?;
             self.chunks.push(chunk.into_boxed_slice());
             self.allocated += rows;
         }
-        self.keys.push(0);
-        self.seq.push(0);
-        self.uses.push(AtomicU32::new(0));
+        self.stamp.push(0);
+        self.uses.push(AtomicU16::new(0));
         Some(s as u32)
     }
 
-    /// Removes the row in `slot` and frees the slot.
-    pub(super) fn remove_slot(&mut self, slot: u32) {
-        let s = slot as usize;
-        let key = self.keys[s];
+    /// Removes `key` (held in `slot`) and frees the slot.
+    pub(super) fn remove(&mut self, key: u64, slot: u32) {
         let removed = self.map.remove(key, mix(key));
         debug_assert_eq!(removed, Some(slot));
-        self.seq[s] = 0;
+        self.free_slot(slot);
+    }
+
+    fn free_slot(&mut self, slot: u32) {
+        let s = slot as usize;
+        self.stamp[s] = 0;
         self.uses[s].store(0, Relaxed);
         self.free.push(slot);
     }
@@ -168,11 +218,21 @@ impl Slots {
             return 0;
         }
         let k = live - to;
-        let mut cand: Vec<u32> = (0..self.keys.len() as u32).filter(|&s| self.seq[s as usize] != 0).collect();
+        let policy = g.policy;
+        let mut cand: Vec<(u64, u64)> = self
+            .map
+            .iter()
+            .map(|(key, slot)| {
+                let s = slot as usize;
+                (policy.rank(self.stamp[s], self.uses[s].load(Relaxed)), key)
+            })
+            .collect();
         debug_assert_eq!(cand.len(), live);
-        g.policy.choose_victims(&mut cand, k, &self.seq, &self.uses, &mut self.rng);
-        for &s in &cand[..k] {
-            self.remove_slot(s);
+        policy.choose_victims(&mut cand, k, &mut self.rng);
+        for &(_, key) in &cand[..k] {
+            if let Some(slot) = self.map.remove(key, mix(key)) {
+                self.free_slot(slot);
+            }
         }
         k as u64
     }
@@ -180,11 +240,10 @@ impl Slots {
     /// Inserts or overwrites one row (under the write lock).
     pub(super) fn upsert(&mut self, g: &Geometry, key: u64, row: &[f32]) -> Upsert {
         let h = mix(key);
-        let seq = self.next_seq;
-        self.next_seq += 1;
         if let Some(s) = self.map.find(key, h) {
             self.row_mut(g, s).copy_from_slice(row);
-            self.seq[s as usize] = seq;
+            let t = self.take_stamp();
+            self.stamp[s as usize] = t;
             return Upsert::Overwritten;
         }
         let evicted = if self.map.len() >= g.margin { self.evict_to(g, g.resolve_to) } else { 0 };
@@ -196,8 +255,8 @@ impl Slots {
         };
         self.row_mut(g, s).copy_from_slice(row);
         let i = s as usize;
-        self.keys[i] = key;
-        self.seq[i] = seq;
+        let t = self.take_stamp();
+        self.stamp[i] = t;
         self.uses[i].store(0, Relaxed);
         self.map.insert_new(key, h, s);
         Upsert::Inserted { evicted }
@@ -208,9 +267,8 @@ impl Slots {
         self.map.bytes()
             + self.allocated * g.dim * std::mem::size_of::<f32>()
             + self.chunks.capacity() * std::mem::size_of::<Box<[f32]>>()
-            + self.keys.capacity() * std::mem::size_of::<u64>()
-            + self.seq.capacity() * std::mem::size_of::<u64>()
-            + self.uses.capacity() * std::mem::size_of::<AtomicU32>()
+            + self.stamp.capacity() * std::mem::size_of::<u32>()
+            + self.uses.capacity() * std::mem::size_of::<AtomicU16>()
             + self.free.capacity() * std::mem::size_of::<u32>()
     }
 }

@@ -393,8 +393,10 @@ fn bytes_within_1_25x_raw_at_capacity_dim128() {
 
 #[test]
 fn key_map_matches_a_model_under_random_inserts_and_removes() {
-    for universe in [8u64, 50, 1000] {
-        let mut table = KeyMap::new();
+    // Maps bounded by the universe (table sizes 16, 63 and 1250: probe runs wrap at sizes that
+    // are not powers of two) and an unbounded one.
+    for (universe, max_rows) in [(8u64, 8), (50, 50), (1000, 1000), (1000, usize::MAX)] {
+        let mut table = KeyMap::new(max_rows);
         let mut model: HashMap<u64, u32> = HashMap::new();
         let mut s = universe;
         let mut next_slot = 0u32;
@@ -418,6 +420,14 @@ fn key_map_matches_a_model_under_random_inserts_and_removes() {
         for (&k, &v) in &model {
             assert_eq!(table.find(k, mix(k)), Some(v));
         }
+        let mut listed: Vec<(u64, u32)> = table.iter().collect();
+        let mut want: Vec<(u64, u32)> = model.iter().map(|(&k, &v)| (k, v)).collect();
+        listed.sort_unstable();
+        want.sort_unstable();
+        assert_eq!(listed, want, "iter lists exactly the keys held");
+        if max_rows != usize::MAX {
+            assert!(table.bytes() <= (max_rows * 5).div_ceil(4).max(16) * 12, "the map outgrew its shard");
+        }
     }
 }
 
@@ -425,7 +435,7 @@ fn key_map_matches_a_model_under_random_inserts_and_removes() {
 /// tombstones behind could fill up with them and double).
 #[test]
 fn key_map_keeps_its_size_under_churn() {
-    let mut table = KeyMap::new();
+    let mut table = KeyMap::new(usize::MAX);
     let mut live = std::collections::VecDeque::new();
     let mut s = 26u64;
     let mut slot = 0u32;
@@ -583,4 +593,84 @@ fn clear_empties_every_shard_and_the_tier_keeps_working() {
     assert_eq!(row(&t, keys[3]).unwrap(), rows[12..16].to_vec());
     assert_eq!(t.len(), 10);
     assert_eq!(t.clear(), 10);
+}
+
+/// The benchmark's shape at a smaller size: 32-float rows, 4 shards, evict_least_used down to
+/// 0.9. Memory against the raw vectors at capacity, at 94% of it (where the tiered benchmark
+/// reads it, between evictions) and after churn.
+#[test]
+fn bytes_within_1_25x_raw_at_dim32() {
+    let dim = 32;
+    let (np, margin) = (4, 50_000);
+    let raw = |rows: usize| (rows * dim * 4) as f64;
+    let t = VolatileTier::new(dim, np, margin, OverflowPolicy::EvictLeastUsed, 0.9).unwrap();
+    let mut s = 27u64;
+    let batch = 1000;
+    let mut keys = vec![0u64; batch];
+    let rows = random_rows(batch, dim, 28);
+    let mut at_94 = None;
+    while t.len() < np * margin * 99 / 100 {
+        for k in keys.iter_mut() {
+            *k = splitmix(&mut s);
+        }
+        t.insert_many(&keys, &rows);
+        if at_94.is_none() && t.len() >= np * margin * 94 / 100 {
+            at_94 = Some(t.bytes() as f64 / raw(t.len()));
+        }
+    }
+    let full = t.bytes() as f64 / raw(np * margin);
+    let at_94 = at_94.unwrap();
+    eprintln!("volatile tier, dim 32: bytes/raw {full:.4} at capacity, {at_94:.4} at 94%");
+    assert!(full <= 1.25, "{full}");
+    assert!(at_94 <= 1.25, "{at_94}");
+    for _ in 0..100 {
+        for k in keys.iter_mut() {
+            *k = splitmix(&mut s);
+        }
+        t.insert_many(&keys, &rows);
+    }
+    assert!(t.stats().evictions > 0);
+    let churn = t.bytes() as f64 / raw(np * margin);
+    eprintln!("after churn: bytes/raw-at-capacity {churn:.4}, {} rows", t.len());
+    assert!(churn <= 1.25, "{churn}");
+}
+
+/// The insertion stamps are 32-bit: when they run out they are renumbered in order, and
+/// evict_oldest keeps evicting in insertion order across that.
+#[test]
+fn oldest_order_survives_stamp_renumbering() {
+    let dim = 2;
+    let t = VolatileTier::new(dim, 1, 20, OverflowPolicy::EvictOldest, 0.5).unwrap();
+    t.shards[0].write().set_next_stamp(u32::MAX - 7);
+    let keys = random_keys(30, 29);
+    let rows = random_rows(30, dim, 30);
+    for i in 0..20 {
+        // One key at a time, so the stamps run out in the middle (after key 6).
+        t.insert_many(&keys[i..i + 1], &rows[i * dim..(i + 1) * dim]);
+    }
+    // Overwriting key 0 makes it the newest.
+    t.insert_many(&keys[..1], &rows[..dim]);
+    assert_eq!(t.insert_many(&keys[20..21], &rows[20 * dim..21 * dim]), 10);
+    for (i, &k) in keys[..21].iter().enumerate() {
+        assert_eq!(t.contains(k), i == 0 || i >= 11, "key {i}");
+    }
+}
+
+/// A row's lookup count saturates instead of wrapping: a row looked up 70,000 times stays the
+/// most used.
+#[test]
+fn use_counts_saturate() {
+    let dim = 2;
+    let t = VolatileTier::new(dim, 1, 10, OverflowPolicy::EvictLeastUsed, 0.5).unwrap();
+    let keys = random_keys(11, 31);
+    let rows = random_rows(11, dim, 32);
+    t.insert_many(&keys[..10], &rows[..10 * dim]);
+    t.visit_many(&vec![keys[3]; 70_000], |_, r| assert!(r.is_some()));
+    for &k in &keys[..10] {
+        if k != keys[3] {
+            t.visit_many(&[k, k], |_, r| assert!(r.is_some()));
+        }
+    }
+    assert_eq!(t.insert_many(&keys[10..], &rows[10 * dim..]), 5);
+    assert!(t.contains(keys[3]), "the most used row was evicted (its count wrapped)");
 }
