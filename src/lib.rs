@@ -59,4 +59,21 @@ mod header_tests {
             "include/strata.h is stale: run `STRATA_UPDATE_HEADER=1 cargo test header` and commit it"
         );
     }
+
+    /// The same for `include/strata_cffi.h`, the header's declarations as cffi's `ffi.cdef()`
+    /// takes them (build.rs derives it from the generated strata.h).
+    #[test]
+    fn header_cffi_is_fresh() {
+        let generated = include_str!(concat!(env!("OUT_DIR"), "/strata_cffi.h"));
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/include/strata_cffi.h");
+        if std::env::var_os("STRATA_UPDATE_HEADER").is_some() {
+            std::fs::write(path, generated).unwrap();
+        }
+        let committed = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            committed == generated,
+            "include/strata_cffi.h is stale: run `STRATA_UPDATE_HEADER=1 cargo test header` and commit it"
+        );
+        assert!(!generated.lines().any(|l| l.trim_start().starts_with('#')), "no preprocessor lines");
+    }
 }

@@ -116,6 +116,8 @@ def test_struct_mirrors_match_the_header(tmp_path):
         "DLManagedTensor": _ffi.DLManagedTensor,
         "DLPackVersion": _ffi.DLPackVersion,
         "DLManagedTensorVersioned": _ffi.DLManagedTensorVersioned,
+        "DLPackExchangeAPIHeader": _ffi.DLPackExchangeAPIHeader,
+        "DLPackExchangeAPI": _ffi.DLPackExchangeAPI,
         "struct strata_table_options": _ffi.strata_table_options,
         "struct strata_lookup_options": _ffi.strata_lookup_options,
         "struct strata_lookup_stats": _ffi.strata_lookup_stats,
