@@ -51,7 +51,10 @@ echo "   $(basename "$wheel")"
 case "$(basename "$wheel")" in
     *-none-any.whl) echo "py-tests: $wheel is not a platform wheel" >&2; exit 1 ;;
 esac
-"$PY" -m zipfile -l "$wheel" | grep -q 'strata/libstrata.abi3.so' || { echo "py-tests: the wheel has no library" >&2; exit 1; }
+contents="$("$PY" -m zipfile -l "$wheel")"
+for f in strata/libstrata.abi3.so strata/strata_cffi.h strata/py.typed; do
+    grep -q "^$f " <<<"$contents" || { echo "py-tests: the wheel has no $f" >&2; exit 1; }
+done
 "$PY" -m pip install -q "$wheel"
 # The package imports with no environment variable, from outside the source tree.
 (cd "$VENV" && "$PY" -c 'import strata; print("   strata", strata.__version__, "loads", strata.library_path())')
