@@ -1,5 +1,7 @@
 //! Generates the C header into OUT_DIR with cbindgen. The committed `include/strata.h` is
 //! compared with it by the `header_is_fresh` test; build.rs never writes into the source tree.
+//! From that header it derives `strata_cffi.h`, the same declarations as cffi's `ffi.cdef()` takes
+//! them (see [`cffi`]); `header_cffi_is_fresh` compares it with `include/strata_cffi.h`.
 //!
 //! It also gives the cdylib its SONAME on ELF targets: `libstrata.so.<major>`, or
 //! `libstrata.so.0.<minor>` while the version is 0.x (where a minor version may change the ABI).
@@ -18,6 +20,8 @@ fn main() {
         .generate()
         .expect("cbindgen failed to generate strata.h")
         .write_to_file(format!("{out_dir}/strata.h"));
+    let header = std::fs::read_to_string(format!("{out_dir}/strata.h")).expect("strata.h");
+    std::fs::write(format!("{out_dir}/strata_cffi.h"), cffi::declarations(&header)).expect("strata_cffi.h");
     soname(Path::new(&out_dir));
 }
 
@@ -72,4 +76,114 @@ fn soname(out_dir: &Path) {
 fn artifact_dir(out_dir: &Path) -> Option<PathBuf> {
     let build = out_dir.parent()?.parent()?;
     (build.file_name()? == "build").then(|| build.parent().map(Path::to_path_buf))?
+}
+
+/// The header as declarations for cffi's `ffi.cdef()`, which parses C declarations but has no
+/// preprocessor: the conditionals are resolved as a C11 compiler that is not C++ sees them (with
+/// no `strata_features.h` and no `<dlpack/dlpack.h>` before), integer `#define`s become
+/// `enum { NAME = value };`, and every other preprocessor line (includes, guards, empty or
+/// non-integer macros) is dropped. Comments stay: cffi skips them.
+mod cffi {
+    use std::collections::HashSet;
+
+    /// A conditional's value in that reading, by its exact text; a condition not listed here
+    /// stops the build, so that a new one is decided on purpose rather than guessed.
+    fn condition(text: &str, defined: &HashSet<String>) -> bool {
+        let word = |s: &str| s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if let Some(name) = text.strip_prefix("defined(").and_then(|s| s.strip_suffix(')')).filter(|s| word(s)) {
+            return defined.contains(name);
+        }
+        match text {
+            // C23 fixed-type enums: cffi reads C11, where cbindgen's fallback is `typedef int32_t`.
+            "defined(__cplusplus) || __STDC_VERSION__ >= 202311L" | "__STDC_VERSION__ >= 202311L" => false,
+            _ => panic!("strata_cffi.h: no value for the conditional `#if {text}`; add it to build.rs"),
+        }
+    }
+
+    /// Whether `value` is an integer constant expression of literals, earlier constants and
+    /// operators cffi evaluates (`+ - * / % << >> & | ^`, parentheses).
+    fn integer_expression(value: &str, constants: &HashSet<String>) -> bool {
+        let mut has_digit = false;
+        for token in value.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).filter(|t| !t.is_empty()) {
+            if token.starts_with(|c: char| c.is_ascii_digit()) {
+                let digits = token.trim_end_matches(['u', 'U', 'l', 'L']);
+                has_digit |= digits.chars().all(|c| c.is_ascii_digit());
+                if !digits.chars().all(|c| c.is_ascii_hexdigit() || c == 'x' || c == 'X') {
+                    return false;
+                }
+            } else if !constants.contains(token) {
+                return false;
+            }
+        }
+        let operators = value.chars().all(|c| c.is_ascii_alphanumeric() || "_ ()+-*/%<>&|^".contains(c));
+        !value.is_empty() && operators && (has_digit || value.chars().any(|c| c.is_ascii_alphabetic()))
+    }
+
+    pub fn declarations(header: &str) -> String {
+        // One frame per open conditional: (this branch is taken, some branch was taken, the
+        // enclosing region is active).
+        let mut frames: Vec<(bool, bool, bool)> = Vec::new();
+        let mut defined: HashSet<String> = HashSet::new();
+        let mut constants: HashSet<String> = HashSet::new();
+        let mut out = String::from(
+            "/* strata's C declarations for cffi (`ffi.cdef(...)`), derived by build.rs from strata.h:\n \
+             * no preprocessor lines, no system headers, integer constants as enums. Generated; do not edit. */\n",
+        );
+        let mut blank = true;
+        for line in header.lines() {
+            let active = frames.last().is_none_or(|f| f.0 && f.2);
+            let trimmed = line.trim_start();
+            let Some(directive) = trimmed.strip_prefix('#') else {
+                if active && !(blank && line.trim().is_empty()) {
+                    out.push_str(line);
+                    out.push('\n');
+                    blank = line.trim().is_empty();
+                }
+                continue;
+            };
+            // The directive without a trailing `// comment` (cbindgen's `#endif // ...`).
+            let directive = directive.split("//").next().unwrap_or("").trim();
+            let (keyword, rest) = directive.split_once(char::is_whitespace).unwrap_or((directive, ""));
+            let rest = rest.trim();
+            match keyword {
+                "if" | "ifdef" | "ifndef" => {
+                    let value = active
+                        && match keyword {
+                            "ifdef" => defined.contains(rest),
+                            "ifndef" => !defined.contains(rest),
+                            _ => condition(rest, &defined),
+                        };
+                    frames.push((value, value, active));
+                }
+                "elif" => {
+                    let f = frames.last_mut().expect("strata.h: #elif without #if");
+                    let value = f.2 && !f.1 && condition(rest, &defined);
+                    f.0 = value;
+                    f.1 |= value;
+                }
+                "else" => {
+                    let f = frames.last_mut().expect("strata.h: #else without #if");
+                    f.0 = f.2 && !f.1;
+                    f.1 = true;
+                }
+                "endif" => {
+                    frames.pop().expect("strata.h: #endif without #if");
+                }
+                "define" if active => {
+                    let (name, value) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
+                    let value = value.trim();
+                    defined.insert(name.to_string());
+                    if integer_expression(value, &constants) {
+                        constants.insert(name.to_string());
+                        out.push_str(&format!("enum {{ {name} = {value} }};\n"));
+                        blank = false;
+                    }
+                }
+                "include" | "define" | "undef" | "pragma" => {}
+                _ => panic!("strata_cffi.h: unexpected directive `#{directive}` in strata.h"),
+            }
+        }
+        assert!(frames.is_empty(), "strata.h: unbalanced conditionals");
+        out
+    }
 }

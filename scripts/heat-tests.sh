@@ -8,9 +8,9 @@
 #     PyTorch's CUDA wheels; a few minutes to install, once), so the main environment is left
 #     alone. mpi4py's wheel runs on Debian's Open MPI 4.1; where it does not, it is built from
 #     source against the system MPI (mpicc).
-#   - libstrata.so is built with the `mpi` feature (the debug build, as scripts/mpi-tests.sh) and
-#     copied to build/heat-lib; the strata package is installed from ./python and loads it
-#     through STRATA_LIBRARY.
+#   - the strata package is installed from ./python with STRATA_MPI=1, so setuptools-rust builds
+#     libstrata with the `mpi` feature into it (the switch users take), and the script checks
+#     that the installed library reports the feature.
 # scripts/test.sh runs it; STRATA_SKIP_HEAT=1 there leaves it out.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -51,12 +51,10 @@ if ! timeout -k 5 120 mpirun -n 1 "$PY" -c 'from mpi4py import MPI; MPI.COMM_WOR
     "$PY" -m pip install -q --force-reinstall --no-deps --no-binary mpi4py mpi4py
 fi
 
-echo "== libstrata.so with the mpi feature"
-cargo build --lib --features mpi
-mkdir -p build/heat-lib
-cp target/debug/libstrata.so build/heat-lib/libstrata.so
-"$PY" -m pip install -q --force-reinstall --no-deps ./python
-export STRATA_LIBRARY="$ROOT/build/heat-lib/libstrata.so"
+echo "== the strata package built with the mpi feature (STRATA_MPI=1 pip install ./python)"
+unset STRATA_LIBRARY STRATA_LIB
+STRATA_MPI=1 "$PY" -m pip install -q --force-reinstall --no-deps ./python
+"$PY" -c 'import strata, sys; f = strata.build_features(); sys.exit(0 if f.get("mpi") else "the installed strata was built without mpi: " + repr(f))'
 # One thread per rank for PyTorch and strata: up to 4 ranks share the cores.
 export OMP_NUM_THREADS=1 STRATA_NUM_THREADS=1
 LIMIT="${STRATA_MPI_TIMEOUT:-300}"

@@ -44,19 +44,32 @@ pub use table::Table;
 
 #[cfg(test)]
 mod header_tests {
-    /// The committed header must equal the one build.rs generates from the current sources.
+    /// `generated` (from build.rs) must equal the committed `include/<name>`;
     /// `STRATA_UPDATE_HEADER=1 cargo test header` rewrites it.
-    #[test]
-    fn header_is_fresh() {
-        let generated = include_str!(concat!(env!("OUT_DIR"), "/strata.h"));
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/include/strata.h");
+    fn assert_fresh(generated: &str, name: &str) {
+        let path = format!("{}/include/{name}", env!("CARGO_MANIFEST_DIR"));
         if std::env::var_os("STRATA_UPDATE_HEADER").is_some() {
-            std::fs::write(path, generated).unwrap();
+            std::fs::write(&path, generated).unwrap();
         }
-        let committed = std::fs::read_to_string(path).unwrap_or_default();
+        let committed = std::fs::read_to_string(&path).unwrap_or_default();
         assert!(
             committed == generated,
-            "include/strata.h is stale: run `STRATA_UPDATE_HEADER=1 cargo test header` and commit it"
+            "include/{name} is stale: run `STRATA_UPDATE_HEADER=1 cargo test header` and commit it"
         );
+    }
+
+    /// The committed header must equal the one build.rs generates from the current sources.
+    #[test]
+    fn header_is_fresh() {
+        assert_fresh(include_str!(concat!(env!("OUT_DIR"), "/strata.h")), "strata.h");
+    }
+
+    /// The same for `include/strata_cffi.h`, the header's declarations as cffi's `ffi.cdef()`
+    /// takes them (build.rs derives it from the generated strata.h).
+    #[test]
+    fn header_cffi_is_fresh() {
+        let generated = include_str!(concat!(env!("OUT_DIR"), "/strata_cffi.h"));
+        assert_fresh(generated, "strata_cffi.h");
+        assert!(!generated.lines().any(|l| l.trim_start().starts_with('#')), "no preprocessor lines");
     }
 }

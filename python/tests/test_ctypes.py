@@ -1,6 +1,7 @@
 """strata through ctypes, fed with real NumPy ``__dlpack__`` capsules.
 
-The library is loaded from ``$STRATA_LIB``, else ``<repo>/target/release/libstrata.so``, else
+The library is loaded from ``$STRATA_LIB``, else the one inside the installed ``strata`` package
+(what scripts/py-tests.sh tests), else ``<repo>/target/release/libstrata.so``, else
 ``<repo>/target/debug/libstrata.so``. Every struct of ``include/strata.h`` that a caller fills
 or reads has a ctypes mirror here (checked against the C compiler's layout in
 ``test_struct_layouts_match_the_header``), and every exported function has argtypes/restype.
@@ -48,10 +49,25 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
+def package_library():
+    """The library inside the installed ``strata`` package (``pip install ./python`` builds it and
+    ships it there as ``libstrata.abi3.so``), or None. The package is not imported."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("strata")
+    if spec is None or not spec.origin:
+        return None
+    p = pathlib.Path(spec.origin).parent / "libstrata.abi3.so"
+    return str(p) if p.exists() else None
+
+
 def _lib_path() -> str:
     env = os.environ.get("STRATA_LIB")
     if env:
         return env
+    shipped = package_library()
+    if shipped:
+        return shipped
     for p in (REPO / "target" / "release" / "libstrata.so", REPO / "target" / "debug" / "libstrata.so"):
         if p.exists():
             return str(p)

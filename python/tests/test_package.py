@@ -1,7 +1,8 @@
 """The ``strata`` Python package (python/src/strata), as pip installs it.
 
-scripts/py-tests.sh installs it with ``pip install ./python`` and runs this file against
-``target/release/libstrata.so`` (``$STRATA_LIBRARY``). Every lookup writes into a poisoned
+scripts/py-tests.sh builds its wheel (``pip wheel ./python``: the crate compiled into the package),
+installs it into a fresh venv and runs this file there against the library the wheel ships, with
+no ``$STRATA_LIBRARY`` (without a shipped library it falls back to ``target/release``). Every lookup writes into a poisoned
 output and is compared with NumPy indexing; every error path checks the exception class, its
 ``status`` and strata's message. GPU cases skip with "skipped: no CUDA device" when
 ``strata_cuda_available()`` says there is none.
@@ -21,12 +22,11 @@ import threading
 
 import numpy as np
 import pytest
+from test_ctypes import LIB_PATH, package_library
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-for _p in (REPO / "target" / "release" / "libstrata.so", REPO / "target" / "debug" / "libstrata.so"):
-    if _p.exists():
-        os.environ.setdefault("STRATA_LIBRARY", str(_p))
-        break
+if package_library() is None:  # a package without its library (used from the source tree)
+    os.environ.setdefault("STRATA_LIBRARY", LIB_PATH)
 
 import strata  # noqa: E402
 from strata import _dlpack, _ffi  # noqa: E402
@@ -89,19 +89,56 @@ def test_library_not_found_is_a_clear_import_error(tmp_path):
     assert "STRATA_LIBRARY is set but cannot be loaded" in r.stderr and "nope" in r.stderr
 
 
-def test_library_found_next_to_the_package_without_the_variable(tmp_path):
-    """Without $STRATA_LIBRARY a copy of the package with libstrata.so beside it loads that one."""
+def _run_copy(tmp_path, env_extra=None):
+    env = {k: v for k, v in os.environ.items() if k not in ("STRATA_LIBRARY", "LD_LIBRARY_PATH")}
+    env["PYTHONPATH"] = str(tmp_path)
+    env.update(env_extra or {})
+    code = "import strata; print(strata.library_path()); print(strata.version())"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()
+
+
+def test_library_found_inside_the_package_without_the_variable(tmp_path):
+    """Without $STRATA_LIBRARY a copy of the package loads the library inside it: the one the
+    wheel ships (libstrata.abi3.so), else a libstrata.so put there by hand."""
     import shutil
 
     pkg = tmp_path / "strata"
     shutil.copytree(pathlib.Path(strata.__file__).parent, pkg)
-    shutil.copy(os.environ["STRATA_LIBRARY"], pkg / "libstrata.so")
-    env = {k: v for k, v in os.environ.items() if k not in ("STRATA_LIBRARY", "LD_LIBRARY_PATH")}
-    env["PYTHONPATH"] = str(tmp_path)
-    code = "import strata, strata._ffi as f; print(f.lib._name); print(strata.version())"
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[0] == str(pkg / "libstrata.so")
+    shipped = pkg / "libstrata.abi3.so"
+    if not shipped.exists():
+        shutil.copy(strata.library_path(), shipped)
+    assert _run_copy(tmp_path)[0] == str(shipped)
+    shipped.rename(pkg / "libstrata.so")
+    assert _run_copy(tmp_path)[0] == str(pkg / "libstrata.so")
+
+
+def test_strata_library_overrides_the_shipped_library(tmp_path):
+    import shutil
+
+    other = tmp_path / "elsewhere" / "libstrata.so"
+    other.parent.mkdir()
+    shutil.copy(strata.library_path(), other)
+    pkg = tmp_path / "strata"
+    shutil.copytree(pathlib.Path(strata.__file__).parent, pkg)
+    assert _run_copy(tmp_path, {"STRATA_LIBRARY": str(other)}) == [str(other), strata.version()]
+
+
+@pytest.mark.skipif("STRATA_LIBRARY" in os.environ, reason="skipped: $STRATA_LIBRARY chooses the library")
+def test_the_installed_wheel_ships_the_library_and_the_cffi_declarations():
+    """What scripts/py-tests.sh tests: a platform wheel (never py3-none-any) whose package holds
+    libstrata and strata_cffi.h, loaded with no environment variable."""
+    import importlib.metadata
+
+    here = pathlib.Path(strata.__file__).parent
+    assert strata.library_path() == str(here / "libstrata.abi3.so")
+    assert (here / "strata_cffi.h").is_file()
+    wheel = importlib.metadata.distribution("strata").read_text("WHEEL") or ""
+    tags = [line.split(":", 1)[1].strip() for line in wheel.splitlines() if line.startswith("Tag:")]
+    assert tags and all(not t.endswith("-any") and "-abi3-" in t for t in tags), wheel
+    assert "Root-Is-Purelib: false" in wheel
+    assert importlib.metadata.version("strata") == strata.__version__ == strata.version()
 
 
 def test_struct_mirrors_match_the_header(tmp_path):
@@ -116,6 +153,8 @@ def test_struct_mirrors_match_the_header(tmp_path):
         "DLManagedTensor": _ffi.DLManagedTensor,
         "DLPackVersion": _ffi.DLPackVersion,
         "DLManagedTensorVersioned": _ffi.DLManagedTensorVersioned,
+        "DLPackExchangeAPIHeader": _ffi.DLPackExchangeAPIHeader,
+        "DLPackExchangeAPI": _ffi.DLPackExchangeAPI,
         "struct strata_table_options": _ffi.strata_table_options,
         "struct strata_lookup_options": _ffi.strata_lookup_options,
         "struct strata_lookup_stats": _ffi.strata_lookup_stats,

@@ -18,12 +18,11 @@ from ctypes import POINTER, byref, c_int32, c_size_t
 
 import numpy as np
 import pytest
+from test_ctypes import LIB_PATH, package_library
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-for _p in (REPO / "target" / "release" / "libstrata.so", REPO / "target" / "debug" / "libstrata.so"):
-    if _p.exists():
-        os.environ.setdefault("STRATA_LIBRARY", str(_p))
-        break
+if package_library() is None:  # a package without its library (used from the source tree)
+    os.environ.setdefault("STRATA_LIBRARY", LIB_PATH)
 
 import strata  # noqa: E402
 from strata import _dlpack, _ffi  # noqa: E402

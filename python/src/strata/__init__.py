@@ -1,8 +1,8 @@
 """strata: HPS-style embedding lookups from DLPack tensors, on CPU cores or a CUDA device.
 
-Pure-Python bindings of ``libstrata.so`` (ctypes; no compiler at install time). The library is
-found through ``$STRATA_LIBRARY``, a ``libstrata.so`` next to this package, or the system's
-search path.
+Python bindings of ``libstrata.so`` through ctypes. ``pip install`` builds the library from the
+crate and ships it inside the package, where it is loaded from; ``$STRATA_LIBRARY`` chooses
+another. :func:`cdef` and :func:`library_path` serve cffi users of the C API.
 
 >>> import numpy as np, strata
 >>> with strata.Table.from_array(np.arange(12, dtype=np.float32).reshape(4, 3)) as t:
@@ -30,9 +30,11 @@ from ._core import (
     Table,
     TableInfo,
     build_features,
+    cdef,
     cuda_available,
     default_num_threads,
     from_partitioned,
+    library_path,
     lookup,
     lookup_batch,
     lookup_batch_with_stats,
@@ -57,7 +59,18 @@ from .errors import (
     UnsupportedDtype,
 )
 
-__version__ = "0.3.0"
+def _package_version() -> str:
+    """The installed distribution's version (the crate's, which setup.py reads from Cargo.toml);
+    the loaded library's for a package used without installing it."""
+    from importlib.metadata import PackageNotFoundError, version as dist_version
+
+    try:
+        return dist_version("strata")
+    except PackageNotFoundError:
+        return version()
+
+
+__version__ = _package_version()
 
 __all__ = [
     "ConfigError",
@@ -81,9 +94,11 @@ __all__ = [
     "UnsupportedDevice",
     "UnsupportedDtype",
     "build_features",
+    "cdef",
     "cuda_available",
     "default_num_threads",
     "from_partitioned",
+    "library_path",
     "lookup",
     "lookup_batch",
     "lookup_batch_with_stats",

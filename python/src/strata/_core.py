@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import importlib.resources
 import os
 import weakref
 from ctypes import byref, c_char_p, c_int32, c_uint64
@@ -11,7 +12,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _ffi
+from . import _fast, _ffi
 from ._dlpack import Borrowed, exportable
 from ._partitioned import TableViewOwner, describe
 from ._partitioned import from_partitioned as from_partitioned
@@ -430,7 +431,8 @@ def _as_framework_of(keys_obj: Any, arr: Any) -> Any:
         if fw == "torch":
             import torch
 
-            return torch.from_dlpack(arr)
+            # getattr: torch's stubs do not re-export from_dlpack (mypy --strict with torch installed)
+            return getattr(torch, "from_dlpack")(arr)
         if fw in ("jax", "jaxlib"):
             import jax.numpy as jnp
 
@@ -470,6 +472,15 @@ def lookup(
     strata's message: :class:`KeyNotFound` for a missing key in a ``missing="error"`` table,
     :class:`ReadOnly` for a read-only ``out``, :class:`UnsupportedDtype`, ...
     """
+    if out is not None and stream is None and type(table) is Table:
+        # Small host calls: see _fast (no capsules for PyTorch, one per NumPy array).
+        h = table._h
+        if h and (table._owner is None or table._owner._h):
+            status = _fast.lookup(h, keys, out, num_threads)
+            if status is not None:
+                if status != _ffi.STRATA_OK:
+                    raise error_for(status, _ffi.last_error())
+                return out
     return _lookup(table, keys, out, stream, num_threads, dtype, None)
 
 
@@ -868,6 +879,24 @@ class Server(_Closeable):
 def version() -> str:
     """The library's version, ``"MAJOR.MINOR.PATCH"``."""
     return (_ffi.strata_version() or b"").decode()
+
+
+def library_path() -> str:
+    """The path of the libstrata this package loaded (the one inside the package, unless
+    ``$STRATA_LIBRARY`` chose another): give it to ``cffi.FFI().dlopen`` or ``ctypes.CDLL`` to
+    call the C API directly on the same library."""
+    return str(_ffi.lib._name)
+
+
+def cdef() -> str:
+    """strata's C declarations for cffi: ``ffi.cdef(strata.cdef())``. The text is
+    ``include/strata_cffi.h``, which build.rs derives from ``strata.h`` (no preprocessor lines,
+    no system headers, integer constants as enums), shipped inside the package::
+
+        ffi = cffi.FFI()
+        ffi.cdef(strata.cdef())
+        lib = ffi.dlopen(strata.library_path())  # ABI mode: no compiler"""
+    return (importlib.resources.files(__package__ or "strata") / "strata_cffi.h").read_text(encoding="utf-8")
 
 
 def cuda_available() -> bool:

@@ -88,6 +88,25 @@ DLManagedTensorVersioned._fields_ = [
     ("dl_tensor", DLTensor),
 ]
 
+
+class DLPackExchangeAPIHeader(Structure):
+    _fields_ = [("version", DLPackVersion), ("prev_api", c_void_p)]
+
+
+class DLPackExchangeAPI(Structure):
+    """DLPack 1.3's ``__dlpack_c_exchange_api__`` table (a capsule "dlpack_exchange_api" on the
+    producer's type); the functions take ``PyObject *`` as ``void *``."""
+
+    _fields_ = [
+        ("header", DLPackExchangeAPIHeader),
+        ("managed_tensor_allocator", c_void_p),
+        ("managed_tensor_from_py_object_no_sync", c_void_p),
+        ("managed_tensor_to_py_object_no_sync", c_void_p),
+        ("dltensor_from_py_object_no_sync", c_void_p),
+        ("current_work_stream", c_void_p),
+    ]
+
+
 # ---- strata -----------------------------------------------------------------------------------
 
 STRATA_OK = 0
@@ -294,18 +313,22 @@ STATUS_T = c_int32
 # ---- loading ----------------------------------------------------------------------------------
 
 _LIB_NAME = "libstrata.so"
+#: The library as the wheel ships it (setup.py: setuptools-rust names it like an abi3 module).
+_WHEEL_LIB_NAME = "libstrata.abi3.so"
 
 
 def library_candidates() -> list[str]:
-    """Where the library is looked for, in order: ``$STRATA_LIBRARY``, ``libstrata.so`` next to
-    this package (or in its ``lib/`` folder), then the system's search
+    """Where the library is looked for, in order: ``$STRATA_LIBRARY``, the library inside this
+    package (``libstrata.abi3.so``, which ``pip install`` builds and ships, or a ``libstrata.so``
+    put there or in its ``lib/`` folder), then the system's search
     (``ctypes.util.find_library("strata")``, then ``libstrata.so`` through the dynamic loader,
     which honours ``LD_LIBRARY_PATH``)."""
     env = os.environ.get("STRATA_LIBRARY")
     if env:
         return [env]
     here = pathlib.Path(__file__).resolve().parent
-    out = [str(p) for p in (here / _LIB_NAME, here / "lib" / _LIB_NAME) if p.exists()]
+    inside = (here / _WHEEL_LIB_NAME, here / _LIB_NAME, here / "lib" / _LIB_NAME)
+    out = [str(p) for p in inside if p.exists()]
     found = ctypes.util.find_library("strata")
     if found:
         out.append(found)
@@ -324,8 +347,9 @@ def _load() -> ctypes.CDLL:
     hint = (
         "STRATA_LIBRARY is set but cannot be loaded"
         if env
-        else "set STRATA_LIBRARY to the path of libstrata.so (cargo build --release writes "
-        "target/release/libstrata.so), put it next to the strata package, or on LD_LIBRARY_PATH"
+        else "this strata package ships no library (install it with `pip install ./python`, which "
+        "builds it), or set STRATA_LIBRARY to the path of a libstrata.so (cargo build --release writes "
+        "target/release/libstrata.so), or put one on LD_LIBRARY_PATH"
     )
     raise ImportError(f"strata: cannot load libstrata.so ({hint}); tried: " + "; ".join(errors))
 
