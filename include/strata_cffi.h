@@ -616,16 +616,22 @@ strata_status strata_partitioned_validate(const struct strata_partitioned *desc)
 //
 // `comm` non-NULL: points to an MPI communicator as an `MPI_Fint` (`MPI_Comm_c2f(comm)`,
 // mpi4py's `comm.py2f()`); the table is spread over its ranks. Collective: every rank of
-// `comm` must call it, each passing the same description with data for the partitions whose
-// locations list that rank (and only those). strata duplicates `comm` (the caller keeps its
-// own) and frees the duplicate in `strata_table_free`, which is then collective too (call it
-// before `MPI_Finalize`); it never initialises or finalises MPI, which must be initialised. Each local partition is borrowed
-// under the same rule as above, else copied. A description that is invalid on one rank, or
-// that differs between ranks (shape, tiling, starts, shapes, locations, dtype, options), fails
-// the call on every rank: the rank at fault reports its own error, the others
-// `rank R failed the collective call: ...` with that rank's status. `strata_lookup` on the
-// table is collective. A build without the `mpi` feature answers `STRATA_UNSUPPORTED_DEVICE`
-// (see `strata_mpi_available`).
+// `comm` must call it, each passing the same shape, tiling, starts and shapes, with data for
+// the partitions it holds: those whose locations list that rank, or that its `locals` list (and
+// only those). The owners of a partition are the union of what the ranks say: every rank its
+// locations name on any rank, and every rank holding it (so Heat's replicated arrays, described
+// on every rank with a single location and `locals` [(0, 0)], are replicated on every rank);
+// each owner must hold the data. strata duplicates `comm` (the caller keeps its own) and frees
+// the duplicate in `strata_table_free`, which is then collective too (call it before
+// `MPI_Finalize`); it never initialises or finalises MPI, which must be initialised. Each local
+// partition is borrowed under the same rule as above, else copied. A description that is
+// invalid on one rank fails the call on every rank: that rank reports its own error, the others
+// `rank R failed the collective call: ...` with its status and message. Descriptions that
+// differ between ranks (shape, tiling, starts, shapes, dtype, options) fail on every rank with
+// one message naming the rank that differs from most and quoting its values beside theirs:
+// "partition (2,0): start[0] = 14, shape[0] = 7 on rank 0 but start[0] = 14, shape[0] = 6 on
+// rank 3". `strata_lookup` on the table is collective. A build without the `mpi` feature
+// answers `STRATA_UNSUPPORTED_DEVICE` (see `strata_mpi_available`).
 //
 // # Safety
 // `desc` is NULL or points to `struct_size` readable bytes; `comm` is NULL or readable; `opts` is
