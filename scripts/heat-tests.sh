@@ -17,27 +17,12 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 
-pkgs=()
-command -v mpirun >/dev/null 2>&1 || pkgs+=(openmpi-bin)
-command -v mpicc >/dev/null 2>&1 || pkgs+=(libopenmpi-dev)
-compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null || pkgs+=(libclang-dev)
-if [ "${#pkgs[@]}" -gt 0 ]; then
-    [ "$(id -u)" = 0 ] || { echo "missing: ${pkgs[*]} (apt-get install -y ${pkgs[*]})" >&2; exit 1; }
-    echo "== installing ${pkgs[*]}"
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
-fi
+# shellcheck source=scripts/lib.sh
+. "$ROOT/scripts/lib.sh"
+need_mpi
 
 VENV="$ROOT/build/heat-venv"
-if [ ! -x "$VENV/bin/python" ]; then
-    if ! python3 -m venv "$VENV" 2>/dev/null; then
-        rm -rf "$VENV"
-        [ "$(id -u)" = 0 ] || { echo "heat-tests: python3 -m venv fails; install python3-venv" >&2; exit 1; }
-        echo "== installing python3-venv"
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
-        python3 -m venv "$VENV"
-    fi
-fi
+make_venv "$VENV"
 PY="$VENV/bin/python"
 if ! "$PY" -c 'import heat, mpi4py, pytest' 2>/dev/null; then
     echo "== installing heat, mpi4py and pytest into build/heat-venv"

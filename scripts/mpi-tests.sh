@@ -11,16 +11,9 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-pkgs=()
-command -v mpirun >/dev/null 2>&1 || pkgs+=(openmpi-bin)
-command -v mpicc >/dev/null 2>&1 || pkgs+=(libopenmpi-dev)
-compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null || pkgs+=(libclang-dev)
-if [ "${#pkgs[@]}" -gt 0 ]; then
-    [ "$(id -u)" = 0 ] || { echo "missing: ${pkgs[*]} (apt-get install -y ${pkgs[*]})" >&2; exit 1; }
-    echo "== installing ${pkgs[*]}"
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
-fi
+# shellcheck source=scripts/lib.sh
+. "$ROOT/scripts/lib.sh"
+need_mpi
 
 # Open MPI refuses root without these, and more ranks than cores without oversubscription.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1

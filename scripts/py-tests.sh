@@ -26,17 +26,9 @@ unset STRATA_LIBRARY STRATA_LIB
 VENV="$ROOT/build/py-venv"
 WHEELS="$ROOT/build/py-wheels"
 rm -rf "$VENV" "$WHEELS"
-if ! python3 -m venv "$VENV" 2>/dev/null; then
-    rm -rf "$VENV"
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        echo "== installing python3-venv"
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
-        python3 -m venv "$VENV"
-    else
-        echo "py-tests: python3 -m venv fails; install python3-venv" >&2
-        exit 1
-    fi
-fi
+# shellcheck source=scripts/lib.sh
+. "$ROOT/scripts/lib.sh"
+make_venv "$VENV"
 PY="$VENV/bin/python"
 deps=('numpy>=2.1' pytest cffi 'mypy==2.4.*')
 [ -n "${STRATA_SKIP_TORCH:-}" ] || deps+=('torch==2.10.*')

@@ -23,17 +23,9 @@ command -v g++ >/dev/null 2>&1 || missing+=(g++)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 [ -e /usr/include/absl/container/flat_hash_map.h ] || missing+=(libabsl-dev)
 command -v mpicc >/dev/null 2>&1 || missing+=(libopenmpi-dev openmpi-bin libclang-dev)
-if [ "${#missing[@]}" -gt 0 ]; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        echo "== installing ${missing[*]}"
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get update -qq
-        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-    else
-        echo "missing: ${missing[*]} (install with: apt-get install -y ${missing[*]})" >&2
-        exit 1
-    fi
-fi
+# shellcheck source=scripts/lib.sh
+. "$ROOT/scripts/lib.sh"
+need_debs "${missing[@]}"
 if ! python3 -c 'import numpy, pytest, sys; sys.exit(0 if tuple(map(int, numpy.__version__.split(".")[:2])) >= (2, 1) else 1)' 2>/dev/null; then
     echo "== installing numpy>=2.1 and pytest"
     python3 -m pip install -q --disable-pip-version-check 'numpy>=2.1' pytest

@@ -11,19 +11,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 VENV="$ROOT/build/tf-venv"
-if [ ! -x "$VENV/bin/python" ]; then
-    if ! python3 -m venv "$VENV" 2>/dev/null; then
-        rm -rf "$VENV"
-        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-            echo "== installing python3-venv"
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
-            python3 -m venv "$VENV"
-        else
-            echo "tf-tests: python3 -m venv fails; install python3-venv" >&2
-            exit 1
-        fi
-    fi
-fi
+# shellcheck source=scripts/lib.sh
+. "$ROOT/scripts/lib.sh"
+make_venv "$VENV"
 if ! "$VENV/bin/python" -c 'import tensorflow, pytest' 2>/dev/null; then
     echo "== installing tensorflow-cpu and pytest into build/tf-venv"
     "$VENV/bin/python" -m pip install -q tensorflow-cpu pytest
