@@ -534,11 +534,15 @@ impl Walk {
             if n == 1 {
                 continue;
             }
+            // Checked: an empty tensor may carry any strides and sizes whose products overflow;
+            // such dimensions are simply not merged (its walk never yields an offset).
             if let Some(last) = dims.last_mut()
-                && last.1 == s * n as isize {
-                    *last = (last.0 * n, s);
-                    continue;
-                }
+                && let (Some(outer), Some(size)) = (s.checked_mul(n as isize), last.0.checked_mul(n))
+                && last.1 == outer
+            {
+                *last = (size, s);
+                continue;
+            }
             dims.push((n, s));
         }
         Walk { dims }
@@ -622,6 +626,19 @@ mod tests {
                 off
             })
             .collect()
+    }
+
+    #[test]
+    fn walk_of_an_empty_tensor_with_overflowing_strides_does_not_panic() {
+        // Found by tests/fuzz.rs: out of shape [0, 2, 1] with strides [2, isize::MIN, 1].
+        for (shape, strides) in [
+            (&[0usize, 2, 1][..], &[2isize, isize::MIN, 1][..]),
+            (&[2, 0], &[isize::MIN, isize::MAX]),
+            (&[0, usize::MAX / 2, 4], &[1, 4, 1]),
+        ] {
+            // (No offsets are asked of an empty tensor's walk: callers stop at zero elements.)
+            let _ = Walk::new(shape, strides).linear_stride();
+        }
     }
 
     #[test]
