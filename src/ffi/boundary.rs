@@ -130,7 +130,7 @@ pub(crate) fn boundary<R: CReturn>(f: impl FnOnce() -> Result<R::Value>) -> R {
 /// `p` must be NULL or valid for reads of a `T` for `'a`.
 pub(crate) unsafe fn arg_ref<'a, T>(p: *const T, arg: &'static str) -> Result<&'a T> {
     // SAFETY: the caller guarantees p is NULL or valid; as_ref maps NULL to None.
-    unsafe { p.as_ref() }.ok_or(Error::Null { arg })
+    unsafe { p.as_ref() }.ok_or_else(|| Error::Null { arg })
 }
 
 /// Borrows a required out-pointer (`int32_t *count`), or fails with `STRATA_NULL_ARGUMENT`.
@@ -139,7 +139,7 @@ pub(crate) unsafe fn arg_ref<'a, T>(p: *const T, arg: &'static str) -> Result<&'
 /// `p` must be NULL or valid for writes of a `T` for `'a`, and not aliased meanwhile.
 pub(crate) unsafe fn arg_mut<'a, T>(p: *mut T, arg: &'static str) -> Result<&'a mut T> {
     // SAFETY: the caller guarantees p is NULL or valid and unaliased.
-    unsafe { p.as_mut() }.ok_or(Error::Null { arg })
+    unsafe { p.as_mut() }.ok_or_else(|| Error::Null { arg })
 }
 
 /// Borrows an optional pointer argument.
