@@ -130,7 +130,11 @@ pub(crate) fn boundary<R: CReturn>(f: impl FnOnce() -> Result<R::Value>) -> R {
 /// `p` must be NULL or valid for reads of a `T` for `'a`.
 pub(crate) unsafe fn arg_ref<'a, T>(p: *const T, arg: &'static str) -> Result<&'a T> {
     // SAFETY: the caller guarantees p is NULL or valid; as_ref maps NULL to None.
-    unsafe { p.as_ref() }.ok_or_else(|| Error::Null { arg })
+    match unsafe { p.as_ref() } {
+        Some(r) => Ok(r),
+        // Built here only: `ok_or(Error::Null { .. })` built (and dropped) it on every call.
+        None => Err(Error::Null { arg }),
+    }
 }
 
 /// Borrows a required out-pointer (`int32_t *count`), or fails with `STRATA_NULL_ARGUMENT`.
@@ -139,7 +143,10 @@ pub(crate) unsafe fn arg_ref<'a, T>(p: *const T, arg: &'static str) -> Result<&'
 /// `p` must be NULL or valid for writes of a `T` for `'a`, and not aliased meanwhile.
 pub(crate) unsafe fn arg_mut<'a, T>(p: *mut T, arg: &'static str) -> Result<&'a mut T> {
     // SAFETY: the caller guarantees p is NULL or valid and unaliased.
-    unsafe { p.as_mut() }.ok_or_else(|| Error::Null { arg })
+    match unsafe { p.as_mut() } {
+        Some(r) => Ok(r),
+        None => Err(Error::Null { arg }),
+    }
 }
 
 /// Borrows an optional pointer argument.

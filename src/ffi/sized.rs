@@ -210,7 +210,10 @@ pub(crate) unsafe fn out_struct<T: Extensible>(p: *mut T, arg: &'static str) -> 
 /// As for [`out_struct`].
 pub(crate) unsafe fn out_struct_required<T: Extensible>(p: *mut T, arg: &'static str) -> Result<OutStruct<T>> {
     // SAFETY: forwarded.
-    unsafe { out_struct(p, arg) }?.ok_or_else(|| Error::Null { arg })
+    match unsafe { out_struct(p, arg) }? {
+        Some(s) => Ok(s),
+        None => Err(Error::Null { arg }),
+    }
 }
 
 impl<T: Extensible> OutStruct<T> {
