@@ -28,19 +28,6 @@ fn parallel_memcpy(src: &[f32], dst: &mut [f32], threads: usize) {
     });
 }
 
-/// How much of the process's anonymous memory transparent huge pages back (Linux), for reading
-/// the numbers: random row reads slow down markedly when the tables get only 4 KiB pages.
-fn huge_pages() -> String {
-    let rollup = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap_or_default();
-    let field = |name: &str| {
-        rollup.lines().find(|l| l.starts_with(name)).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-    };
-    match (field("AnonHugePages:"), field("Anonymous:")) {
-        (Some(h), Some(a)) => format!("huge pages: {} of {} MiB of anonymous memory", h / 1024, a / 1024),
-        _ => "huge pages: unknown (no /proc/self/smaps_rollup)".into(),
-    }
-}
-
 /// Builds and runs the anchor; returns (hps_like seconds, its memcpy seconds) or why not.
 fn run_anchor(rows: usize, dim: usize, batch: usize, threads: usize) -> Result<(f64, f64), String> {
     let libs = ["-labsl_hash", "-labsl_city", "-labsl_low_level_hash", "-labsl_raw_hash_set"];
@@ -72,6 +59,7 @@ fn open_folder(dir: &std::path::Path, dim: usize) -> Owned {
 }
 
 fn main() {
+    let pages = support::same_pages_as_the_anchor();
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let rows = args.first().copied().unwrap_or(1_000_000);
     let dim = args.get(1).copied().unwrap_or(128);
@@ -197,7 +185,7 @@ fn main() {
         build_s * 1e3
     );
     println!("keyed stats: {} hits, {} misses", keyed_stats.hits, keyed_stats.misses);
-    println!("{}", huge_pages());
+    println!("{}; {pages}", support::huge_pages());
     println!();
     println!("{:<28} {:>10} {:>12} {:>14} {:>14}", "case", "ms", "GB/s (r+w)", "x memcpy", "x hps_like");
     let anchor_t = anchor.as_ref().ok().map(|a| a.0);

@@ -2,7 +2,8 @@
 //! - strata_lookup_pooled (sum) on a dense and a keyed table;
 //! - strata's own gather-then-reduce (strata_lookup of every key into [nnz, dim], then a plain
 //!   per-bag sum over those rows on the same threads);
-//! - the read limit: a scan of the same number of bytes (nnz x dim float32), read and summed on
+//! - the read limit: a scan of the same number of bytes (nnz x dim float32, of a huge-page copy
+//!   of the table, the memory the plain random-row loop reads), read and summed on
 //!   the same threads;
 //! - the hand-written baseline ../shared/anchors/pooled_like.cc (built with g++), which also
 //!   prints its own read limit;
@@ -74,12 +75,13 @@ fn run_anchor(rows: usize, dim: usize, bags: usize, hot: usize, threads: usize) 
 }
 
 fn main() {
+    let pages = support::same_pages_as_the_anchor();
     let words: Vec<String> = std::env::args().skip(1).collect();
     let args: Vec<usize> = words.iter().filter_map(|a| a.parse().ok()).collect();
     // `batch`: only the small-call part (for perf / callgrind); `pooled`: only the pooled part.
     let only = |w: &str| words.iter().any(|a| a == w);
     if !only("batch") {
-        pooled(&args);
+        pooled(&args, &pages);
     }
     if !only("pooled") {
         let calls = std::env::var("STRATA_BENCH_CALLS").ok().and_then(|s| s.parse().ok()).unwrap_or(20_000);
@@ -89,7 +91,7 @@ fn main() {
 
 /// The pooled lookups on the large table, against the read limit, the gather-then-reduce and
 /// the anchor.
-fn pooled(args: &[usize]) {
+fn pooled(args: &[usize], pages: &str) {
     let rows = args.first().copied().unwrap_or(1_000_000);
     let dim = args.get(1).copied().unwrap_or(128);
     let bags = args.get(2).copied().unwrap_or(10_000);
@@ -119,9 +121,8 @@ fn pooled(args: &[usize]) {
     let mut sinks = vec![0f32; threads * dim];
     let (op, gp) = (&mut odesc.t as *mut dlpark::ffi::DLTensor, &mut gdesc.t as *mut dlpark::ffi::DLTensor);
     let (red_ptr, sink_ptr, g_ptr) = (reduced.as_mut_ptr() as usize, sinks.as_mut_ptr() as usize, gathered.as_ptr() as usize);
-    let vec_ptr = vectors.as_ptr() as usize;
     // A copy of the vectors laid out as strata's store lays out a table: 2 MiB aligned and advised
-    // for transparent huge pages, so random rows rarely miss the TLB (the random-row bound reads
+    // for transparent huge pages, so random rows rarely miss the TLB (the plain random-row loop reads
     // this copy, as the pooled lookups read the table's).
     let bytes = vectors.len() * 4;
     let mut huge = memmap2::MmapMut::map_anon(bytes + (2 << 20)).expect("map the huge-page copy");
@@ -133,27 +134,31 @@ fn pooled(args: &[usize]) {
     let huge_ptr = huge.as_ptr() as usize + start;
 
     let times = support::medians(11, &mut [
-        // The read limit: nnz rows' worth of bytes, scanned in order and summed.
+        // The read limit: nnz rows' worth of bytes of the huge-page copy (the memory the
+        // plain random-row loop reads), scanned in order and summed.
         &mut || {
             split(threads, threads, |t, _| {
-                // SAFETY: each thread owns sink t; the scan reads inside `vectors`.
+                // SAFETY: each thread owns sink t; the scan reads inside the huge-page copy.
                 let sink = unsafe { std::slice::from_raw_parts_mut((sink_ptr as *mut f32).add(t * dim), dim) };
                 let (lo, hi) = (nnz * t / threads, nnz * (t + 1) / threads);
                 for i in lo..hi {
-                    // SAFETY: (i % rows) < rows, a whole row of `vectors`.
-                    let r = unsafe { std::slice::from_raw_parts((vec_ptr as *const f32).add((i % rows) * dim), dim) };
+                    // SAFETY: (i % rows) < rows, a whole row of the copy of `vectors`.
+                    let r = unsafe { std::slice::from_raw_parts((huge_ptr as *const f32).add((i % rows) * dim), dim) };
                     for (s, x) in sink.iter_mut().zip(r) {
                         *s += *x;
                     }
                 }
             })
         },
-        // The random-row limit: the same random rows the pooled lookups read (rowq), summed into
-        // one row per thread, with every line of the row `ahead` keys further prefetched (0: no
-        // prefetch). Pooling without the bags, keys or output: what random 512-byte reads cost on
-        // this machine, an upper bound for any pooled lookup.
+        // A plain loop over the same random rows the pooled lookups read (rowq), summed into one
+        // row per thread, with every line of the row `ahead` keys further prefetched (0: no
+        // prefetch): pooling without the bags, keys or output, what a simple loop gets from
+        // random 512-byte reads on this machine. Not a bound: a lookup that keeps more lines in
+        // flight can beat it.
         &mut || random_rows(&rowq, huge_ptr, dim, threads, sink_ptr, 0),
+        &mut || random_rows(&rowq, huge_ptr, dim, threads, sink_ptr, 4),
         &mut || random_rows(&rowq, huge_ptr, dim, threads, sink_ptr, 8),
+        &mut || random_rows(&rowq, huge_ptr, dim, threads, sink_ptr, 16),
         &mut || {
             // SAFETY: a live table and descriptions of this benchmark's buffers.
             ok(unsafe { strata_lookup_pooled(dense.0, &rq.t, &od.t, null(), 1, op, &opts, null_mut()) })
@@ -182,7 +187,12 @@ fn pooled(args: &[usize]) {
             })
         },
     ]);
-    let (t_limit, t_rand, t_rand_pf, t_dense, t_keyed, t_gr) = (times[0], times[1], times[2], times[3], times[4], times[5]);
+    let (t_limit, t_rand, t_dense, t_keyed, t_gr) = (times[0], times[1], times[5], times[6], times[7]);
+    // The plain loop at its best prefetch distance, in this run.
+    let (t_rand_pf, best_ahead) = [(times[2], 4), (times[3], 8), (times[4], 16)]
+        .into_iter()
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .expect("three distances");
     assert_eq!(out, reduced, "the pooled and the gather-then-reduce sums differ");
 
     let anchor = run_anchor(rows, dim, bags, hot, threads);
@@ -190,6 +200,7 @@ fn pooled(args: &[usize]) {
     let bytes = (nnz * dim * 4) as f64;
     println!();
     println!("strata pooled benchmark: table {rows} x {dim} float32, {bags} bags x {hot} keys, sum, {threads} threads");
+    println!("{}; {pages}", support::huge_pages());
     println!("{:<34} {:>10} {:>14} {:>12} {:>14}", "case", "ms", "GB/s of rows", "x limit", "x pooled_like");
     let anchor_t = anchor.as_ref().ok().map(|a| a.0);
     let line = |name: &str, t: f64| {
@@ -198,7 +209,9 @@ fn pooled(args: &[usize]) {
     };
     line("read limit (scan of the same bytes)", t_limit);
     line("random rows, summed (no prefetch)", t_rand);
-    line("random rows, summed (prefetch 8)", t_rand_pf);
+    for (i, ahead) in [4, 8, 16].into_iter().enumerate() {
+        line(&format!("random rows, summed (prefetch {ahead})"), times[2 + i]);
+    }
     line("strata pooled, dense table", t_dense);
     line("strata pooled, keyed table", t_keyed);
     line("strata gather-then-reduce (keyed)", t_gr);
@@ -217,8 +230,8 @@ fn pooled(args: &[usize]) {
         t_gr / t_keyed,
     );
     println!(
-        "random-row bound: summing the same random rows reaches {:.2} (no prefetch) / {:.2} (prefetch 8) of the read limit; \
-         pooled dense is {:.2}x, keyed {:.2}x that bound",
+        "plain loop: summing the same random rows reaches {:.2} (no prefetch) / {:.2} (prefetch {best_ahead} ahead, the best \
+         of 4/8/16) of the read limit; pooled dense is {:.2}x, keyed {:.2}x that loop's speed",
         t_limit / t_rand,
         t_limit / t_rand_pf,
         t_rand.min(t_rand_pf) / t_dense,

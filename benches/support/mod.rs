@@ -29,6 +29,44 @@ pub fn medians(rounds: usize, cases: &mut [&mut dyn FnMut()]) -> Vec<f64> {
         .collect()
 }
 
+/// How much of the process's anonymous memory transparent huge pages back (Linux), for reading
+/// the numbers: random row reads slow down markedly when the tables get only 4 KiB pages.
+pub fn huge_pages() -> String {
+    let rollup = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap_or_default();
+    let field = |name: &str| {
+        rollup.lines().find(|l| l.starts_with(name)).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+    };
+    match (field("AnonHugePages:"), field("Anonymous:")) {
+        (Some(h), Some(a)) => format!("huge pages: {} of {} MiB of anonymous memory", h / 1024, a / 1024),
+        _ => "huge pages: unknown (no /proc/self/smaps_rollup)".into(),
+    }
+}
+
+/// Runs this benchmark under the same page rules as its anchor: unless `STRATA_NO_HUGE_PAGES`
+/// is set, re-executes the process with `GLIBC_TUNABLES=glibc.malloc.hugetlb=1` (added to any
+/// tunables already set), so the benchmark's own buffers (the memcpy source and destination,
+/// the read-limit scan, `out`, the key arrays) get the transparent-huge-page advice strata
+/// gives its tables and [`run_anchor`] gives the anchor. Without it, where THP is in `madvise`
+/// mode, the limits were measured on 4 KiB pages and came out slower than the anchor's own
+/// (the pooled read limit by about 2x), which flattered every ratio against them. Returns a
+/// line that says which pages the process runs on.
+pub fn same_pages_as_the_anchor() -> String {
+    const TUNABLE: &str = "glibc.malloc.hugetlb=1";
+    if std::env::var_os("STRATA_NO_HUGE_PAGES").is_some() {
+        return "STRATA_NO_HUGE_PAGES set: the benchmark's own buffers and the anchor's on 4 KiB pages".into();
+    }
+    let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
+    if tunables.split(':').any(|t| t == TUNABLE) {
+        return format!("the benchmark's own buffers and the anchor's on huge pages where the kernel grants them (GLIBC_TUNABLES={tunables})");
+    }
+    let joined = if tunables.is_empty() { TUNABLE.to_string() } else { format!("{tunables}:{TUNABLE}") };
+    let exe = std::env::current_exe().expect("the benchmark's own path");
+    let err = std::os::unix::process::CommandExt::exec(
+        Command::new(exe).args(std::env::args_os().skip(1)).env("GLIBC_TUNABLES", joined),
+    );
+    panic!("re-executing the benchmark with GLIBC_TUNABLES failed: {err}");
+}
+
 /// Builds `../shared/anchors/<name>.cc` (or `$<env>`) with g++ -O3 -march=native and `libs`,
 /// runs it with `args`, echoes its output, and returns it.
 pub fn run_anchor(name: &str, env: &str, libs: &[&str], args: &[usize]) -> Result<String, String> {
