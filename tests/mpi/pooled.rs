@@ -187,7 +187,7 @@ impl Bags {
     }
 
     fn hot(&self) -> usize {
-        if self.b == 0 { 0 } else { self.keys.len() / self.b }
+        self.keys.len().checked_div(self.b).unwrap_or(0)
     }
 
     pub fn pairs(&self) -> Vec<(usize, usize)> {
@@ -395,14 +395,14 @@ pub fn pooled_bad_input(cx: &Ctx) {
     let l = cx.last();
     let keys: Vec<i64> = (0..6).map(|i| (i * 4 + cx.rank as i64) % rows as i64).collect();
     let weights = vec![0.5f32; 6];
-    let short = vec![0.5f32; 5];
+    let short = [0.5f32; 5];
     let kd = Desc::compact(keys.as_ptr().cast(), I64, &[6]);
     let k2 = Desc::compact(keys.as_ptr().cast(), I64, &[2, 3]);
     let wd = Desc::compact(weights.as_ptr().cast(), F32, &[6]);
     let wshort = Desc::compact(short.as_ptr().cast(), F32, &[5]);
     let good: Vec<i64> = vec![0, 2, 2, 6];
     let offs = |v: &[i64]| v.to_vec();
-    let ffl = vec![0f32, 2.0, 2.0, 6.0];
+    let ffl = [0f32, 2.0, 2.0, 6.0];
     let fdesc = Desc::compact(ffl.as_ptr().cast(), F32, &[4]);
     type Variant<'a> = (&'a str, Option<Vec<i64>>, Option<&'a Desc>, i32, bool, Option<i32>, Status, String);
     let mine = |r: i32| cx.rank == r;
