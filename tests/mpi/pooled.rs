@@ -35,39 +35,9 @@ impl Logical {
         (0..self.rows as i64).contains(&key).then(|| &self.values[key as usize * self.dim..(key as usize + 1) * self.dim])
     }
 
-    /// The plain-loop reference: per bag Σ w·row (a missing key contributes the default row),
-    /// then / Σ w (mean) or / √Σ w² (sqrtn), zeros for a zero total; and the misses.
+    /// The plain-loop reference ([`pool_reference`]) and the misses.
     pub fn pooled(&self, keys: &[i64], bags: &[(usize, usize)], weights: Option<&[f32]>, pooling: i32) -> (Vec<f32>, u64) {
-        let default = vec![self.default; self.dim];
-        let mut out = vec![0f32; bags.len() * self.dim];
-        let mut misses = 0;
-        for (b, &(lo, hi)) in bags.iter().enumerate() {
-            let acc = &mut out[b * self.dim..(b + 1) * self.dim];
-            let (mut ws, mut w2) = (0f32, 0f32);
-            for j in lo..hi {
-                let w = weights.map_or(1.0, |w| w[j]);
-                let row = self.row(keys[j]).unwrap_or_else(|| {
-                    misses += 1;
-                    &default
-                });
-                for (a, x) in acc.iter_mut().zip(row) {
-                    *a += w * x;
-                }
-                ws += w;
-                w2 += w * w;
-            }
-            let by = match pooling {
-                2 => Some(ws),
-                3 => Some(w2.sqrt()),
-                _ => None,
-            };
-            match by {
-                Some(0.0) => acc.fill(0.0),
-                Some(d) => acc.iter_mut().for_each(|a| *a /= d),
-                None => {}
-            }
-        }
-        (out, misses)
+        pool_reference(|k| self.row(k), self.default, self.dim, keys, bags, weights, pooling)
     }
 
     /// Plain rows of `keys` (the default row for a missing key), and the misses.
@@ -626,6 +596,17 @@ fn batch(reqs: &[Req]) -> (Status, Vec<Out>, Vec<LookupStats>) {
     (s, outs, stats)
 }
 
+/// Runs `reqs` as a batch and as separate calls: the outputs are equal, byte for byte.
+fn same_as_separate_calls(reqs: &[Req]) {
+    let (s, outs, _) = batch(reqs);
+    ok(s);
+    for (i, (r, o)) in reqs.iter().zip(&outs).enumerate() {
+        let mut alone = r.out();
+        ok(r.alone(&mut alone, &mut LookupStats::default()));
+        assert_eq!(o.bytes(), alone.bytes(), "requests[{i}] differs from the separate call");
+    }
+}
+
 /// A batch of plain and pooled requests over distributed and local tables of different dims and
 /// dtypes equals the separate calls, bit for bit, with the same stats per request (a request
 /// without stats gets none); every rank brings its own keys (a rank may have none).
@@ -660,13 +641,7 @@ pub fn batch_mixed(cx: &Ctx) {
     }
     // a batch of distributed requests only, and an empty batch (a no-op, not collective)
     let reqs: Vec<Req> = requests(&tb, &mut rng).into_iter().enumerate().filter(|(i, _)| [0, 2, 4, 5].contains(i)).map(|(_, r)| r).collect();
-    let (s, outs, _) = batch(&reqs);
-    ok(s);
-    for (r, o) in reqs.iter().zip(&outs) {
-        let mut alone = r.out();
-        ok(r.alone(&mut alone, &mut LookupStats::default()));
-        assert_eq!(o.bytes(), alone.bytes());
-    }
+    same_as_separate_calls(&reqs);
     // SAFETY: n = 0 with a NULL array is the documented no-op.
     ok(unsafe { strata_lookup_batch(null(), 0, null()) });
 }
@@ -740,11 +715,5 @@ pub fn batch_errors(cx: &Ctx) {
 
     // and the batch works again
     let reqs = requests(&tb, &mut rng);
-    let (s, outs, _) = batch(&reqs);
-    ok(s);
-    for (r, o) in reqs.iter().zip(&outs) {
-        let mut alone = r.out();
-        ok(r.alone(&mut alone, &mut LookupStats::default()));
-        assert_eq!(o.bytes(), alone.bytes());
-    }
+    same_as_separate_calls(&reqs);
 }
