@@ -282,6 +282,8 @@ if command -v valgrind >/dev/null 2>&1; then
         valgrind_program tests/abi/old_host.c "$ROOT/tests/abi"
     check "valgrind tests/c/shared_server.c (8 threads x 20 opens and frees)" \
         valgrind_program tests/c/shared_server.c "$ROOT/include" 20
+    check "valgrind tests/c/server_missing.c (keys no tier holds; STRATA_MISSING_ERROR)" \
+        valgrind_program tests/c/server_missing.c "$ROOT/include"
 else
     echo "note: valgrind is not installed; skipping the valgrind runs (apt-get install -y valgrind)"
 fi

@@ -178,8 +178,13 @@ impl Error {
     }
 
     /// This error as one about item `prefix` of a list argument (`requests[7].`).
+    /// Another rank's failure keeps its `rank R failed the collective call: ` head, with the
+    /// prefix put before that rank's message (which is about the same item).
     pub fn within(self, prefix: impl Into<String>) -> Self {
-        Error::Within { prefix: prefix.into(), source: Box::new(self) }
+        match self {
+            Error::Remote { rank, kind, msg } => Error::Remote { rank, kind, msg: format!("{}{msg}", prefix.into()) },
+            e => Error::Within { prefix: prefix.into(), source: Box::new(e) },
+        }
     }
 
     /// Shorthand for [`Error::Invalid`].

@@ -222,6 +222,21 @@ impl Table {
         }
     }
 
+    /// The error of a call this rank refuses before it starts (a bad argument). On a distributed
+    /// table the call is collective: the other ranks, waiting in its first agreement, fail with
+    /// this error too, instead of waiting forever. Other tables just return it.
+    pub fn refuse(&self, e: Error) -> Error {
+        match &self.kind {
+            TableKind::Dist(d) => d.agree::<()>(Err(e)).err().unwrap_or_else(|| Error::Internal("agree dropped an error".into())),
+            _ => e,
+        }
+    }
+
+    /// Whether lookups on this table are collective (a distributed table).
+    pub fn is_distributed(&self) -> bool {
+        matches!(self.kind, TableKind::Dist(_))
+    }
+
     /// The table as a source of rows on the host: static and tiered tables; `None` for a
     /// distributed table, whose rows are spread over ranks.
     pub fn source(&self) -> Option<&dyn RowSource> {
@@ -528,20 +543,35 @@ pub unsafe fn lookup_batch(requests: &[BatchRequest], opts: &LookupOptions) -> R
             w => rest.push((i, w)),
         }
     }
+    // A request can still fail while running (a missing key under STRATA_MISSING_ERROR). In a
+    // collective batch every rank must still reach the same collective steps: after a failure
+    // the local requests are skipped, the distributed ones still run, and the ranks agree on
+    // the outcome at the end.
+    let mut failed = Ok(());
     // The CUDA requests first, all together: queued on the stream, they run while the host
     // requests do (unless one of them makes the call wait).
     #[cfg(feature = "cuda")]
     if !cuda.is_empty() {
         // SAFETY: forwarded from the caller.
-        let found = unsafe { crate::exec::cuda::pooled::run(cuda, opts) }
-            .map_err(|(j, e): (usize, Error)| e.within(format!("requests[{}].", at[j])))?;
-        for (i, s) in at.into_iter().zip(found) {
-            stats[i] = s;
+        match unsafe { crate::exec::cuda::pooled::run(cuda, opts) } {
+            Ok(found) => at.into_iter().zip(found).for_each(|(i, s)| stats[i] = s),
+            Err((j, e)) => failed = Err(e.within(format!("requests[{}].", at[j]))),
         }
     }
     for (i, w) in rest {
+        if failed.is_err() && (dist.is_none() || !matches!(w, Work::Dist(..))) {
+            continue;
+        }
         // SAFETY: forwarded from the caller.
-        stats[i] = unsafe { w.run(threads, opts) }.map_err(|e| e.within(format!("requests[{i}].")))?;
+        match unsafe { w.run(threads, opts) } {
+            Ok(s) => stats[i] = s,
+            Err(e) if failed.is_ok() => failed = Err(e.within(format!("requests[{i}]."))),
+            Err(_) => {}
+        }
+    }
+    match dist {
+        Some(d) => d.agree(failed)?,
+        None => failed?,
     }
     Ok(stats)
 }

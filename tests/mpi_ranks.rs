@@ -4,13 +4,16 @@
 //! starts itself under `mpirun -n 1`, `-n 2` and `-n 4` (oversubscribed), each under `timeout`
 //! so a hang fails the test. Under mpirun every rank runs every case: lookups compared element by
 //! element with a single-process table of the same data (outputs poisoned first), stats, misses,
-//! zero copy, HugeCTR shares, and each error path failing on every rank.
+//! zero copy, HugeCTR shares, pooled and batched lookups (tests/mpi/pooled.rs), and each error path
+//! failing on every rank.
 
 mod common;
 #[path = "mpi/cases.rs"]
 mod cases;
 #[path = "mpi/desc.rs"]
 mod desc;
+#[path = "mpi/pooled.rs"]
+mod pooled;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

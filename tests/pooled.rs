@@ -36,36 +36,7 @@ impl Fixture {
 
     /// The reference: float32 accumulation in key order, as the contract says.
     fn expected(&self, keys: &[i64], bags: &[(usize, usize)], weights: Option<&[f32]>, pooling: i32) -> (Vec<f32>, u64) {
-        let default = vec![self.default; self.dim];
-        let mut out = vec![0f32; bags.len() * self.dim];
-        let mut misses = 0;
-        for (b, &(lo, hi)) in bags.iter().enumerate() {
-            let acc = &mut out[b * self.dim..(b + 1) * self.dim];
-            let (mut ws, mut w2) = (0f32, 0f32);
-            for j in lo..hi {
-                let w = weights.map_or(1.0, |w| w[j]);
-                let row = self.row(keys[j]).unwrap_or_else(|| {
-                    misses += 1;
-                    &default
-                });
-                for (a, x) in acc.iter_mut().zip(row) {
-                    *a += w * x;
-                }
-                ws += w;
-                w2 += w * w;
-            }
-            let d = match pooling {
-                2 => Some(ws),
-                3 => Some(w2.sqrt()),
-                _ => None,
-            };
-            match d {
-                Some(0.0) => acc.fill(0.0),
-                Some(d) => acc.iter_mut().for_each(|a| *a /= d),
-                None => {}
-            }
-        }
-        (out, misses)
+        pool_reference(|k| self.row(k), self.default, self.dim, keys, bags, weights, pooling)
     }
 
     /// Random keys: mostly the table's, some missing.

@@ -218,17 +218,22 @@ pub unsafe extern "C" fn strata_lookup_pooled(
     boundary(|| {
         // SAFETY: `table` is NULL or valid as this export's # Safety section requires.
         let table = unsafe { table_arg(table, "table") }?;
-        // SAFETY: `keys` is NULL or valid as this export's # Safety section requires.
-        let keys = unsafe { arg_ref(keys, "keys") }?;
-        // SAFETY: `out` is NULL or valid as this export's # Safety section requires.
-        let out = unsafe { arg_ref(out, "out") }?;
-        let pooling = pooling_of(pooling, "pooling")?.ok_or_else(|| {
-            Error::invalid("pooling", "0 (STRATA_POOL_NONE); expected STRATA_POOL_SUM (1), STRATA_POOL_MEAN (2) or STRATA_POOL_SQRTN (3) (use strata_lookup for unpooled rows)")
-        })?;
-        // SAFETY: `opts` is NULL or valid as this export's # Safety section requires.
-        let opts = LookupOptions::from(&unsafe { read_in(opts, "opts") }?);
-        // SAFETY: `stats` is NULL or valid as this export's # Safety section requires.
-        let stats = unsafe { out_struct(stats, "stats") }?;
+        let args = || -> Result<_> {
+            // SAFETY: `keys` is NULL or valid as this export's # Safety section requires.
+            let keys = unsafe { arg_ref(keys, "keys") }?;
+            // SAFETY: `out` is NULL or valid as this export's # Safety section requires.
+            let out = unsafe { arg_ref(out, "out") }?;
+            let pooling = pooling_of(pooling, "pooling")?.ok_or_else(|| {
+                Error::invalid("pooling", "0 (STRATA_POOL_NONE); expected STRATA_POOL_SUM (1), STRATA_POOL_MEAN (2) or STRATA_POOL_SQRTN (3) (use strata_lookup for unpooled rows)")
+            })?;
+            // SAFETY: `opts` is NULL or valid as this export's # Safety section requires.
+            let opts = LookupOptions::from(&unsafe { read_in(opts, "opts") }?);
+            // SAFETY: `stats` is NULL or valid as this export's # Safety section requires.
+            let stats = unsafe { out_struct(stats, "stats") }?;
+            Ok((keys, out, pooling, opts, stats))
+        };
+        // (On a distributed table the other ranks learn of a bad argument here.)
+        let (keys, out, pooling, opts, stats) = args().map_err(|e| table.refuse(e))?;
         // SAFETY: `offsets` and `weights` are NULL or valid, as this export's # Safety section
         // requires, and so are keys and out (borrowed above).
         let found = unsafe {
@@ -271,9 +276,22 @@ pub unsafe extern "C" fn strata_lookup_batch(
         let list = unsafe { in_array(requests, n, "requests", "requests") }?;
         let mut batch = Vec::with_capacity(n);
         let mut outs: Vec<Option<OutStruct<strata_lookup_stats>>> = Vec::with_capacity(n);
+        // A request refused here fails a collective batch on every rank: the other ranks wait
+        // in the batch's first agreement, on its first distributed table.
+        let refuse = |e: Error| {
+            let dist = (0..n).find_map(|i| {
+                // SAFETY: the request's table is NULL or a live handle, as this export's
+                // # Safety section requires.
+                list.get(i).ok().and_then(|r| unsafe { table_arg(r.table, "table") }.ok()).filter(|t| t.is_distributed())
+            });
+            match dist {
+                Some(t) => t.refuse(e),
+                None => e,
+            }
+        };
         for i in 0..n {
-            let in_request = |e: Error| e.within(format!("requests[{i}]."));
-            let r = list.get(i)?;
+            let in_request = |e: Error| refuse(e.within(format!("requests[{i}].")));
+            let r = list.get(i).map_err(&refuse)?;
             // SAFETY: the request's pointers are NULL or valid, as this export's
             // # Safety section requires.
             let (table, keys, out, offsets, weights, stats) = unsafe {

@@ -219,3 +219,46 @@ pub fn random_table(rng: &mut Rng, rows: usize, dim: usize) -> (Vec<i64>, Vec<f3
     let vectors = (0..rows * dim).map(|_| rng.f32()).collect();
     (keys, vectors)
 }
+
+/// The pooled-lookup reference of the contract, a plain loop: per bag `(lo, hi)` of `keys`,
+/// Σ w·row in float32 in key order (`row(key)`, or `default` for a key the table lacks), then
+/// / Σ w (pooling 2, mean) or / √Σ w² (3, sqrtn), zeros for a zero total (1 is sum). Returns
+/// the `dim`-wide pooled rows and the misses.
+pub fn pool_reference<'a>(
+    row: impl Fn(i64) -> Option<&'a [f32]>,
+    default: f32,
+    dim: usize,
+    keys: &[i64],
+    bags: &[(usize, usize)],
+    weights: Option<&[f32]>,
+    pooling: i32,
+) -> (Vec<f32>, u64) {
+    let default = vec![default; dim];
+    let mut out = vec![0f32; bags.len() * dim];
+    let mut misses = 0;
+    for (b, &(lo, hi)) in bags.iter().enumerate() {
+        let acc = &mut out[b * dim..(b + 1) * dim];
+        let (mut ws, mut w2) = (0f32, 0f32);
+        for j in lo..hi {
+            let w = weights.map_or(1.0, |w| w[j]);
+            let r = row(keys[j]);
+            misses += r.is_none() as u64;
+            for (a, x) in acc.iter_mut().zip(r.unwrap_or(&default)) {
+                *a += w * x;
+            }
+            ws += w;
+            w2 += w * w;
+        }
+        let by = match pooling {
+            2 => Some(ws),
+            3 => Some(w2.sqrt()),
+            _ => None,
+        };
+        match by {
+            Some(0.0) => acc.fill(0.0),
+            Some(d) => acc.iter_mut().for_each(|a| *a /= d),
+            None => {}
+        }
+    }
+    (out, misses)
+}

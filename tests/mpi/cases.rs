@@ -4,6 +4,7 @@
 
 use crate::common::*;
 use crate::desc::{Split, at};
+use crate::pooled;
 use dlpark::ffi::DLDataType;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::{Communicator, CommunicatorCollectives, Root};
@@ -19,7 +20,7 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    fn last(&self) -> i32 {
+    pub(crate) fn last(&self) -> i32 {
         self.size - 1
     }
 }
@@ -47,6 +48,11 @@ pub fn run() {
         ("HugeCTR errors on one rank fail every rank", hugectr_errors),
         ("Heat's replicated form: owners are the union of what the ranks say", heat_replicated),
         ("owners named by one rank but holding no data fail every rank", union_errors),
+        ("pooled lookups equal a plain loop: every pooling, weights, ragged and fixed bags, dtypes, strided out", pooled::pooled_matches_a_loop),
+        ("pooled: STRATA_MISSING_ERROR on one rank fails every rank, nothing written", pooled::pooled_missing_error),
+        ("pooled: bad offsets, weights, pooling or out on one rank fail every rank", pooled::pooled_bad_input),
+        ("batch of distributed and local tables, plain and pooled, equals separate calls", pooled::batch_mixed),
+        ("batch: an invalid request or a missing key on one rank fails every rank, naming it", pooled::batch_errors),
     ];
     for (name, case) in cases {
         case(&cx);
@@ -73,7 +79,7 @@ pub fn run() {
 }
 
 /// Random values of `dtype` (`n` of them, the same on every rank for one seed).
-fn random_values(dtype: DLDataType, n: usize, seed: u64) -> Vec<u8> {
+pub(crate) fn random_values(dtype: DLDataType, n: usize, seed: u64) -> Vec<u8> {
     let mut rng = Rng(seed);
     let e = elem_size(dtype);
     let mut b = vec![0u8; n * e];
@@ -85,7 +91,7 @@ fn random_values(dtype: DLDataType, n: usize, seed: u64) -> Vec<u8> {
 
 /// A distributed table over `cx`'s world from `d`, which must be a valid description (every
 /// caller passes `Split::c` of a live `Split`, or one strata produced and has not freed).
-fn dist(d: *const Partitioned, cx: &Ctx, opts: &TableOptions) -> Owned {
+pub(crate) fn dist(d: *const Partitioned, cx: &Ctx, opts: &TableOptions) -> Owned {
     let mut t = null_mut();
     // SAFETY: d is a valid description for the call (the promise of every caller, above); cx.fint
     // is the world communicator's Fortran handle; opts and t are references.
@@ -94,7 +100,7 @@ fn dist(d: *const Partitioned, cx: &Ctx, opts: &TableOptions) -> Owned {
 }
 
 /// A single-process dense table over a copy of `global` ([rows, dim] of `dtype`).
-fn reference(global: &[u8], dtype: DLDataType, rows: usize, dim: usize, opts: &TableOptions) -> Owned {
+pub(crate) fn reference(global: &[u8], dtype: DLDataType, rows: usize, dim: usize, opts: &TableOptions) -> Owned {
     let v = Desc::compact(global.as_ptr(), dtype, &[rows as i64, dim as i64]);
     let mut t = null_mut();
     // SAFETY: v describes global ([rows, dim] of dtype, compact), alive past the call, which copies
@@ -141,7 +147,7 @@ fn same_as_reference(t: &Owned, r: &Owned, keys: &[i64], kdt: DLDataType, shape:
 /// Asserts a collective call failed on this rank with `want`: the culprit rank (if one) with
 /// its own message, the others with `rank R failed the collective call: ` and that message.
 #[track_caller]
-fn all_fail(cx: &Ctx, s: Status, want: Status, culprit: Option<i32>, needles: &[&str]) {
+pub(crate) fn all_fail(cx: &Ctx, s: Status, want: Status, culprit: Option<i32>, needles: &[&str]) {
     let msg = fails(s, want, needles);
     match culprit {
         Some(r) if r != cx.rank => {
@@ -151,7 +157,7 @@ fn all_fail(cx: &Ctx, s: Status, want: Status, culprit: Option<i32>, needles: &[
     }
 }
 
-fn split_owners(parts: usize, size: i32) -> Vec<Vec<i32>> {
+pub(crate) fn split_owners(parts: usize, size: i32) -> Vec<Vec<i32>> {
     (0..parts).map(|p| vec![p as i32 % size]).collect()
 }
 
