@@ -232,6 +232,15 @@ impl Table {
         }
     }
 
+    /// [`Table::refuse`] for a plain lookup ([`Table::lookup`]), whose first collective step on
+    /// a distributed table is the count exchange rather than an agreement.
+    pub fn refuse_lookup(&self, e: Error) -> Error {
+        match &self.kind {
+            TableKind::Dist(d) => d.refuse_lookup(e),
+            _ => e,
+        }
+    }
+
     /// Whether lookups on this table are collective (a distributed table).
     pub fn is_distributed(&self) -> bool {
         matches!(self.kind, TableKind::Dist(_))

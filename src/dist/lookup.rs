@@ -148,6 +148,21 @@ impl DistTable {
         result
     }
 
+    /// The error of a lookup this rank refuses at the C boundary, before [`DistTable::lookup`]
+    /// (a NULL tensor, unreadable options): takes part in the lookup's first collective step,
+    /// the count exchange, with the error, so the other ranks fail with it as they would for a
+    /// bad tensor found inside the lookup, instead of waiting for this rank forever.
+    pub(crate) fn refuse_lookup(&self, e: Error) -> Error {
+        let mut state = lock(&self.state);
+        let comm = &mut state.0;
+        let recv = comm.all_to_all(&vec![-(e.kind().code() as i64); self.size]);
+        let codes: Vec<i32> = recv.iter().map(|&c| if c < 0 { -c as i32 } else { 0 }).collect();
+        match comm.settle::<()>(Err(e), &codes) {
+            Err(e) => e,
+            Ok(()) => Error::Internal("settle dropped an error".into()),
+        }
+    }
+
     /// The collective verdict on a step every rank ran locally (see [`Comm::agree`]): every
     /// rank gets `Ok` when every rank succeeded, else every rank fails.
     pub(crate) fn agree<T>(&self, local: Result<T>) -> Result<T> {

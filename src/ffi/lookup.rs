@@ -27,24 +27,35 @@ pub extern "C" fn strata_lookup_stats_default() -> strata_lookup_stats {
     strata_lookup_stats::default()
 }
 
-/// The checked options and stats, then one call into the core.
+/// The checked tensors (as the caller read them), options and stats, then one call into the
+/// core. A bad argument on a distributed table is refused collectively
+/// ([`crate::table::Table::refuse_lookup`]), so the other ranks do not wait for this one.
 ///
 /// # Safety
 /// `table` must be NULL or a live handle; `opts` and `stats` NULL or valid for their
 /// `struct_size` bytes.
 unsafe fn run(
     table: *const strata_table,
-    keys: &DLTensor,
-    out: &DLTensor,
+    tensors: Result<(&DLTensor, &DLTensor)>,
     opts: *const strata_lookup_options,
     stats: *mut strata_lookup_stats,
 ) -> Result<()> {
     // SAFETY: `table` is NULL or valid as this export's # Safety section requires.
-    let table = unsafe { table_arg(table, "table") }?;
-    // SAFETY: `opts` is NULL or valid as this export's # Safety section requires.
-    let opts = LookupOptions::from(&unsafe { read_in(opts, "opts") }?);
-    // SAFETY: `stats` is NULL or valid as this export's # Safety section requires.
-    let stats = unsafe { out_struct(stats, "stats") }?;
+    let table = unsafe { table_arg(table, "table") };
+    let (table, (keys, out)) = match (table, tensors) {
+        (Ok(t), Ok(k)) => (t, k),
+        // A tensor error comes before a table error, as it always has.
+        (Ok(t), Err(e)) => return Err(t.refuse_lookup(e)),
+        (Err(_), Err(e)) | (Err(e), Ok(_)) => return Err(e),
+    };
+    let args = || -> Result<_> {
+        // SAFETY: `opts` is NULL or valid as this export's # Safety section requires.
+        let opts = LookupOptions::from(&unsafe { read_in(opts, "opts") }?);
+        // SAFETY: `stats` is NULL or valid as this export's # Safety section requires.
+        let stats = unsafe { out_struct(stats, "stats") }?;
+        Ok((opts, stats))
+    };
+    let (opts, stats) = args().map_err(|e| table.refuse_lookup(e))?;
     // SAFETY: the pointers are NULL or valid as this export's # Safety section requires.
     let found = unsafe { table.lookup_with(keys, out, &opts, stats.is_some()) }?;
     if let Some(s) = stats {
@@ -100,12 +111,15 @@ pub unsafe extern "C" fn strata_lookup(
     stats: *mut strata_lookup_stats,
 ) -> Status {
     boundary(|| {
-        // SAFETY: `keys` is NULL or valid as this export's # Safety section requires.
-        let keys = unsafe { arg_ref(keys, "keys") }?;
-        // SAFETY: `out` is NULL or valid as this export's # Safety section requires.
-        let out = unsafe { arg_ref(out, "out") }?;
+        let tensors = || -> Result<_> {
+            // SAFETY: `keys` is NULL or valid as this export's # Safety section requires.
+            let keys = unsafe { arg_ref(keys, "keys") }?;
+            // SAFETY: `out` is NULL or valid as this export's # Safety section requires.
+            let out = unsafe { arg_ref(out, "out") }?;
+            Ok((keys, &*out))
+        };
         // SAFETY: forwarded: the caller upholds this export's # Safety section.
-        unsafe { run(table, keys, out, opts, stats) }
+        unsafe { run(table, tensors(), opts, stats) }
     })
 }
 
@@ -119,14 +133,17 @@ unsafe fn run_managed<M: ManagedTensorBase>(
     stats: *mut strata_lookup_stats,
 ) -> Status {
     boundary(|| {
-        // SAFETY: `keys` is NULL or valid as this export's # Safety section requires.
-        let keys = unsafe { arg_ref(keys, "keys") }?;
-        // SAFETY: `out` is NULL or valid as this export's # Safety section requires.
-        let out = unsafe { arg_ref(out, "out") }?;
-        check_managed(keys, "keys", false)?;
-        check_managed(out, "out", true)?;
+        let tensors = || -> Result<_> {
+            // SAFETY: `keys` is NULL or valid as this export's # Safety section requires.
+            let keys = unsafe { arg_ref(keys, "keys") }?;
+            // SAFETY: `out` is NULL or valid as this export's # Safety section requires.
+            let out = unsafe { arg_ref(out, "out") }?;
+            check_managed(keys, "keys", false)?;
+            check_managed(out, "out", true)?;
+            Ok((keys.tensor(), out.tensor()))
+        };
         // SAFETY: forwarded: the caller upholds this export's # Safety section.
-        unsafe { run(table, keys.tensor(), out.tensor(), opts, stats) }
+        unsafe { run(table, tensors(), opts, stats) }
     })
 }
 

@@ -374,6 +374,25 @@ fn bad_lookup_input(cx: &Ctx) {
     // rows of dim floats, within its 10), alive past the call.
     let s = unsafe { strata_lookup(t.0, &k.t, &mut o.t, null(), null_mut()) };
     all_fail(cx, s, Status::STRATA_INVALID_ARGUMENT, Some(0), &["out: shape [9, 3]; expected"]);
+    // Arguments refused at the C boundary, before the lookup proper, on one rank: the others
+    // must fail with it, not wait for that rank. NULL keys on rank 0:
+    let mut o = Desc::compact(out.as_mut_ptr().cast(), F32, &[10, dim as i64]);
+    let kp: *const dlpark::ffi::DLTensor = if cx.rank == 0 { null() } else { &k.t };
+    // SAFETY: t.0 is a live table; kp is NULL (rank 0) or describes keys; o describes out (10 x
+    // dim floats), alive past the call.
+    let s = unsafe { strata_lookup(t.0, kp, &mut o.t, null(), null_mut()) };
+    all_fail(cx, s, Status::STRATA_NULL_ARGUMENT, Some(0), &["keys"]);
+    // NULL out on the last rank:
+    let op: *mut dlpark::ffi::DLTensor = if cx.rank == cx.last() { null_mut() } else { &mut o.t };
+    // SAFETY: as above, with out NULL on the last rank.
+    let s = unsafe { strata_lookup(t.0, &k.t, op, null(), null_mut()) };
+    all_fail(cx, s, Status::STRATA_NULL_ARGUMENT, Some(cx.last()), &["out"]);
+    // options whose struct_size is 0 on the last rank:
+    let bad = LookupOptions { struct_size: 0, ..strata_lookup_options_default() };
+    let op: *const LookupOptions = if cx.rank == cx.last() { &bad } else { null() };
+    // SAFETY: as above; op is NULL or a live options struct.
+    let s = unsafe { strata_lookup(t.0, &k.t, &mut o.t, op, null_mut()) };
+    all_fail(cx, s, Status::STRATA_INVALID_ARGUMENT, Some(cx.last()), &["opts"]);
     same_as_reference(&t, &r, &keys, I64, &[10], F32, dim);
 }
 
