@@ -116,7 +116,7 @@ pub unsafe extern "C" fn strata_lookup(
             let keys = unsafe { arg_ref(keys, "keys") }?;
             // SAFETY: `out` is NULL or valid as this export's # Safety section requires.
             let out = unsafe { arg_ref(out, "out") }?;
-            Ok((keys, &*out))
+            Ok((keys, out))
         };
         // SAFETY: forwarded: the caller upholds this export's # Safety section.
         unsafe { run(table, tensors(), opts, stats) }
