@@ -30,6 +30,8 @@ pub(crate) use static_table::{Rows, read_keys, read_rows};
 pub use static_table::{StaticTable, TableInfo};
 pub use tiered::{TableStats, TieredTable};
 pub(crate) use tiered::{Promote, TierScratch};
+#[cfg(test)]
+pub(crate) use tiered::race;
 
 use crate::error::Result;
 
