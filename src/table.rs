@@ -6,7 +6,10 @@
 //! threads may look it up at once.
 
 use crate::error::{Error, Result};
-use crate::model::{Plan, PooledPlan, TieredTable, Pooling, plan_pooled, RowSource, GpuOptions, LookupOptions, LookupStats, StaticTable, TableInfo, TableOptions, plan, read_keys, read_rows};
+use crate::model::{
+    GpuOptions, LookupOptions, LookupStats, Planned, Pooling, Request, RowSource, StaticTable, TableInfo, TableOptions, TieredTable,
+    plan_pooled, read_keys, read_rows,
+};
 use crate::dlpack::FloatDtype;
 use crate::partition;
 use dlpark::ManagedTensorBase;
@@ -270,63 +273,42 @@ impl Table {
     /// so until `opts.stream` has run the lookup, and `opts.stream` must be NULL or a live
     /// stream of their device's primary context.
     pub unsafe fn lookup(&self, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions) -> Result<LookupStats> {
-        // SAFETY: lookup_with has this function's contract, which the caller upholds.
-        unsafe { self.lookup_with(keys, out, opts, true) }
+        // SAFETY: lookup_request has this function's contract, which the caller upholds.
+        unsafe { self.lookup_request(&Request::plain(keys, out, true), opts) }
     }
 
-    /// [`Table::lookup`], saying whether the caller wants the stats: on CUDA tensors, only
-    /// stats (or a table whose missing keys are errors) make the call wait for the stream.
+    /// Runs one lookup, plain or pooled (see [`Request`]): what `strata_lookup` and
+    /// `strata_lookup_pooled` do. A pooled lookup takes 1-D `keys` with `offsets`, or 2-D `keys`
+    /// [B, L]; `weights` NULL or float32 of the keys' shape; `out` [B, dim]; its stats count
+    /// keys. On CUDA tensors, only `r.want_stats` (or a table whose missing keys are errors)
+    /// makes the call wait for the stream. The tensors are borrowed for the call only.
     ///
     /// # Safety
-    /// As for [`Table::lookup`].
-    pub unsafe fn lookup_with(&self, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions, want_stats: bool) -> Result<LookupStats> {
+    /// As for [`Table::lookup`], with `offsets` and `weights` readable as `keys` is.
+    pub unsafe fn lookup_request(&self, r: &Request, opts: &LookupOptions) -> Result<LookupStats> {
         // Distributed tables validate devices collectively (so every rank fails together).
         #[cfg(feature = "cuda")]
         if let Some(source) = self.source()
-            && (crate::exec::cuda::run::is_cuda(keys) || crate::exec::cuda::run::is_cuda(out))
+            && r.tensors().any(|(t, _)| crate::exec::cuda::run::is_cuda(t))
         {
-            // SAFETY: run::lookup needs Table::lookup's contract, which the caller upholds: valid
-            // tensors (CUDA ones until the stream has run the lookup) and a live opts.stream.
-            return unsafe { crate::exec::cuda::run::lookup(source, &self.gpu, &self.resident, keys, out, opts, want_stats) };
-        }
-        let r = BatchRequest { table: self, keys, offsets: None, weights: None, pooling: None, out, want_stats };
-        // SAFETY: planning and running a request need Table::lookup's contract, which the caller
-        // upholds.
-        unsafe { r.plan(opts)?.run(usize::MAX, opts) }
-    }
-
-    /// Looks up bags of keys and writes one pooled row per bag into `out` (see
-    /// `strata_lookup_pooled`): 1-D `keys` with `offsets`, or 2-D `keys` [B, L]; `weights` NULL
-    /// or float32 of the keys' shape; `out` [B, dim]. Stats count keys.
-    ///
-    /// # Safety
-    /// The tensors must describe memory valid as DLPack requires: `keys`, `offsets` and
-    /// `weights` readable, `out` writable, for every element their shape and strides reach.
-    #[allow(clippy::too_many_arguments)] // one argument per tensor of the C call
-    pub unsafe fn lookup_pooled(
-        &self,
-        keys: &DLTensor,
-        offsets: Option<&DLTensor>,
-        weights: Option<&DLTensor>,
-        pooling: Pooling,
-        out: &DLTensor,
-        opts: &LookupOptions,
-        want_stats: bool,
-    ) -> Result<LookupStats> {
-        let r = BatchRequest { table: self, keys, offsets, weights, pooling: Some(pooling), out, want_stats };
-        #[cfg(feature = "cuda")]
-        if let Some(source) = self.source()
-            && r.on_cuda()
-        {
-            // SAFETY: forwarded: the caller vouches for the tensors (and, for CUDA tensors, for
-            // their validity until the stream has run the lookup).
+            // SAFETY: the CUDA lookups need this function's contract, which the caller upholds:
+            // valid tensors (CUDA ones until the stream has run the lookup) and a live
+            // opts.stream.
             return unsafe {
-                crate::exec::cuda::pooled::lookup(source, &self.gpu, &self.resident, keys, offsets, weights, pooling, out, opts, want_stats)
+                match r.pooling {
+                    None => crate::exec::cuda::run::lookup(source, &self.gpu, &self.resident, r.keys, r.out, opts, r.want_stats),
+                    Some(_) => crate::exec::cuda::pooled::lookup(source, &self.gpu, &self.resident, r, opts),
+                }
             };
         }
+        let r = BatchRequest { table: self, request: *r };
+        let mut w = Work::NOTHING;
         // SAFETY: planning and running a request need this function's contract, which the caller
         // upholds.
-        unsafe { r.plan(opts)?.run(usize::MAX, opts) }
+        unsafe {
+            r.plan_into(opts, &mut w)?;
+            w.run(usize::MAX, opts)
+        }
     }
 }
 
@@ -334,10 +316,10 @@ impl Table {
 /// collective gather of every key's row, pooled locally.
 ///
 /// # Safety
-/// As for [`Table::lookup_pooled`].
-unsafe fn pool_dist(t: &crate::dist::DistTable, r: &BatchRequest, pooling: Pooling, opts: &LookupOptions) -> Result<LookupStats> {
+/// As for [`Table::lookup_request`].
+unsafe fn pool_dist(t: &crate::dist::DistTable, r: &Request, pooling: Pooling, opts: &LookupOptions) -> Result<LookupStats> {
     // SAFETY: forwarded from the caller.
-    let p = t.agree(unsafe { plan_pooled(t.dim(), (0, 0), r.keys, r.offsets, r.weights, pooling, r.out, opts) })?;
+    let p = t.agree(unsafe { plan_pooled(t.dim(), (0, 0), r, pooling, opts) })?;
     let dim = t.dim();
     let mut rows = vec![0f32; p.nnz * dim];
     let mut shape = [p.nnz as i64, dim as i64];
@@ -356,144 +338,127 @@ unsafe fn pool_dist(t: &crate::dist::DistTable, r: &BatchRequest, pooling: Pooli
     Ok(found)
 }
 
-/// One lookup, as the C calls take it: plain when `pooling` is `None`, else pooled. A
-/// `strata_lookup`, a `strata_lookup_pooled` and each request of a batch ([`lookup_batch`]) are
-/// planned by the same step ([`BatchRequest::plan`]) and run by the same code ([`Work::run`]).
+/// One request of a batch ([`lookup_batch`]): a table and the tensors to look up in it. A
+/// `strata_lookup`, a `strata_lookup_pooled` and each request of a batch are planned by the same
+/// step ([`BatchRequest::plan_into`]) and run by the same code ([`Work::run`]). Borrows the table
+/// and the tensors for the call only.
 pub struct BatchRequest<'a> {
     pub table: &'a Table,
-    pub keys: &'a DLTensor,
-    pub offsets: Option<&'a DLTensor>,
-    pub weights: Option<&'a DLTensor>,
-    pub pooling: Option<Pooling>,
-    pub out: &'a DLTensor,
-    /// Whether the caller wants this request's stats (on CUDA tensors, makes it wait).
-    pub want_stats: bool,
+    pub request: Request<'a>,
 }
 
-/// A planned request, ready to run. Planning a host request of ordinary rank allocates nothing
-/// (besides the copy of more than a few offsets).
-enum Work<'a> {
-    Static(&'a StaticTable, Option<Plan>),
-    Tiered(&'a TieredTable, Option<Plan>),
-    PooledStatic(&'a StaticTable, PooledPlan),
-    PooledTiered(&'a TieredTable, PooledPlan),
+/// A request planned where it lies, ready to run (by reference: [`Work::run`]): the table it
+/// runs on and, for a host request, its plan. Planning a host request of ordinary rank
+/// allocates nothing (besides the copy of more than a few offsets).
+struct Work<'a> {
+    on: On<'a>,
+    /// The host plan of a static or tiered table's request ([`Planned::Empty`] otherwise).
+    plan: Planned,
+}
+
+/// What a [`Work`] runs on.
+enum On<'a> {
+    /// Not planned yet.
+    Nothing,
+    Static(&'a StaticTable),
+    Tiered(&'a TieredTable),
     /// CUDA tensors, validated for their device: every such request of the batch runs together
     /// on the stream (`exec::cuda::pooled::run`).
     #[cfg(feature = "cuda")]
     Cuda(Box<crate::exec::cuda::pooled::Valid<'a>>),
     /// A distributed table: validated and run collectively by its own lookup.
-    Dist(&'a crate::dist::DistTable, &'a BatchRequest<'a>),
+    Dist(&'a crate::dist::DistTable, &'a Request<'a>),
 }
 
 impl<'a> BatchRequest<'a> {
-    /// Whether a tensor of this request is CUDA memory.
-    #[cfg(feature = "cuda")]
-    fn on_cuda(&self) -> bool {
-        [Some(self.keys), self.offsets, self.weights, Some(self.out)].into_iter().flatten().any(crate::exec::cuda::run::is_cuda)
-    }
-
-    /// Plans this request for the host: every tensor validated against the table (nothing is
-    /// written). A distributed table's request is left to its collective lookup.
+    /// Plans this request for the host into `w`: every tensor validated against the table
+    /// (nothing is written). A distributed table's request is left to its collective lookup.
     ///
     /// # Safety
-    /// As for [`Table::lookup`] (with `offsets` and `weights` readable as for
-    /// [`Table::lookup_pooled`]).
-    unsafe fn plan(&'a self, opts: &LookupOptions) -> Result<Work<'a>> {
-        let (keys, out) = (self.keys, self.out);
+    /// As for [`Table::lookup_request`].
+    unsafe fn plan_into(&'a self, opts: &LookupOptions, w: &mut Work<'a>) -> Result<()> {
+        let r = &self.request;
         // SAFETY: the caller vouches for the tensors each arm plans.
-        let work = unsafe {
-            match (&self.table.kind, self.pooling) {
-                (TableKind::Static(t), None) => Work::Static(t, plan(t.dim(), t.store().byte_range(), keys, out, opts)?),
+        unsafe {
+            match &self.table.kind {
+                TableKind::Static(t) => {
+                    w.on = On::Static(t);
+                    r.plan_into(t.dim(), t.store().byte_range(), opts, &mut w.plan)
+                }
                 // A tiered table's rows live in its tiers, not in caller memory, so there is no
                 // range to keep out clear of.
-                (TableKind::Tiered(t), None) => Work::Tiered(t, plan(t.dim(), (0, 0), keys, out, opts)?),
-                (TableKind::Static(t), Some(p)) => Work::PooledStatic(
-                    t,
-                    plan_pooled(t.dim(), t.store().byte_range(), keys, self.offsets, self.weights, p, out, opts)?,
-                ),
-                (TableKind::Tiered(t), Some(p)) => {
-                    Work::PooledTiered(t, plan_pooled(t.dim(), (0, 0), keys, self.offsets, self.weights, p, out, opts)?)
+                TableKind::Tiered(t) => {
+                    w.on = On::Tiered(t);
+                    r.plan_into(t.dim(), (0, 0), opts, &mut w.plan)
                 }
-                (TableKind::Dist(t), _) => Work::Dist(t, self),
+                TableKind::Dist(t) => {
+                    w.on = On::Dist(t, r);
+                    Ok(())
+                }
             }
-        };
-        Ok(work)
+        }
     }
 
-    /// Validates this request of a batch into its work: CUDA tensors for their device, host
-    /// tensors by [`BatchRequest::plan`], and a distributed table's tensors by the same local
+    /// Validates this request of a batch into `w`: CUDA tensors for their device, host tensors
+    /// by [`BatchRequest::plan_into`], and a distributed table's tensors by the same local
     /// checks its collective lookup makes (the batch agrees on the outcome before any lookup).
     ///
     /// # Safety
     /// As for [`lookup_batch`].
-    unsafe fn validate(&'a self, opts: &LookupOptions) -> Result<Work<'a>> {
+    unsafe fn validate_into(&'a self, opts: &LookupOptions, w: &mut Work<'a>) -> Result<()> {
+        let (t, r) = (self.table, &self.request);
         #[cfg(feature = "cuda")]
-        if self.on_cuda()
-            && let Some(source) = self.table.source()
+        if let Some(source) = t.source()
+            && r.tensors().any(|(t, _)| crate::exec::cuda::run::is_cuda(t))
         {
-            let (t, r) = (self.table, self);
-            let cuda = crate::exec::cuda::pooled::Request {
-                source,
-                gpu: &t.gpu,
-                resident: &t.resident,
-                keys: r.keys,
-                offsets: r.offsets,
-                weights: r.weights,
-                pooling: r.pooling,
-                out: r.out,
-                want_stats: r.want_stats,
-            };
             // SAFETY: the caller vouches for the tensors.
-            return Ok(Work::Cuda(Box::new(unsafe { crate::exec::cuda::pooled::validate(&cuda, opts) }?)));
+            let v = unsafe { crate::exec::cuda::pooled::validate(source, &t.gpu, &t.resident, r, opts) }?;
+            w.on = On::Cuda(Box::new(v));
+            return Ok(());
         }
-        if let TableKind::Dist(t) = &self.table.kind {
+        if let TableKind::Dist(d) = &t.kind {
             // SAFETY: the caller vouches for the tensors; this only checks them.
-            unsafe {
-                match self.pooling {
-                    None => plan(t.dim(), (0, 0), self.keys, self.out, opts).map(drop),
-                    Some(p) => plan_pooled(t.dim(), (0, 0), self.keys, self.offsets, self.weights, p, self.out, opts).map(drop),
-                }
-            }?;
+            unsafe { r.plan_into(d.dim(), (0, 0), opts, &mut w.plan) }?;
+            w.plan = Planned::Empty;
         }
         // SAFETY: forwarded from the caller.
-        unsafe { self.plan(opts) }
+        unsafe { self.plan_into(opts, w) }
     }
 }
 
 impl Work<'_> {
+    /// Nothing planned yet.
+    const NOTHING: Self = Work { on: On::Nothing, plan: Planned::Empty };
+
     /// Bytes of rows this work reads (to size the batch's parallelism).
     fn bytes(&self) -> usize {
-        match self {
-            Work::Static(t, p) => p.as_ref().map_or(0, |p| p.n) * t.dim() * 4,
-            Work::Tiered(t, p) => p.as_ref().map_or(0, |p| p.n) * t.dim() * 4,
-            Work::PooledStatic(t, p) => p.nnz * t.dim() * 4,
-            Work::PooledTiered(t, p) => p.nnz * t.dim() * 4,
-            #[cfg(feature = "cuda")]
-            Work::Cuda(_) => 0,
-            Work::Dist(..) => 0,
+        match self.on {
+            On::Static(t) => self.plan.keys() * t.dim() * 4,
+            On::Tiered(t) => self.plan.keys() * t.dim() * 4,
+            _ => 0,
         }
     }
 
-    /// Runs on at most `threads` threads.
+    /// Runs on at most `threads` threads (the plan's own count lowered in place: nothing is
+    /// copied).
     ///
     /// # Safety
-    /// As for the call that planned it ([`Table::lookup`], [`Table::lookup_pooled`],
-    /// [`lookup_batch`]).
-    unsafe fn run(self, threads: usize, opts: &LookupOptions) -> Result<LookupStats> {
+    /// As for the call that planned it ([`Table::lookup_request`], [`lookup_batch`]).
+    unsafe fn run(&mut self, threads: usize, opts: &LookupOptions) -> Result<LookupStats> {
+        self.plan.cap_threads(threads);
         let pooled_stats = |f: crate::exec::cpu::Found| LookupStats { hits: f.hits, misses: f.misses, ..LookupStats::default() };
-        match self {
-            Work::Static(t, Some(p)) => t.run_plan(Plan { threads: p.threads.min(threads), ..p }),
-            Work::Tiered(t, Some(p)) => t.lookup(&Plan { threads: p.threads.min(threads), ..p }),
-            Work::Static(_, None) | Work::Tiered(_, None) => Ok(LookupStats::default()),
-            Work::PooledStatic(t, p) => {
-                crate::exec::pooled::pool_static(t, &PooledPlan { threads: p.threads.min(threads), ..p }).map(pooled_stats)
-            }
-            Work::PooledTiered(t, p) => crate::exec::pooled::pool_tiered(t, &PooledPlan { threads: p.threads.min(threads), ..p }),
+        match (&self.on, &self.plan) {
+            (On::Nothing, _) => Err(Error::Internal("a batch request run before it was planned".into())),
+            (On::Static(_) | On::Tiered(_), Planned::Empty) => Ok(LookupStats::default()),
+            (On::Static(t), Planned::Plain(p)) => t.run_plan(p),
+            (On::Tiered(t), Planned::Plain(p)) => t.lookup(p),
+            (On::Static(t), Planned::Pooled(p)) => crate::exec::pooled::pool_static(t, p).map(pooled_stats),
+            (On::Tiered(t), Planned::Pooled(p)) => crate::exec::pooled::pool_tiered(t, p),
             // SAFETY: the planning call's caller vouches for the tensors.
             #[cfg(feature = "cuda")]
-            Work::Cuda(v) => unsafe { crate::exec::cuda::pooled::run(vec![*v], opts) }.map(|mut s| s.remove(0)).map_err(|(_, e)| e),
+            (On::Cuda(v), _) => unsafe { crate::exec::cuda::pooled::run(&[&**v], opts) }.map(|mut s| s.remove(0)).map_err(|(_, e)| e),
             // SAFETY: the planning call's caller vouches for the request's tensors.
-            Work::Dist(t, r) => unsafe {
+            (On::Dist(t, r), _) => unsafe {
                 match r.pooling {
                     None => t.lookup(r.keys, r.out, opts),
                     Some(pooling) => pool_dist(t, r, pooling, opts),
@@ -514,16 +479,14 @@ const INLINE_BYTES: usize = 256 * 1024;
 /// # Safety
 /// Every request's tensors must describe memory valid as DLPack requires.
 pub unsafe fn lookup_batch(requests: &[BatchRequest], opts: &LookupOptions) -> Result<Vec<LookupStats>> {
-    let mut work = Vec::with_capacity(requests.len());
+    // Each request is planned in its slot and run there.
+    let mut work: Vec<Work> = requests.iter().map(|_| Work::NOTHING).collect();
     let mut invalid = Ok(());
-    for (i, r) in requests.iter().enumerate() {
+    for (i, (r, w)) in requests.iter().zip(work.iter_mut()).enumerate() {
         // SAFETY: forwarded from the caller.
-        match unsafe { r.validate(opts) } {
-            Ok(w) => work.push(w),
-            Err(e) => {
-                invalid = Err(e.within(format!("requests[{i}].")));
-                break;
-            }
+        if let Err(e) = unsafe { r.validate_into(opts, w) } {
+            invalid = Err(e.within(format!("requests[{i}].")));
+            break;
         }
     }
     // With a distributed table in the batch every rank must take the same path: they agree on
@@ -539,19 +502,6 @@ pub unsafe fn lookup_batch(requests: &[BatchRequest], opts: &LookupOptions) -> R
     let bytes: usize = work.iter().map(Work::bytes).sum();
     let threads = if bytes < INLINE_BYTES { 1 } else { usize::MAX };
     let mut stats = vec![LookupStats::default(); work.len()];
-    let mut rest = Vec::with_capacity(work.len());
-    #[cfg(feature = "cuda")]
-    let (mut at, mut cuda) = (Vec::new(), Vec::new());
-    for (i, w) in work.into_iter().enumerate() {
-        match w {
-            #[cfg(feature = "cuda")]
-            Work::Cuda(v) => {
-                at.push(i);
-                cuda.push(*v);
-            }
-            w => rest.push((i, w)),
-        }
-    }
     // A request can still fail while running (a missing key under STRATA_MISSING_ERROR). In a
     // collective batch every rank must still reach the same collective steps: after a failure
     // the local requests are skipped, the distributed ones still run, and the ranks agree on
@@ -560,15 +510,30 @@ pub unsafe fn lookup_batch(requests: &[BatchRequest], opts: &LookupOptions) -> R
     // The CUDA requests first, all together: queued on the stream, they run while the host
     // requests do (unless one of them makes the call wait).
     #[cfg(feature = "cuda")]
-    if !cuda.is_empty() {
-        // SAFETY: forwarded from the caller.
-        match unsafe { crate::exec::cuda::pooled::run(cuda, opts) } {
-            Ok(found) => at.into_iter().zip(found).for_each(|(i, s)| stats[i] = s),
-            Err((j, e)) => failed = Err(e.within(format!("requests[{}].", at[j]))),
+    {
+        let (at, cuda): (Vec<usize>, Vec<&crate::exec::cuda::pooled::Valid>) = work
+            .iter()
+            .enumerate()
+            .filter_map(|(i, w)| match &w.on {
+                On::Cuda(v) => Some((i, &**v)),
+                _ => None,
+            })
+            .unzip();
+        if !cuda.is_empty() {
+            // SAFETY: forwarded from the caller.
+            match unsafe { crate::exec::cuda::pooled::run(&cuda, opts) } {
+                Ok(found) => at.into_iter().zip(found).for_each(|(i, s)| stats[i] = s),
+                Err((j, e)) => failed = Err(e.within(format!("requests[{}].", at[j]))),
+            }
         }
     }
-    for (i, w) in rest {
-        if failed.is_err() && (dist.is_none() || !matches!(w, Work::Dist(..))) {
+    // The host requests, in order, each run where it was planned.
+    for (i, w) in work.iter_mut().enumerate() {
+        #[cfg(feature = "cuda")]
+        if let On::Cuda(_) = w.on {
+            continue;
+        }
+        if failed.is_err() && (dist.is_none() || !matches!(w.on, On::Dist(..))) {
             continue;
         }
         // SAFETY: forwarded from the caller.

@@ -4,7 +4,7 @@
 //! that meet at warp collectives) into a shared library, and `strata::exec::cuda::emulate`
 //! drives it with the same parameter structs, gather/cache code and shard split as the GPU
 //! path. Every case is compared with the CPU path's lookup of the same keys on random data,
-//! bit for bit, with poisoned outputs: plain lookups, pooled lookups (`Table::lookup_pooled`:
+//! bit for bit, with poisoned outputs: plain lookups, pooled lookups (`Table::lookup_request`:
 //! every pooling, weighted and not, ragged offsets with empty bags and fixed hotness, misses,
 //! every table and out dtype, tensors in place and staged) and batches of both. This runs everywhere (CI has no GPU); what it cannot show
 //! is anything about real devices: memory copies, streams, peer access and timing
@@ -13,13 +13,24 @@
 
 mod common;
 use common::*;
-use dlpark::ffi::DLDataType;
+use dlpark::ffi::{DLDataType, DLTensor};
 use std::path::PathBuf;
 use std::sync::OnceLock;
 use strata::exec::cuda::emulate::{self as emulate, Emulated, Emulator, Placement, Staged};
 use strata::exec::cuda::params::{BatchParams, CacheParams, GatherParams, PooledParams};
-use strata::model::Pooling;
+use strata::model::{Pooling, Request};
 use strata::{LookupOptions, MissingKey, Table, TableOptions};
+
+/// A pooled request of these tensors, with stats.
+fn pooled<'a>(
+    keys: &'a DLTensor,
+    offsets: Option<&'a DLTensor>,
+    weights: Option<&'a DLTensor>,
+    pooling: Pooling,
+    out: &'a DLTensor,
+) -> Request<'a> {
+    Request { keys, offsets, weights, pooling: Some(pooling), out, want_stats: true }
+}
 
 /// Builds the emulator library once per test process.
 fn emulator() -> &'static Emulator {
@@ -437,9 +448,9 @@ fn compare_pooled(
     let (k, o, wt) = (case.keys_desc(), case.offsets_desc(), case.weights_desc());
     let (o, wt) = (o.as_ref().map(|d| &d.t), wt.as_ref().map(|d| &d.t));
     // SAFETY: the tensors describe live host buffers of the shapes they give.
-    let cpu = unsafe { t.table.lookup_pooled(&k.t, o, wt, pooling, &w.t, &LookupOptions::default(), true) }.unwrap();
+    let cpu = unsafe { t.table.lookup_request(&pooled(&k.t, o, wt, pooling, &w.t), &LookupOptions::default()) }.unwrap();
     // SAFETY: the tensors describe live host buffers of the shapes they give.
-    let gpu = unsafe { placed.lookup_pooled(emu, t.table.source().unwrap(), &k.t, o, wt, pooling, &g.t, staged) }.unwrap();
+    let gpu = unsafe { placed.lookup_request(emu, t.table.source().unwrap(), &pooled(&k.t, o, wt, pooling, &g.t), staged) }.unwrap();
     let what = format!(
         "{pooling:?} keys {:?} B={} nnz={} ragged={} weighted={} out {od:?} {out_strides:?} {staged:?}",
         case.kd,
@@ -517,10 +528,10 @@ fn pooled_wide_rows_strided_out_and_staged_tensors() {
             let gd = Desc::compact(got.as_mut_ptr(), F32, &[3, 10]);
             // SAFETY: the tensors describe live host buffers of the shapes they give. (strided views stay
             // within `kb` and `wb`).
-            let cpu = unsafe { t.table.lookup_pooled(&k.t, Some(&o.t), Some(&w.t), Pooling::Mean, &wd.t, &LookupOptions::default(), true) }
+            let cpu = unsafe { t.table.lookup_request(&pooled(&k.t, Some(&o.t), Some(&w.t), Pooling::Mean, &wd.t), &LookupOptions::default()) }
                 .unwrap();
             // SAFETY: the tensors describe live host buffers of the shapes they give.
-            let gpu = unsafe { placed.lookup_pooled(emu, t.table.source().unwrap(), &k.t, Some(&o.t), Some(&w.t), Pooling::Mean, &gd.t, staged) }
+            let gpu = unsafe { placed.lookup_request(emu, t.table.source().unwrap(), &pooled(&k.t, Some(&o.t), Some(&w.t), Pooling::Mean, &gd.t), staged) }
                 .unwrap();
             assert_eq!((gpu.hits, gpu.misses), (cpu.hits, cpu.misses));
             assert!(got == want, "strides {strides:?} {staged:?}");
@@ -593,13 +604,13 @@ fn pooled_bad_offsets_in_place_fail_with_the_cpu_message() {
         let oa = Desc::compact(a.as_mut_ptr().cast(), F32, &[3, 4]);
         let ob = Desc::compact(b.as_mut_ptr().cast(), F32, &[3, 4]);
         // SAFETY: the tensors describe live host buffers of the shapes they give.
-        let cpu = unsafe { t.table.lookup_pooled(&k.t, Some(&o.t), None, Pooling::Sum, &oa.t, &LookupOptions::default(), true) }
+        let cpu = unsafe { t.table.lookup_request(&pooled(&k.t, Some(&o.t), None, Pooling::Sum, &oa.t), &LookupOptions::default()) }
             .unwrap_err()
             .to_string();
         for staged in [Staged::default(), Staged { offsets: true, ..Staged::default() }] {
             let src = t.table.source().unwrap();
             // SAFETY: the tensors describe live host buffers of the shapes they give.
-            let gpu = unsafe { placed.lookup_pooled(emu, src, &k.t, Some(&o.t), None, Pooling::Sum, &ob.t, staged) }.unwrap_err().to_string();
+            let gpu = unsafe { placed.lookup_request(emu, src, &pooled(&k.t, Some(&o.t), None, Pooling::Sum, &ob.t), staged) }.unwrap_err().to_string();
             assert_eq!(gpu, cpu, "offsets {offs:?} {staged:?}");
         }
     }
@@ -613,11 +624,11 @@ fn pooled_bad_offsets_in_place_fail_with_the_cpu_message() {
     let two = Desc::compact(out.as_mut_ptr().cast(), F32, &[2, 4]);
     for (weights, offsets, out) in [(Some(&wd.t), Some(&o.t), &one.t), (None, None, &one.t), (None, Some(&o.t), &two.t)] {
         // SAFETY: the tensors describe live host buffers of the shapes they give.
-        let cpu = unsafe { t.table.lookup_pooled(&k.t, offsets, weights, Pooling::Mean, out, &LookupOptions::default(), true) }
+        let cpu = unsafe { t.table.lookup_request(&pooled(&k.t, offsets, weights, Pooling::Mean, out), &LookupOptions::default()) }
             .unwrap_err()
             .to_string();
         // SAFETY: the tensors describe live host buffers of the shapes they give.
-        let gpu = unsafe { placed.lookup_pooled(emu, t.table.source().unwrap(), &k.t, offsets, weights, Pooling::Mean, out, Staged::default()) }
+        let gpu = unsafe { placed.lookup_request(emu, t.table.source().unwrap(), &pooled(&k.t, offsets, weights, Pooling::Mean, out), Staged::default()) }
             .unwrap_err()
             .to_string();
         assert_eq!(gpu, cpu);
@@ -644,11 +655,11 @@ fn pooled_missing_keys_as_errors_name_the_first_one_like_the_cpu_path() {
             let oa = Desc::compact(a.as_mut_ptr().cast(), F32, &[3, 4]);
             let ob = Desc::compact(b.as_mut_ptr().cast(), F32, &[3, 4]);
             // SAFETY: the tensors describe live host buffers of the shapes they give.
-            let cpu = unsafe { table.lookup_pooled(&k.t, Some(&o.t), None, Pooling::Sum, &oa.t, &LookupOptions::default(), true) }
+            let cpu = unsafe { table.lookup_request(&pooled(&k.t, Some(&o.t), None, Pooling::Sum, &oa.t), &LookupOptions::default()) }
                 .unwrap_err()
                 .to_string();
             // SAFETY: the tensors describe live host buffers of the shapes they give.
-            let gpu = unsafe { placed.lookup_pooled(emu, table.source().unwrap(), &k.t, Some(&o.t), None, Pooling::Sum, &ob.t, staged) }
+            let gpu = unsafe { placed.lookup_request(emu, table.source().unwrap(), &pooled(&k.t, Some(&o.t), None, Pooling::Sum, &ob.t), staged) }
                 .unwrap_err()
                 .to_string();
             assert_eq!(gpu, cpu, "{placement:?} {staged:?}");
@@ -722,7 +733,7 @@ fn batch_matches_separate_cpu_calls() {
                 None => unsafe { t.lookup(&k.t, &want_d[i].t, &LookupOptions::default()) }.unwrap(),
                 // SAFETY: the tensors describe live host buffers of the shapes they give.
                 Some(p) => unsafe {
-                    t.lookup_pooled(&k.t, o.as_ref().map(|d| &d.t), w.as_ref().map(|d| &d.t), p, &want_d[i].t, &LookupOptions::default(), true)
+                    t.lookup_request(&pooled(&k.t, o.as_ref().map(|d| &d.t), w.as_ref().map(|d| &d.t), p, &want_d[i].t), &LookupOptions::default())
                 }
                 .unwrap(),
             });
@@ -736,11 +747,14 @@ fn batch_matches_separate_cpu_calls() {
                 emulate::Request {
                     placed: &placed[c.table],
                     table: tables[c.table].table.source().unwrap(),
-                    keys: &k.t,
-                    offsets: o.as_ref().filter(|_| pooled).map(|d| &d.t),
-                    weights: w.as_ref().map(|d| &d.t),
-                    pooling: c.pooling,
-                    out: &got_d[i].t,
+                    request: Request {
+                        keys: &k.t,
+                        offsets: o.as_ref().filter(|_| pooled).map(|d| &d.t),
+                        weights: w.as_ref().map(|d| &d.t),
+                        pooling: c.pooling,
+                        out: &got_d[i].t,
+                        want_stats: true,
+                    },
                 }
             })
             .collect();
@@ -770,7 +784,11 @@ fn batch_is_validated_before_anything_runs() {
     let o1 = Desc::compact(outs[1].as_mut_ptr().cast(), F32, &[2, 8]);
     let o2 = Desc::compact(outs[2].as_mut_ptr().cast(), F32, &[2, 8]);
     let src = t.table.source().unwrap();
-    let req = |keys, weights, pooling, out| emulate::Request { placed: &placed, table: src, keys, offsets: None, weights, pooling, out };
+    let req = |keys, weights, pooling, out| emulate::Request {
+        placed: &placed,
+        table: src,
+        request: Request { keys, offsets: None, weights, pooling, out, want_stats: true },
+    };
     let requests = [
         req(&k.t, None, None, &o0.t),
         req(&k2.t, None, Some(Pooling::Sum), &o1.t),

@@ -560,17 +560,7 @@ fn gather(table: &StaticTable, keys: &[u64], rows: &mut [f32], threads: usize) {
         return;
     }
     let dim = table.dim();
-    let g = Gather {
-        table,
-        keys: KeySource { ptr: keys.as_ptr().cast(), dtype: KeyDtype::U64, walk: Walk::new(&[n], &[1]), elem: 8 },
-        out: OutTarget {
-            ptr: rows.as_mut_ptr().cast(),
-            dtype: FloatDtype::F32,
-            walk: Walk::new(&[n], &[dim as isize]),
-            col_stride: 1,
-        },
-        n,
-        threads,
-    };
-    g.run();
+    let source = KeySource { ptr: keys.as_ptr().cast(), dtype: KeyDtype::U64, walk: Walk::new(&[n], &[1]), elem: 8 };
+    let target = OutTarget { ptr: rows.as_mut_ptr().cast(), dtype: FloatDtype::F32, walk: Walk::new(&[n], &[dim as isize]), col_stride: 1 };
+    Gather { table, keys: &source, out: &target, n, threads }.run();
 }

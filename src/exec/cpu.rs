@@ -62,11 +62,11 @@ impl OutTarget {
     }
 }
 
-/// One lookup, validated by the caller.
+/// One lookup, validated by the caller (who keeps the key source and output target).
 pub struct Gather<'a> {
     pub table: &'a StaticTable,
-    pub keys: KeySource,
-    pub out: OutTarget,
+    pub keys: &'a KeySource,
+    pub out: &'a OutTarget,
     pub n: usize,
     pub threads: usize,
 }
@@ -526,14 +526,14 @@ impl StaticTable {
         // SAFETY: this function's caller guarantees what plan needs: keys and out describe
         // memory valid as DLPack requires.
         match unsafe { plan(self.dim(), self.store().byte_range(), keys, out, opts) }? {
-            Some(p) => self.run_plan(p),
+            Some(p) => self.run_plan(&p),
             None => Ok(LookupStats::default()),
         }
     }
 
     /// Runs a validated plan of this table.
-    pub(crate) fn run_plan(&self, p: Plan) -> Result<LookupStats> {
-        let gather = Gather { table: self, keys: p.keys, out: p.out, n: p.n, threads: p.threads };
+    pub(crate) fn run_plan(&self, p: &Plan) -> Result<LookupStats> {
+        let gather = Gather { table: self, keys: &p.keys, out: &p.out, n: p.n, threads: p.threads };
         let found = gather.run();
         if let Some((index, key)) = found.first_miss {
             return Err(Error::KeyNotFound { key: p.key_dtype.value(key), index });

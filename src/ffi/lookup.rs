@@ -9,7 +9,7 @@ use super::types::{Status, pooling_of, strata_lookup_options, strata_lookup_requ
 use crate::error::Error;
 use crate::table::BatchRequest;
 use crate::error::Result;
-use crate::model::LookupOptions;
+use crate::model::{LookupOptions, Request};
 use dlpark::ManagedTensorBase;
 use dlpark::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLTensor};
 
@@ -57,7 +57,7 @@ unsafe fn run(
     };
     let (opts, stats) = args().map_err(|e| table.refuse_lookup(e))?;
     // SAFETY: the pointers are NULL or valid as this export's # Safety section requires.
-    let found = unsafe { table.lookup_with(keys, out, &opts, stats.is_some()) }?;
+    let found = unsafe { table.lookup_request(&Request::plain(keys, out, stats.is_some()), &opts) }?;
     if let Some(s) = stats {
         s.write(&found.into());
     }
@@ -252,10 +252,11 @@ pub unsafe extern "C" fn strata_lookup_pooled(
         // (On a distributed table the other ranks learn of a bad argument here.)
         let (keys, out, pooling, opts, stats) = args().map_err(|e| table.refuse(e))?;
         // SAFETY: `offsets` and `weights` are NULL or valid, as this export's # Safety section
-        // requires, and so are keys and out (borrowed above).
-        let found = unsafe {
-            table.lookup_pooled(keys, opt_ref(offsets), opt_ref(weights), pooling, out, &opts, stats.is_some())
-        }?;
+        // requires.
+        let (offsets, weights) = unsafe { (opt_ref(offsets), opt_ref(weights)) };
+        let r = Request { keys, offsets, weights, pooling: Some(pooling), out, want_stats: stats.is_some() };
+        // SAFETY: every tensor of `r` is valid as this export's # Safety section requires.
+        let found = unsafe { table.lookup_request(&r, &opts) }?;
         if let Some(s) = stats {
             s.write(&found.into());
         }
@@ -329,7 +330,8 @@ pub unsafe extern "C" fn strata_lookup_batch(
                     "given with pooling = STRATA_POOL_NONE; expected NULL for a plain lookup (or a pooling)",
                 )));
             }
-            batch.push(BatchRequest { table, keys, offsets, weights, pooling, out, want_stats: stats.is_some() });
+            let request = Request { keys, offsets, weights, pooling, out, want_stats: stats.is_some() };
+            batch.push(BatchRequest { table, request });
             outs.push(stats);
         }
         // SAFETY: every tensor is valid as this export's # Safety section requires.

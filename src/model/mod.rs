@@ -7,13 +7,16 @@
 //! - [`TableOptions`] and its parts: the options of a table, as plain Rust values;
 //! - [`plan`]: `keys` and `out` validated against a table's `dim` ([`Plan`], [`Checked`]), the
 //!   per-call [`LookupOptions`] and the [`LookupStats`] a lookup returns; [`Pooling`] and the
-//!   checked plan of a pooled lookup (bags of keys, optional weights, one row per bag).
+//!   checked plan of a pooled lookup (bags of keys, optional weights, one row per bag);
+//! - [`Request`]: the tensors of one lookup, plain or pooled, as the C calls give them; what
+//!   the table, the planner and the CUDA path pass around instead of one argument per tensor.
 //!
 //! This layer uses only storage and the leaf utilities: it runs no lookups itself.
 
 mod options;
 mod plan;
 mod pooled;
+mod request;
 mod static_table;
 mod tiered;
 
@@ -22,6 +25,8 @@ pub use plan::{KeySource, LookupOptions, LookupStats, OutTarget};
 pub(crate) use plan::{Plan, plan};
 pub use pooled::Pooling;
 pub(crate) use pooled::{PooledPlan, plan_pooled};
+pub use request::Request;
+pub(crate) use request::Planned;
 #[cfg(feature = "cuda")]
 pub(crate) use pooled::{CheckedBags, Devices, PooledChecked, check_offset_values, check_pooled};
 #[cfg(feature = "cuda")]
@@ -30,6 +35,8 @@ pub(crate) use static_table::{Rows, read_keys, read_rows};
 pub use static_table::{StaticTable, TableInfo};
 pub use tiered::{TableStats, TieredTable};
 pub(crate) use tiered::{Promote, TierScratch};
+#[cfg(test)]
+pub(crate) use tiered::race;
 
 use crate::error::Result;
 

@@ -1,6 +1,7 @@
 //! A lookup, checked: the options and stats of one call, `keys` and `out` validated against a
 //! table's `dim`, and the [`Plan`] the executors run (where keys are read and rows written).
 
+use super::request::Planned;
 use crate::dlpack::{FloatDtype, KeyDtype, TensorView, Walk, require_host};
 use crate::error::{Error, Result};
 use crate::util::threads::resolve_threads;
@@ -41,7 +42,7 @@ pub(crate) fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
     a.0 < a.1 && b.0 < b.1 && a.0 < b.1 && b.0 < a.1
 }
 
-/// A validated lookup: where keys are read and rows written. Built by [`plan`].
+/// A validated lookup: where keys are read and rows written. Built by [`plan_into`].
 pub(crate) struct Plan {
     pub keys: KeySource,
     pub out: OutTarget,
@@ -168,8 +169,49 @@ fn check_views(dim: usize, k: &TensorView, o: &TensorView) -> Result<Option<Layo
     Ok(Some(Layout { kd, od, n, lead, col_stride }))
 }
 
-/// Validates host `keys` and `out` for a table of `dim` whose own memory is `table_range`;
-/// `None` when there are no keys (a valid no-op).
+/// Validates host `keys` and `out` for a table of `dim` whose own memory is `table_range`,
+/// writing the plan into `slot` ([`Planned::Empty`] when there are no keys, a valid no-op); on
+/// error `slot` is left as it was.
+///
+/// # Safety
+/// As for [`Table::lookup`].
+pub(crate) unsafe fn plan_into(
+    dim: usize,
+    table_range: (usize, usize),
+    keys: &DLTensor,
+    out: &DLTensor,
+    opts: &LookupOptions,
+    slot: &mut Planned,
+) -> Result<()> {
+    let threads = resolve_threads(opts.num_threads)?;
+    // SAFETY: plan's caller guarantees, as Table::lookup requires, that keys describes valid
+    // DLPack memory, so its shape and strides are readable for ndim elements.
+    let k = unsafe { TensorView::new(keys, "keys") }?;
+    // SAFETY: as for keys: the caller guarantees out is a valid DLPack tensor.
+    let o = unsafe { TensorView::new(out, "out") }?;
+    require_host(k.device, "keys")?;
+    require_host(o.device, "out")?;
+    let Some(c) = check_views(dim, &k, &o)? else {
+        *slot = Planned::Empty;
+        return Ok(());
+    };
+    if overlaps(o.byte_range(), k.byte_range()) {
+        return Err(Error::layout("out", "overlaps the memory of keys; expected separate buffers"));
+    }
+    if overlaps(o.byte_range(), table_range) {
+        return Err(Error::layout("out", "overlaps the table's vectors; expected a separate buffer"));
+    }
+    *slot = Planned::Plain(Plan {
+        keys: KeySource { ptr: k.ptr, dtype: c.kd, walk: Walk::new(&k.shape, &k.strides), elem: k.elem },
+        out: OutTarget { ptr: o.ptr, dtype: c.od, walk: c.lead, col_stride: c.col_stride },
+        n: c.n,
+        threads,
+        key_dtype: c.kd,
+    });
+    Ok(())
+}
+
+/// [`plan_into`], returning the plan: `None` when there are no keys (a valid no-op).
 ///
 /// # Safety
 /// As for [`Table::lookup`].
@@ -180,30 +222,13 @@ pub(crate) unsafe fn plan(
     out: &DLTensor,
     opts: &LookupOptions,
 ) -> Result<Option<Plan>> {
-    let threads = resolve_threads(opts.num_threads)?;
-    // SAFETY: plan's caller guarantees, as Table::lookup requires, that keys describes valid
-    // DLPack memory, so its shape and strides are readable for ndim elements.
-    let k = unsafe { TensorView::new(keys, "keys") }?;
-    // SAFETY: as for keys: the caller guarantees out is a valid DLPack tensor.
-    let o = unsafe { TensorView::new(out, "out") }?;
-    require_host(k.device, "keys")?;
-    require_host(o.device, "out")?;
-    let Some(c) = check_views(dim, &k, &o)? else {
-        return Ok(None);
-    };
-    if overlaps(o.byte_range(), k.byte_range()) {
-        return Err(Error::layout("out", "overlaps the memory of keys; expected separate buffers"));
-    }
-    if overlaps(o.byte_range(), table_range) {
-        return Err(Error::layout("out", "overlaps the table's vectors; expected a separate buffer"));
-    }
-    Ok(Some(Plan {
-        keys: KeySource { ptr: k.ptr, dtype: c.kd, walk: Walk::new(&k.shape, &k.strides), elem: k.elem },
-        out: OutTarget { ptr: o.ptr, dtype: c.od, walk: c.lead, col_stride: c.col_stride },
-        n: c.n,
-        threads,
-        key_dtype: c.kd,
-    }))
+    let mut p = Planned::Empty;
+    // SAFETY: forwarded from the caller.
+    unsafe { plan_into(dim, table_range, keys, out, opts, &mut p) }?;
+    Ok(match p {
+        Planned::Plain(p) => Some(p),
+        _ => None,
+    })
 }
 
 /// Where keys are read from.

@@ -6,6 +6,7 @@
 //! table's default row. Accumulation is float32, in key order within a bag.
 
 use super::plan::{KeySource, LookupOptions, OutTarget, overlaps};
+use super::request::Request;
 use crate::dlpack::{Dims, FloatDtype, KeyDtype, TensorView, Walk, dtype_name, require_host};
 use crate::error::{Error, Result};
 use crate::util::threads::resolve_threads;
@@ -202,14 +203,8 @@ unsafe fn check_offsets(offsets: &DLTensor, nnz: usize, devices: Devices) -> Res
 ///
 /// # Safety
 /// The tensors must describe memory valid as DLPack requires (host offsets readable when read).
-pub(crate) unsafe fn check_pooled(
-    dim: usize,
-    keys: &DLTensor,
-    offsets: Option<&DLTensor>,
-    weights: Option<&DLTensor>,
-    out: &DLTensor,
-    devices: Devices,
-) -> Result<PooledChecked> {
+pub(crate) unsafe fn check_pooled(dim: usize, r: &Request, devices: Devices) -> Result<PooledChecked> {
+    let Request { keys, offsets, weights, out, .. } = *r;
     let host = matches!(devices, Devices::Host);
     // SAFETY: forwarded from the caller.
     let k = unsafe { TensorView::new(keys, "keys") }?;
@@ -297,26 +292,22 @@ pub(crate) unsafe fn check_pooled(
     Ok(PooledChecked { k, kd, bags, w, o, od, b, nnz })
 }
 
-/// Validates a pooled lookup of host tensors for a table of `dim` whose own memory is
-/// `table_range`.
+/// Validates the host tensors of `r`, pooled by `pooling` (whatever `r.pooling` says), for a
+/// table of `dim` whose own memory is `table_range`.
 ///
 /// # Safety
 /// The tensors must describe memory valid as DLPack requires: `keys`, `offsets` and `weights`
 /// readable, `out` writable.
-#[allow(clippy::too_many_arguments)] // one argument per tensor of the C call
 pub(crate) unsafe fn plan_pooled(
     dim: usize,
     table_range: (usize, usize),
-    keys: &DLTensor,
-    offsets: Option<&DLTensor>,
-    weights: Option<&DLTensor>,
+    r: &Request,
     pooling: Pooling,
-    out: &DLTensor,
     opts: &LookupOptions,
 ) -> Result<PooledPlan> {
     let threads = resolve_threads(opts.num_threads)?;
     // SAFETY: forwarded from the caller.
-    let c = unsafe { check_pooled(dim, keys, offsets, weights, out, Devices::Host) }?;
+    let c = unsafe { check_pooled(dim, r, Devices::Host) }?;
     if overlaps(c.o.byte_range(), table_range) {
         return Err(Error::layout("out", "overlaps the memory of the table's vectors; expected a separate buffer"));
     }

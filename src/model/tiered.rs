@@ -301,7 +301,7 @@ impl TieredTable {
         let before = *lock::read(&self.writes);
         let (h, _) = t.get_many(keys, rows, found)?;
         #[cfg(test)]
-        tests::after_persistent_read(self);
+        race::after_persistent_read(self);
         if self.cache_missed && h > 0
             && let Some(v) = &self.volatile {
                 s.keys.clear();
@@ -416,14 +416,13 @@ pub(crate) struct Promote {
     rows: Vec<f32>,
 }
 
+/// Test builds only: a hook between a promotion's persistent read and its volatile insert, so
+/// that tests can force the promotion race without sleeps (the server's tests, which build
+/// tiered tables from a configuration, use it).
 #[cfg(test)]
-mod tests {
-    //! The promotion race, forced through a hook between a promotion's persistent read and its
-    //! volatile insert (no sleeps), and a stress test of readers against a writer.
-    use super::*;
-    use crate::server::Server;
+pub(crate) mod race {
+    use super::TieredTable;
     use std::cell::RefCell;
-    use std::sync::Arc;
 
     /// A write to make between a promotion's persistent read and its volatile insert.
     type Hook = Box<dyn FnOnce(&TieredTable)>;
@@ -433,181 +432,17 @@ mod tests {
         static HOOK: RefCell<Option<Hook>> = RefCell::new(None);
     }
 
-    /// Called by `fetch` (test builds only) after the persistent read of a chunk's misses.
+    /// Makes `f` run once, on this thread, right after the next persistent read of a
+    /// promotion's keys.
+    pub(crate) fn after_next_persistent_read(f: impl FnOnce(&TieredTable) + 'static) {
+        HOOK.with(|h| *h.borrow_mut() = Some(Box::new(f)));
+    }
+
+    /// Called by `read_persistent` (test builds only) after the persistent read of a chunk's
+    /// misses.
     pub(super) fn after_persistent_read(t: &TieredTable) {
         if let Some(f) = HOOK.with(|h| h.borrow_mut().take()) {
             f(t);
         }
-    }
-
-    /// A server of one table (`dim` 4) with a tiny volatile tier that promotes misses, over a
-    /// persistent store holding keys 0..rows with rows `[k, k, k, k]`, nothing warmed.
-    fn server(dir: &std::path::Path, rows: u64, capacity: usize) -> Server {
-        server_refreshing(dir, rows, capacity, 1000)
-    }
-
-    /// [`server`] checking for other processes' commits every `refresh_ms`.
-    fn server_refreshing(dir: &std::path::Path, rows: u64, capacity: usize, refresh_ms: u64) -> Server {
-        let sparse = dir.join("sparse");
-        std::fs::create_dir_all(&sparse).unwrap();
-        let keys: Vec<u8> = (0..rows as i64).flat_map(|k| k.to_le_bytes()).collect();
-        let vecs: Vec<u8> = (0..rows).flat_map(|k| [k as f32; 4]).flat_map(|v| v.to_le_bytes()).collect();
-        std::fs::write(sparse.join("key"), keys).unwrap();
-        std::fs::write(sparse.join("emb_vector"), vecs).unwrap();
-        let json = format!(
-            r#"{{"supportlonglong": true,
-                "volatile_db": {{"type": "parallel_hash_map", "num_partitions": 2, "overflow_margin": {capacity},
-                                 "initial_cache_rate": 0.0, "cache_missed_embeddings": true,
-                                 "refresh_interval_ms": {refresh_ms}}},
-                "persistent_db": {{"type": "rocks_db", "path": "db"}},
-                "models": [{{"model": "m", "sparse_files": ["sparse"], "embedding_vecsize_per_table": [4],
-                             "default_value_for_each_table": [-1.0],
-                             "maxnum_catfeature_query_per_table_per_sample": [1], "deployed_device_list": [0],
-                             "max_batch_size": 64}}]}}"#
-        );
-        Server::from_json(&json, dir).unwrap()
-    }
-
-    fn tiered(s: &Server) -> &TieredTable {
-        match &s.table("m", 0).unwrap().kind {
-            crate::table::TableKind::Tiered(t) => t,
-            _ => panic!("a tiered table"),
-        }
-    }
-
-    fn read(t: &TieredTable, key: u64) -> Option<f32> {
-        let (mut rows, mut found) = (vec![0f32; 4], vec![false]);
-        t.fetch(&[key], &mut rows, &mut found, &mut TierScratch::default()).unwrap();
-        found[0].then_some(rows[0])
-    }
-
-    #[test]
-    fn a_promotion_never_resurrects_an_upsert_or_an_erase_committed_after_its_read() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = server(dir.path(), 100, 64);
-        let t = tiered(&s);
-        // Key 7 is only in the persistent tier; the lookup reads [7; 4] and, before it
-        // promotes that row, an upsert of [70; 4] commits.
-        HOOK.with(|h| *h.borrow_mut() = Some(Box::new(|t: &TieredTable| t.upsert(&[7], &[70.0; 4]).unwrap())));
-        assert_eq!(read(t, 7), Some(7.0), "the lookup that raced the write returns what it read");
-        assert_eq!(read(t, 7), Some(70.0), "the promotion put back the row the upsert replaced");
-        // Key 9: an erase commits between the read and the promotion.
-        HOOK.with(|h| *h.borrow_mut() = Some(Box::new(|t: &TieredTable| assert_eq!(t.erase(&[9]).unwrap(), 1))));
-        assert_eq!(read(t, 9), Some(9.0));
-        assert_eq!(read(t, 9), None, "the promotion resurrected an erased row");
-        // Without a racing write, a promotion does happen (the next read is a volatile hit).
-        assert_eq!(read(t, 11), Some(11.0));
-        let (mut rows, mut found) = (vec![0f32; 4], vec![false]);
-        let (vh, ph) = t.fetch(&[11], &mut rows, &mut found, &mut TierScratch::default()).unwrap();
-        assert_eq!((vh, ph), (1, 0), "key 11 was promoted");
-    }
-
-    #[test]
-    fn readers_and_a_writer_over_a_tiny_volatile_tier_end_coherent() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = Arc::new(server(dir.path(), 64, 8));
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let readers: Vec<_> = (0..3)
-            .map(|r| {
-                let (s, stop) = (s.clone(), stop.clone());
-                std::thread::spawn(move || {
-                    let t = tiered(&s);
-                    let mut k = r as u64;
-                    while !stop.load(Ordering::Relaxed) {
-                        read(t, k % 64);
-                        k = k.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407) >> 3;
-                    }
-                })
-            })
-            .collect();
-        // The writer: 2,000 writes over 64 keys (upserts of increasing values, some erases),
-        // remembering each key's last committed state.
-        let t = tiered(&s);
-        let mut last: Vec<Option<f32>> = (0..64).map(|k| Some(k as f32)).collect();
-        let mut x = 12345u64;
-        for i in 0..2000u32 {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            let k = (x >> 40) % 64;
-            if i % 7 == 0 {
-                t.erase(&[k]).unwrap();
-                last[k as usize] = None;
-            } else {
-                let v = 1000.0 + i as f32;
-                t.upsert(&[k], &[v; 4]).unwrap();
-                last[k as usize] = Some(v);
-            }
-        }
-        stop.store(true, Ordering::Relaxed);
-        for r in readers {
-            r.join().unwrap();
-        }
-        for (k, want) in last.iter().enumerate() {
-            assert_eq!(read(t, k as u64), *want, "key {k} reads a row older than its last write");
-            assert_eq!(read(t, k as u64), *want, "key {k}, read again (through the volatile tier)");
-        }
-    }
-
-    /// A handle on the table's persistent rows that bypasses the tiered table, as another
-    /// process's writes would (same LMDB store, same commit counter).
-    fn foreign(dir: &std::path::Path) -> crate::storage::tier::persistent::PersistentTable {
-        let store = crate::storage::tier::persistent::PersistentStore::open(&dir.join("db"), false).unwrap();
-        store.table("m/sparse_embedding0", 4, None).unwrap()
-    }
-
-    fn volatile_hits(t: &TieredTable, key: u64) -> u64 {
-        let (mut rows, mut found) = (vec![0f32; 4], vec![false]);
-        t.fetch(&[key], &mut rows, &mut found, &mut TierScratch::default()).unwrap().0
-    }
-
-    #[test]
-    fn own_writes_do_not_empty_the_volatile_tier() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = server_refreshing(dir.path(), 100, 64, 0);
-        let t = tiered(&s);
-        assert_eq!(read(t, 5), Some(5.0));
-        assert_eq!(volatile_hits(t, 5), 1, "key 5 was promoted");
-        t.upsert(&[6], &[60.0; 4]).unwrap();
-        assert_eq!(t.erase(&[7]).unwrap(), 1);
-        assert_eq!(t.erase(&[1000]).unwrap(), 0);
-        t.upsert(&[5], &[50.0; 4]).unwrap();
-        // Every lookup checks the counter (interval 0): it moved, but only by this process.
-        assert_eq!(volatile_hits(t, 5), 1, "an own write emptied the volatile tier");
-        assert_eq!(volatile_hits(t, 6), 1);
-        assert_eq!(read(t, 5), Some(50.0));
-        assert_eq!(read(t, 7), None);
-        assert_eq!(t.invalidations(), 0);
-    }
-
-    #[test]
-    fn a_foreign_commit_empties_the_volatile_tier_at_the_next_check() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = server_refreshing(dir.path(), 100, 64, 0);
-        let t = tiered(&s);
-        assert_eq!(read(t, 5), Some(5.0));
-        assert_eq!(read(t, 9), Some(9.0));
-        let generation = t.generation();
-        let other = foreign(dir.path());
-        other.upsert(&[5], &[50.0; 4]).unwrap();
-        assert_eq!(other.erase(&[9]).unwrap(), 1);
-        assert_eq!(read(t, 5), Some(50.0), "a foreign upsert was not seen");
-        assert_eq!(read(t, 9), None, "a foreign erase was not seen");
-        assert_eq!(t.invalidations(), 1);
-        assert_ne!(t.generation(), generation, "GPU caches must drop their rows too");
-        assert_eq!(volatile_hits(t, 5), 1, "after the check, promotions resume");
-    }
-
-    #[test]
-    fn within_the_interval_a_foreign_commit_is_noticed_by_the_next_own_write() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = server_refreshing(dir.path(), 100, 64, 3_600_000);
-        let t = tiered(&s);
-        assert_eq!(read(t, 5), Some(5.0)); // the first lookup checks; the next check is in 1 h
-        foreign(dir.path()).upsert(&[5], &[50.0; 4]).unwrap();
-        assert_eq!(read(t, 5), Some(5.0), "within the interval the volatile tier answers");
-        // This process's write finds a counter it did not leave: another process wrote.
-        t.upsert(&[6], &[60.0; 4]).unwrap();
-        assert_eq!(t.invalidations(), 1);
-        assert_eq!(read(t, 5), Some(50.0));
-        assert_eq!(read(t, 6), Some(60.0), "the own write after the invalidation is kept");
     }
 }

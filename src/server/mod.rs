@@ -213,3 +213,6 @@ fn gpu_options(m: &crate::config::ModelConfig) -> TableOptions {
     let gpu = GpuOptions { placement, cache_fraction, hit_rate_threshold: m.hit_rate_threshold, ..GpuOptions::default() };
     TableOptions { gpu, ..TableOptions::default() }
 }
+
+#[cfg(test)]
+mod tests;

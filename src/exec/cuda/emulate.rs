@@ -15,7 +15,7 @@ use super::requests::{InPlace, Lookup, check_request};
 use super::residency::{GatherSource, InFlight, Placed, shard_params, split};
 use super::run::lookup_on;
 use crate::error::{Error, Result};
-use crate::model::{LookupStats, Pooling, check};
+use crate::model::{LookupStats, check};
 use crate::model::RowSource;
 use crate::model::Rows;
 use dlpark::ffi::DLTensor;
@@ -256,19 +256,17 @@ pub struct Staged {
     pub out: bool,
 }
 
-/// One request of an emulated batch ([`lookup_batch`]): plain when `pooling` is `None`.
+/// One request of an emulated batch ([`lookup_batch`]): a lookup of `request`'s tensors in
+/// `table` through its placement `placed`. Borrows all three for the call only.
 pub struct Request<'a> {
     pub placed: &'a Emulated,
     pub table: &'a dyn RowSource,
-    pub keys: &'a DLTensor,
-    pub offsets: Option<&'a DLTensor>,
-    pub weights: Option<&'a DLTensor>,
-    pub pooling: Option<Pooling>,
-    pub out: &'a DLTensor,
+    pub request: crate::model::Request<'a>,
 }
 
 /// Runs `requests` as the GPU path runs a batch on one device (those whose placement is a
-/// gather in one launch of the batch kernel), with stats, each tensor staged as `staged` says.
+/// gather in one launch of the batch kernel), each tensor staged as `staged` says. A request's
+/// stats are counted when it asks for them (`want_stats`), as on a GPU.
 /// Every request is checked first; errors name the request (`requests[3].offsets: ...`).
 ///
 /// # Safety
@@ -285,7 +283,7 @@ unsafe fn run_requests(emu: &Emulator, requests: &[Request], staged: Staged) -> 
     let mut shapes = Vec::new();
     for (i, r) in requests.iter().enumerate() {
         // SAFETY: forwarded from the caller.
-        let shape = unsafe { check_request(r.table.dim(), r.keys, r.offsets, r.weights, r.pooling, r.out, read_offsets) };
+        let shape = unsafe { check_request(r.table.dim(), &r.request, read_offsets) };
         if let Some(s) = shape.map_err(|e| (i, e))? {
             shapes.push((i, s));
         }
@@ -295,7 +293,14 @@ unsafe fn run_requests(emu: &Emulator, requests: &[Request], staged: Staged) -> 
         .iter()
         .map(|(i, shape)| {
             let r = &requests[*i];
-            Lookup { table: r.table, inflight: &r.placed.inflight, placed: &r.placed.placed, shape, in_place, want_stats: true }
+            Lookup {
+                table: r.table,
+                inflight: &r.placed.inflight,
+                placed: &r.placed.placed,
+                shape,
+                in_place,
+                want_stats: r.request.want_stats,
+            }
         })
         .collect();
     // SAFETY: forwarded from the caller; host memory is the emulator's device memory.
@@ -308,24 +313,14 @@ unsafe fn run_requests(emu: &Emulator, requests: &[Request], staged: Staged) -> 
 }
 
 impl Emulated {
-    /// A pooled lookup (see `Table::lookup_pooled`) through this placement on the emulator,
-    /// with stats, each tensor staged as `staged` says.
+    /// A lookup of `r` (plain or pooled: see `Table::lookup_request`) in `table` through this
+    /// placement on the emulator, each tensor staged as `staged` says.
     ///
     /// # Safety
-    /// As for `Table::lookup_pooled`, with host tensors.
-    #[allow(clippy::too_many_arguments)] // one argument per tensor of the C call
-    pub unsafe fn lookup_pooled(
-        &self,
-        emu: &Emulator,
-        table: &dyn RowSource,
-        keys: &DLTensor,
-        offsets: Option<&DLTensor>,
-        weights: Option<&DLTensor>,
-        pooling: Pooling,
-        out: &DLTensor,
-        staged: Staged,
-    ) -> Result<LookupStats> {
-        let r = Request { placed: self, table, keys, offsets, weights, pooling: Some(pooling), out };
+    /// As for `Table::lookup_request`, with host tensors; `table` must be the table this
+    /// placement was made for.
+    pub unsafe fn lookup_request(&self, emu: &Emulator, table: &dyn RowSource, r: &crate::model::Request, staged: Staged) -> Result<LookupStats> {
+        let r = Request { placed: self, table, request: *r };
         // SAFETY: forwarded from the caller.
         let mut stats = unsafe { run_requests(emu, &[r], staged) }.map_err(|(_, e)| e)?;
         Ok(stats.pop().unwrap_or_default())

@@ -27,24 +27,10 @@ use super::residency::{Placed, Residency};
 use super::run::{CurrentContext, check_stream, device_visible, ranges_overlap};
 use crate::dlpack::{TensorView, Walk, device_name};
 use crate::error::{Error, Result};
-use crate::model::{CheckedBags, GpuOptions, LookupOptions, LookupStats, Pooling, RowSource};
+use crate::model::{CheckedBags, GpuOptions, LookupOptions, LookupStats, Request, RowSource};
 use cudarc::driver::sys;
-use dlpark::ffi::{DLDeviceType, DLTensor};
+use dlpark::ffi::DLDeviceType;
 use std::sync::Arc;
-
-/// One lookup on CUDA tensors, plain (`pooling` `None`) or pooled, as a batch holds them.
-pub(crate) struct Request<'a> {
-    pub source: &'a dyn RowSource,
-    pub gpu: &'a GpuOptions,
-    pub resident: &'a Residency,
-    pub keys: &'a DLTensor,
-    pub offsets: Option<&'a DLTensor>,
-    pub weights: Option<&'a DLTensor>,
-    pub pooling: Option<Pooling>,
-    pub out: &'a DLTensor,
-    /// Whether the caller wants stats (makes the call wait for the stream).
-    pub want_stats: bool,
-}
 
 /// A request checked for its device: its tensors, the device, and its table's placement there.
 pub(crate) struct Valid<'a> {
@@ -123,22 +109,27 @@ fn require_linear(v: &TensorView, arg: &'static str) -> Result<()> {
     Ok(())
 }
 
-/// Checks `r` for its device (see the module docs) without queueing anything.
+/// Checks `r`, a lookup in `source` (placed on devices by `gpu`, its copies there in
+/// `resident`), for its device (see the module docs) without queueing anything.
 ///
 /// # Safety
-/// As for `Table::lookup_pooled`: the tensors must describe memory valid as DLPack requires
+/// As for `Table::lookup_request`: the tensors must describe memory valid as DLPack requires
 /// (host offsets readable) until the stream has run the lookup, and `opts.stream` must be NULL
 /// or a stream of the device's primary context.
-pub(crate) unsafe fn validate<'a>(r: &Request<'a>, opts: &LookupOptions) -> Result<Valid<'a>> {
+pub(crate) unsafe fn validate<'a>(
+    source: &'a dyn RowSource,
+    gpu: &GpuOptions,
+    resident: &'a Residency,
+    r: &Request,
+    opts: &LookupOptions,
+) -> Result<Valid<'a>> {
     crate::util::threads::resolve_threads(opts.num_threads)?;
-    for (t, arg) in [(Some(r.keys), "keys"), (r.offsets, "offsets"), (r.weights, "weights"), (Some(r.out), "out")] {
-        if let Some(t) = t {
-            super::run::require_served(t, arg)?;
-        }
+    for (t, arg) in r.tensors() {
+        super::run::require_served(t, arg)?;
     }
-    let nothing = || Valid { source: r.source, resident: r.resident, work: None, want_stats: r.want_stats };
+    let nothing = || Valid { source, resident, work: None, want_stats: r.want_stats };
     // SAFETY: forwarded from the caller.
-    let shape = unsafe { check_request(r.source.dim(), r.keys, r.offsets, r.weights, r.pooling, r.out, read_on_host) }?;
+    let shape = unsafe { check_request(source.dim(), r, read_on_host) }?;
     let Some(shape) = shape else {
         return Ok(nothing());
     };
@@ -192,7 +183,7 @@ pub(crate) unsafe fn validate<'a>(r: &Request<'a>, opts: &LookupOptions) -> Resu
     let device = Device::get(ordinal)?;
     let s = Stream { device: device.clone(), stream: opts.stream as sys::CUstream };
     check_stream(&device, s.stream)?;
-    let placed = r.resident.placed(r.source, r.gpu, &device, &s)?;
+    let placed = resident.placed(source, gpu, &device, &s)?;
     Ok(Valid { work: Some(Work { device, placed, shape, in_place }), ..nothing() })
 }
 
@@ -201,7 +192,7 @@ pub(crate) unsafe fn validate<'a>(r: &Request<'a>, opts: &LookupOptions) -> Resu
 ///
 /// # Safety
 /// As for [`validate`], for every request.
-pub(crate) unsafe fn run(valid: Vec<Valid>, opts: &LookupOptions) -> std::result::Result<Vec<LookupStats>, (usize, Error)> {
+pub(crate) unsafe fn run(valid: &[&Valid], opts: &LookupOptions) -> std::result::Result<Vec<LookupStats>, (usize, Error)> {
     let mut stats = vec![LookupStats::default(); valid.len()];
     // Requests by device, in the order devices first appear.
     let mut groups: Vec<(Arc<Device>, Vec<usize>)> = Vec::new();
@@ -218,7 +209,7 @@ pub(crate) unsafe fn run(valid: Vec<Valid>, opts: &LookupOptions) -> std::result
         let jobs: Vec<Lookup> = idx
             .iter()
             .map(|&i| {
-                let v = &valid[i];
+                let v = valid[i];
                 let w = v.work.as_ref().expect("grouped requests have work");
                 Lookup {
                     table: v.source,
@@ -239,29 +230,17 @@ pub(crate) unsafe fn run(valid: Vec<Valid>, opts: &LookupOptions) -> std::result
     Ok(stats)
 }
 
-/// A pooled lookup where a tensor is a CUDA tensor (see the module docs).
+/// A pooled lookup (`r.pooling` is not `None`) in `table` where a tensor is a CUDA tensor (see
+/// the module docs).
 ///
 /// # Safety
-/// As for `Table::lookup_pooled`; device tensors must be valid on their device until the stream
-/// has run the lookup, and `opts.stream` must be NULL or a stream of that device's primary
-/// context.
-#[allow(clippy::too_many_arguments)] // one argument per tensor of the C call
-pub(crate) unsafe fn lookup(
-    table: &dyn RowSource,
-    gpu: &GpuOptions,
-    resident: &Residency,
-    keys: &DLTensor,
-    offsets: Option<&DLTensor>,
-    weights: Option<&DLTensor>,
-    pooling: Pooling,
-    out: &DLTensor,
-    opts: &LookupOptions,
-    want_stats: bool,
-) -> Result<LookupStats> {
-    let r = Request { source: table, gpu, resident, keys, offsets, weights, pooling: Some(pooling), out, want_stats };
+/// As for `Table::lookup_request`; device tensors must be valid on their device until the
+/// stream has run the lookup, and `opts.stream` must be NULL or a stream of that device's
+/// primary context.
+pub(crate) unsafe fn lookup(table: &dyn RowSource, gpu: &GpuOptions, resident: &Residency, r: &Request, opts: &LookupOptions) -> Result<LookupStats> {
     // SAFETY: forwarded from the caller.
-    let v = unsafe { validate(&r, opts) }?;
+    let v = unsafe { validate(table, gpu, resident, r, opts) }?;
     // SAFETY: forwarded from the caller.
-    let mut stats = unsafe { run(vec![v], opts) }.map_err(|(_, e)| e)?;
+    let mut stats = unsafe { run(&[&v], opts) }.map_err(|(_, e)| e)?;
     Ok(stats.pop().unwrap_or_default())
 }

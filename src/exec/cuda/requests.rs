@@ -23,10 +23,9 @@ use super::run::{Counts, Io, execute, float_name};
 use crate::dlpack::{FloatDtype, KeyDtype, TensorView, Walk};
 use crate::error::{Error, Result};
 use crate::model::{
-    CheckedBags, Checked, Devices, KeySource, LookupStats, PooledChecked, Pooling, RowSource, check, check_offset_values,
+    CheckedBags, Checked, Devices, KeySource, LookupStats, PooledChecked, Pooling, Request, RowSource, check, check_offset_values,
     check_pooled,
 };
-use dlpark::ffi::DLTensor;
 use std::sync::Arc;
 
 /// What a request computes, checked.
@@ -44,24 +43,16 @@ pub(crate) enum Shape {
 /// # Safety
 /// The tensors must describe memory valid as DLPack requires (offsets it reads readable on the
 /// host).
-pub(crate) unsafe fn check_request(
-    dim: usize,
-    keys: &DLTensor,
-    offsets: Option<&DLTensor>,
-    weights: Option<&DLTensor>,
-    pooling: Option<Pooling>,
-    out: &DLTensor,
-    read_offsets: fn(&TensorView) -> bool,
-) -> Result<Option<Shape>> {
-    Ok(match pooling {
+pub(crate) unsafe fn check_request(dim: usize, r: &Request, read_offsets: fn(&TensorView) -> bool) -> Result<Option<Shape>> {
+    Ok(match r.pooling {
         None => {
             // SAFETY: forwarded from the caller.
-            let (k, o) = unsafe { (TensorView::new(keys, "keys")?, TensorView::new(out, "out")?) };
+            let (k, o) = unsafe { (TensorView::new(r.keys, "keys")?, TensorView::new(r.out, "out")?) };
             check(dim, k, o)?.map(|c| Shape::Plain(Box::new(c)))
         }
         Some(p) => {
             // SAFETY: forwarded from the caller.
-            let c = unsafe { check_pooled(dim, keys, offsets, weights, out, Devices::Any { read_offsets }) }?;
+            let c = unsafe { check_pooled(dim, r, Devices::Any { read_offsets }) }?;
             (c.b > 0).then(|| Shape::Pooled(Box::new(c), p))
         }
     })
