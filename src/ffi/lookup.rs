@@ -285,8 +285,6 @@ pub unsafe extern "C" fn strata_lookup_batch(
     opts: *const strata_lookup_options,
 ) -> Status {
     boundary(|| {
-        // SAFETY: `opts` is NULL or valid as this export's # Safety section requires.
-        let opts = LookupOptions::from(&unsafe { read_in(opts, "opts") }?);
         if n > 0 && requests.is_null() {
             return Err(Error::Null { arg: "requests" });
         }
@@ -307,6 +305,8 @@ pub unsafe extern "C" fn strata_lookup_batch(
                 None => e,
             }
         };
+        // SAFETY: `opts` is NULL or valid as this export's # Safety section requires.
+        let opts = LookupOptions::from(&unsafe { read_in(opts, "opts") }.map_err(&refuse)?);
         for i in 0..n {
             let in_request = |e: Error| refuse(e.within(format!("requests[{i}].")));
             let r = list.get(i).map_err(&refuse)?;

@@ -587,12 +587,17 @@ fn requests<'a>(tb: &'a Tables, rng: &mut Rng) -> Vec<Req<'a>> {
 /// Runs `reqs` as one `strata_lookup_batch` into fresh poisoned outputs; returns the status,
 /// outputs and stats.
 fn batch(reqs: &[Req]) -> (Status, Vec<Out>, Vec<LookupStats>) {
+    batch_with(reqs, null())
+}
+
+/// [`batch`] with the batch's options.
+fn batch_with(reqs: &[Req], opts: *const LookupOptions) -> (Status, Vec<Out>, Vec<LookupStats>) {
     let mut outs: Vec<Out> = reqs.iter().map(Req::out).collect();
     let mut stats = vec![LookupStats { hits: 77, misses: 77, ..LookupStats::default() }; reqs.len()];
     let c: Vec<strata_lookup_request> = reqs.iter().zip(&mut outs).zip(&mut stats).map(|((r, o), s)| r.c(o, s)).collect();
     // SAFETY: c holds reqs.len() requests, each pointing at live tables (Owned), at descriptions
     // of buffers owned by reqs and outs, and at stats, all alive past the call.
-    let s = unsafe { strata_lookup_batch(c.as_ptr(), c.len(), null()) };
+    let s = unsafe { strata_lookup_batch(c.as_ptr(), c.len(), opts) };
     (s, outs, stats)
 }
 
@@ -712,6 +717,13 @@ pub fn batch_errors(cx: &Ctx) {
     reqs.push(pooled_req(&tb.dstrict, 2, 1, false, b, I64, I64, F32, true));
     let (s, _, _) = batch(&reqs);
     all_fail(cx, s, Status::STRATA_KEY_NOT_FOUND, Some(l), &[&format!("requests[{}].keys: key 25 (element 1) is not in the table", reqs.len() - 1)]);
+
+    // unreadable options (struct_size 0) on rank 0: refused before any request is planned
+    let reqs = requests(&tb, &mut rng);
+    let bad = LookupOptions { struct_size: 0, ..strata_lookup_options_default() };
+    let (s, outs, _) = batch_with(&reqs, if cx.rank == 0 { &bad } else { null() });
+    all_fail(cx, s, Status::STRATA_INVALID_ARGUMENT, Some(0), &["opts"]);
+    untouched(&outs, "bad opts on rank 0");
 
     // and the batch works again
     let reqs = requests(&tb, &mut rng);
