@@ -170,6 +170,7 @@ fn main() {
     drop(folder);
 
     let anchor = run_anchor(rows, dim, batch, threads);
+    let latency = support::random_line_latency(rows * dim * 4, 2_000_000);
 
     let bytes = 2.0 * (batch * dim * 4) as f64;
     let gbs = |t: f64| bytes / t / 1e9;
@@ -215,6 +216,17 @@ fn main() {
         }
         Err(e) => println!("hps_like (anchor): not run: {e}"),
     }
+    // Little's law: what the dense gather reads per thread, times the latency of one line.
+    let in_flight = |t: f64| (batch * dim * 4) as f64 / 64.0 / t / threads as f64 * latency;
+    println!(
+        "random line latency (pointer chase over the table's {} MiB, huge pages): {:.0} ns; at that latency the dense gather \
+         keeps {:.1} lines in flight per thread, the keyed lookup {:.1} (+1 bucket line a key: {:.1})",
+        rows * dim * 4 >> 20,
+        latency * 1e9,
+        in_flight(t_dense),
+        in_flight(t_keyed),
+        in_flight(t_keyed) * (1.0 + 64.0 / (dim * 4) as f64),
+    );
     println!(
         "HugeCTR folder (strata_table_open, memory-mapped): first lookup after open {:.3} ms, later lookups {:.3} ms ({:.2} x memcpy)",
         first_mapped * 1e3,

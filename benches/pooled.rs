@@ -196,6 +196,7 @@ fn pooled(args: &[usize], pages: &str) {
     assert_eq!(out, reduced, "the pooled and the gather-then-reduce sums differ");
 
     let anchor = run_anchor(rows, dim, bags, hot, threads);
+    let latency = support::random_line_latency(rows * dim * 4, 2_000_000);
 
     let bytes = (nnz * dim * 4) as f64;
     println!();
@@ -236,6 +237,19 @@ fn pooled(args: &[usize], pages: &str) {
         t_limit / t_rand_pf,
         t_rand.min(t_rand_pf) / t_dense,
         t_rand.min(t_rand_pf) / t_keyed,
+    );
+    // Little's law: rows' lines read per second per thread, times the latency of one line.
+    let in_flight = |t: f64| bytes / 64.0 / t / threads as f64 * latency;
+    println!(
+        "random line latency (pointer chase over the table's {} MiB, huge pages): {:.0} ns; lines in flight per thread at \
+         that latency: read limit {:.1}, plain loop {:.1}, pooled dense {:.1}, pooled keyed {:.1} (+1 bucket line a key: {:.1})",
+        rows * dim * 4 >> 20,
+        latency * 1e9,
+        in_flight(t_limit),
+        in_flight(t_rand_pf),
+        in_flight(t_dense),
+        in_flight(t_keyed),
+        in_flight(t_keyed) * (1.0 + 64.0 / (dim * 4) as f64),
     );
 }
 

@@ -135,3 +135,48 @@ pub fn anchor_seconds(text: &str, prefix: &str) -> Option<f64> {
     let before = &line[..line.find(" ms")?];
     before.rsplit([' ', ':']).next()?.parse::<f64>().ok().map(|v| v / 1e3)
 }
+
+/// The latency of one random 64-byte line of a `bytes`-long region of huge-page memory (as
+/// strata's tables get), by a pointer chase: each load's address comes from the one before, so
+/// exactly one miss is in flight. Median of 5 chases of `steps` loads, in seconds.
+///
+/// With it a throughput turns into the number of lines a thread keeps in flight (Little's law:
+/// lines in flight = lines per second x latency), which is what bounds random-row reads when
+/// the core's miss buffers, not the memory's bandwidth, are the limit.
+pub fn random_line_latency(bytes: usize, steps: usize) -> f64 {
+    const LINE: usize = 64;
+    let lines = (bytes / LINE).max(2);
+    let mut map = memmap2::MmapMut::map_anon(lines * LINE + (2 << 20)).expect("map the latency probe");
+    let start = (map.as_ptr() as usize).next_multiple_of(2 << 20) - map.as_ptr() as usize;
+    let _ = map.advise_range(memmap2::Advice::HugePage, start, lines * LINE - lines * LINE % (2 << 20));
+    // SAFETY: the range from `start` holds lines * LINE bytes of the mapping, aligned for u64.
+    let region = unsafe { std::slice::from_raw_parts_mut(map.as_mut_ptr().add(start) as *mut u64, lines * LINE / 8) };
+    // One random cycle through every line (Sattolo's algorithm), each line holding the index of
+    // the next one's first word.
+    let mut order: Vec<u32> = (0..lines as u32).collect();
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    for i in (1..lines).rev() {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        order.swap(i, (state % i as u64) as usize);
+    }
+    for w in 0..lines {
+        let (from, to) = (order[w] as usize, order[(w + 1) % lines] as usize);
+        region[from * LINE / 8] = (to * LINE / 8) as u64;
+    }
+    drop(order);
+    let mut at = 0usize;
+    let mut runs: Vec<f64> = (0..5)
+        .map(|_| {
+            let t0 = Instant::now();
+            for _ in 0..steps {
+                at = region[at] as usize;
+            }
+            t0.elapsed().as_secs_f64() / steps as f64
+        })
+        .collect();
+    std::hint::black_box(at);
+    runs.sort_by(f64::total_cmp);
+    runs[2]
+}
