@@ -4,8 +4,8 @@
 # NumPy/pytest from PyPI) when run as root, and says what to install otherwise.
 #   1. cargo test: unit tests, integration tests through the C ABI, the header freshness check,
 #      the header's names and the exported symbols (tests/abi_surface.rs), the module layers
-#      (tests/layers.rs), and the bounded property test (tests/fuzz.rs; PROPTEST_CASES, default
-#      1000 here); then the build without CUDA and clippy, warnings denied;
+#      (tests/layers.rs), and the bounded property tests (tests/fuzz.rs, tests/fuzz_pooled.rs;
+#      PROPTEST_CASES, default 1000 here); then the build without CUDA and clippy, warnings denied;
 #   2. the C side (scripts/c-tests.sh): examples under ASan/UBSan and valgrind, header compiles;
 #   3. the Python tests (scripts/py-tests.sh: ctypes, the installed package, README snippets)
 #      and the TensorFlow op (scripts/tf-tests.sh, tensorflow-cpu in build/tf-venv); after the
