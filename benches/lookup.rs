@@ -221,7 +221,7 @@ fn main() {
     println!(
         "random line latency (pointer chase over the table's {} MiB, huge pages): {:.0} ns; at that latency the dense gather \
          keeps {:.1} lines in flight per thread, the keyed lookup {:.1} (+1 bucket line a key: {:.1})",
-        rows * dim * 4 >> 20,
+        (rows * dim * 4) >> 20,
         latency * 1e9,
         in_flight(t_dense),
         in_flight(t_keyed),

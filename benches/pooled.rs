@@ -243,7 +243,7 @@ fn pooled(args: &[usize], pages: &str) {
     println!(
         "random line latency (pointer chase over the table's {} MiB, huge pages): {:.0} ns; lines in flight per thread at \
          that latency: read limit {:.1}, plain loop {:.1}, pooled dense {:.1}, pooled keyed {:.1} (+1 bucket line a key: {:.1})",
-        rows * dim * 4 >> 20,
+        (rows * dim * 4) >> 20,
         latency * 1e9,
         in_flight(t_limit),
         in_flight(t_rand_pf),

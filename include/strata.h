@@ -647,7 +647,9 @@ strata_status strata_lookup_pooled(struct strata_table *table,
 // the results equal `n` separate `strata_lookup` / `strata_lookup_pooled` calls. On the CPU
 // the batch is one dispatch (a batch of many small requests costs about one call); every
 // request is validated before any output is written, and an error names the request
-// (`requests[7].keys: ...`). `opts` applies to every request. A request on a distributed table
+// (`requests[7].keys: ...`): the fields of every request (`struct_size`, NULL pointers,
+// `pooling`) are checked first, then the tensors of every request, each pass in order.
+// `opts` applies to every request. A request on a distributed table
 // makes the call collective: every rank passes the same tables in the same order. `n = 0` is
 // a no-op.
 //

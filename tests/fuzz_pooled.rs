@@ -41,7 +41,7 @@ use dlpark::ffi::{DLDataType, DLDataTypeCode, DLDeviceType, DLTensor};
 use proptest::prelude::*;
 use std::ptr::{null, null_mut};
 use strata::ffi::{
-    strata_lookup_batch, strata_lookup_options, strata_lookup_options_default, strata_lookup_pooled,
+    strata_lookup, strata_lookup_batch, strata_lookup_options, strata_lookup_options_default, strata_lookup_pooled,
     strata_lookup_request, strata_lookup_request_default, strata_lookup_stats,
 };
 type LookupOptions = strata_lookup_options;
@@ -1100,16 +1100,14 @@ fn an_empty_batch_is_a_no_op() {
 }
 
 /// Found by the pooled property: a pooled request with a CUDA tensor and no bag (offsets of one
-/// entry, no keys) is served without reading its device offsets, so `offsets[0] = 1` is
-/// accepted, and in a build without a CUDA driver the call succeeds where the contract says
-/// CUDA tensors get `STRATA_UNSUPPORTED_DEVICE`. The host path refuses the same offsets
-/// (`offsets[0] = 1; expected 0`). `src/exec/cuda/requests.rs::check_request` returns no work
-/// for `b == 0` before `validate` checks the driver, and `check_offsets` leaves device offsets
-/// unread. Run with `--ignored` (on a machine without a CUDA driver: the offsets are host
-/// memory labelled kDLCUDA, never read).
+/// entry, no keys) was served, in a build without a CUDA driver, where the contract says CUDA
+/// tensors get `STRATA_UNSUPPORTED_DEVICE` (the driver was checked only after an empty request
+/// had returned). Without a driver it is now refused like any CUDA request. (With a driver,
+/// device offsets of an empty request are still not read, so `offsets[0] = 1` there goes
+/// unchecked.) The offsets are host memory labelled kDLCUDA, so the test runs only where no
+/// driver could read them.
 #[test]
-#[ignore = "known gap in the CUDA path (see the doc comment); the property allows it"]
-fn empty_pooled_request_with_device_offsets_checks_offsets_0() {
+fn empty_cuda_requests_without_a_driver_are_refused() {
     if cuda_present() {
         return; // the offsets below are host memory: only sound where no driver could read them
     }
@@ -1135,5 +1133,15 @@ fn empty_pooled_request_with_device_offsets_checks_offsets_0() {
     // elements); the offsets are host memory labelled kDLCUDA on a machine without a CUDA
     // driver, so nothing could read them as device memory.
     let s = unsafe { strata_lookup_pooled(t.ptr, &k, &o, null(), SUM, &mut d, null(), null_mut()) } as i32;
-    assert!(s == INVALID_ARGUMENT || s == UNSUPPORTED_DEVICE, "status {} ({})", status_name(s), last_error());
+    assert_eq!(s, UNSUPPORTED_DEVICE, "status {} ({})", status_name(s), last_error());
+    assert!(last_error().starts_with("offsets: device kDLCUDA:0"), "{}", last_error());
+    // The plain lookup of no keys labelled kDLCUDA, likewise.
+    let mut ks0 = [0i64];
+    let kc = tensor(keys.as_mut_ptr().cast(), &mut ks0, i64_, DLDeviceType::CUDA);
+    let mut outs0 = [0i64, 4];
+    let mut d0 = tensor(out.as_mut_ptr(), &mut outs0, Fl::F32.dl(), DLDeviceType::CPU);
+    // SAFETY: keys and out have no elements; nothing could read the keys as device memory.
+    let s = unsafe { strata_lookup(t.ptr, &kc, &mut d0, null(), null_mut()) } as i32;
+    assert_eq!(s, UNSUPPORTED_DEVICE, "status {} ({})", status_name(s), last_error());
+    assert!(last_error().starts_with("keys: device kDLCUDA:0"), "{}", last_error());
 }

@@ -54,9 +54,6 @@ fn read_on_host(v: &TensorView) -> bool {
     v.device.device_type == DLDeviceType::CPU
 }
 
-fn on_cuda(v: &TensorView) -> bool {
-    matches!(v.device.device_type, DLDeviceType::CUDA | DLDeviceType::CUDAMANAGED)
-}
 
 /// The CUDA device of a request's tensors (`(view, argument)` pairs): every CUDA tensor on one
 /// device, the others in host memory.
@@ -130,6 +127,11 @@ pub(crate) unsafe fn validate<'a>(
     let nothing = || Valid { source, resident, work: None, want_stats: r.want_stats };
     // SAFETY: forwarded from the caller.
     let shape = unsafe { check_request(source.dim(), r, read_on_host) }?;
+    // Without a driver or device CUDA tensors are refused, even when there is nothing to look up.
+    if super::device_count() == 0 {
+        let (t, arg) = r.tensors().find(|(t, _)| super::run::is_cuda(t)).unwrap_or((r.keys, "keys"));
+        return Err(Error::Device { arg, msg: format!("device {}; {}", device_name(t.device), super::unsupported_reason()) });
+    }
     let Some(shape) = shape else {
         return Ok(nothing());
     };
@@ -147,10 +149,6 @@ pub(crate) unsafe fn validate<'a>(
     views.extend(offsets.map(|v| (v, "offsets")));
     views.extend(w.map(|v| (v, "weights")));
     views.push((o, "out"));
-    if super::device_count() == 0 {
-        let &(v, arg) = views.iter().find(|(v, _)| on_cuda(v)).unwrap_or(&views[0]);
-        return Err(Error::Device { arg, msg: format!("device {}; {}", device_name(v.device), super::unsupported_reason()) });
-    }
     let ordinal = request_device(&views)?;
     let in_place = InPlace {
         keys: device_visible(k.device.device_type),

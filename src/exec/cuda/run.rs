@@ -340,13 +340,15 @@ pub(crate) unsafe fn lookup(
     require_served(out, "out")?;
     // SAFETY: the caller guarantees keys and out are valid DLPack tensors, so their shape and
     // strides are readable.
-    let Some(c) = check(dim, unsafe { TensorView::new(keys, "keys") }?, unsafe { TensorView::new(out, "out") }?)? else {
+    let checked = check(dim, unsafe { TensorView::new(keys, "keys") }?, unsafe { TensorView::new(out, "out") }?)?;
+    // Without a driver or device CUDA tensors are refused, even when there is nothing to look up.
+    if super::device_count() == 0 {
+        let (arg, t) = if is_cuda(keys) { ("keys", keys) } else { ("out", out) };
+        return Err(Error::Device { arg, msg: format!("device {}; {}", device_name(t.device), super::unsupported_reason()) });
+    }
+    let Some(c) = checked else {
         return Ok(LookupStats::default());
     };
-    if super::device_count() == 0 {
-        let (arg, v) = if is_cuda(keys) { ("keys", &c.k) } else { ("out", &c.o) };
-        return Err(Error::Device { arg, msg: format!("device {}; {}", device_name(v.device), super::unsupported_reason()) });
-    }
     let ordinal = lookup_device(&c.k, &c.o)?;
     let _restore = CurrentContext::save();
     let device = Device::get(ordinal)?;
