@@ -1,7 +1,8 @@
 //! The crate's layers: builds the graph of top-level modules from the `crate::` paths in
 //! `src/` and fails on any cycle, and on any edge that points up the layer order that
-//! `src/lib.rs` documents. Test code (`#[cfg(test)] mod ...` and `tests.rs` files) is left out:
-//! a unit test may use a higher layer to build what it checks.
+//! `src/lib.rs` documents. The unit tests (`#[cfg(test)] mod ...` and `tests.rs` files) are held
+//! to the same order: a test that needs a higher layer to build what it checks belongs to that
+//! layer's tests (as the tiered table's race tests live with the server's).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -56,6 +57,15 @@ fn code_of(text: &str) -> String {
     out
 }
 
+/// The whole file without comments, test modules included.
+fn comments_out(text: &str) -> String {
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// Every `crate::name` the code refers to, including `use crate::{a, b::c}` groups.
 fn crate_refs(code: &str) -> BTreeSet<String> {
     let mut refs = BTreeSet::new();
@@ -89,16 +99,22 @@ fn crate_refs(code: &str) -> BTreeSet<String> {
 }
 
 fn graph() -> BTreeMap<String, BTreeSet<String>> {
+    graph_of(false)
+}
+
+/// The graph with (`tests`) or without the unit tests' own references.
+fn graph_of(tests: bool) -> BTreeMap<String, BTreeSet<String>> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
     rust_files(&src, &mut files);
     let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for f in files {
-        if f.file_name().is_some_and(|n| n == "tests.rs") {
+        if !tests && f.file_name().is_some_and(|n| n == "tests.rs") {
             continue;
         }
         let Some(m) = module_of(&src, &f) else { continue };
-        let code = code_of(&std::fs::read_to_string(&f).unwrap());
+        let text = std::fs::read_to_string(&f).unwrap();
+        let code = if tests { comments_out(&text) } else { code_of(&text) };
         let deps = g.entry(m.clone()).or_default();
         for r in crate_refs(&code) {
             if r != m {
@@ -158,6 +174,10 @@ fn the_finder_finds_what_it_should() {
     );
     let refs: Vec<String> = crate_refs(&code).into_iter().collect();
     assert_eq!(refs, ["a", "c", "e", "g"]);
+    // With the unit tests: the test module's reference counts, the comment's does not.
+    let with_tests = "use crate::a::B;\n// use crate::commented;\n#[cfg(test)]\nmod tests { use crate::t; } // crate::c\n";
+    let refs: Vec<String> = crate_refs(&comments_out(with_tests)).into_iter().collect();
+    assert_eq!(refs, ["a", "t"]);
     let mut g = BTreeMap::new();
     g.insert("x".to_string(), BTreeSet::from(["y".to_string()]));
     g.insert("y".to_string(), BTreeSet::from(["z".to_string()]));
@@ -177,10 +197,18 @@ fn top_level_modules_form_no_cycle() {
 
 #[test]
 fn every_module_uses_only_its_layer_and_those_below() {
-    let g = graph();
+    layers_hold(&graph());
+}
+
+#[test]
+fn unit_tests_use_only_their_layer_and_those_below() {
+    layers_hold(&graph_of(true));
+}
+
+fn layers_hold(g: &BTreeMap<String, BTreeSet<String>>) {
     let layer = |m: &str| LAYERS.iter().position(|l| l.contains(&m));
     let mut wrong = Vec::new();
-    for (m, deps) in &g {
+    for (m, deps) in g {
         let Some(lm) = layer(m) else {
             wrong.push(format!("{m} is in no layer of LAYERS (tests/layers.rs)"));
             continue;
