@@ -35,27 +35,7 @@
 #include <unistd.h>
 
 #include "strata.h"
-
-#define CHECK(call)                                                                            \
-    do {                                                                                       \
-        strata_status s_ = (call);                                                             \
-        if (s_ != STRATA_OK) {                                                                 \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, strata_status_name(s_),    \
-                    strata_last_error());                                                      \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
-
-static int failures = 0;
-#define EXPECT(cond, ...)                                                                      \
-    do {                                                                                       \
-        if (!(cond)) {                                                                         \
-            fprintf(stderr, "%s:%d: check failed: ", __FILE__, __LINE__);                     \
-            fprintf(stderr, __VA_ARGS__);                                                      \
-            fprintf(stderr, "\n");                                                             \
-            failures++;                                                                        \
-        }                                                                                      \
-    } while (0)
+#include "check.h"
 
 enum { ROWS = 500, DIM = 8 };
 static const float DEFAULT_VALUE = -1.5f;

@@ -35,30 +35,7 @@
 #include <unistd.h>
 
 #include "strata.h"
-
-#define CHECK(call)                                                                            \
-    do {                                                                                       \
-        strata_status s_ = (call);                                                             \
-        if (s_ != STRATA_OK) {                                                                 \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, strata_status_name(s_),    \
-                    strata_last_error());                                                      \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
-
-static int failures = 0;
-static pthread_mutex_t failures_lock = PTHREAD_MUTEX_INITIALIZER;
-#define EXPECT(cond, ...)                                                                      \
-    do {                                                                                       \
-        if (!(cond)) {                                                                         \
-            pthread_mutex_lock(&failures_lock);                                                \
-            fprintf(stderr, "%s:%d: check failed: ", __FILE__, __LINE__);                     \
-            fprintf(stderr, __VA_ARGS__);                                                      \
-            fprintf(stderr, "\n");                                                             \
-            failures++;                                                                        \
-            pthread_mutex_unlock(&failures_lock);                                              \
-        }                                                                                      \
-    } while (0)
+#include "check.h"
 
 enum { ROWS = 1000, DIM = 8 };
 static const float DEFAULT_VALUE = -1.0f;
