@@ -2,6 +2,8 @@
 //! placements at 200K and 1M keys x 64..1024 dims, beside a device-to-device memcpy of the same
 //! output bytes on the same stream (the limit) and beside strata's CPU path on the same keys.
 //! Prints a table last; the issue's target is static >= 0.8 of the memcpy figure at 1M x 256.
+//! Then issue 12's batch on the device: 26 one-key lookups in one `strata_lookup_batch` against
+//! one single-key call and 26 separate calls on the same stream (target: at most 3x one call).
 //!
 //! `cargo bench --bench gpu` (scripts/gpu-check.sh runs it). Without a CUDA device it prints
 //! "skipped: no CUDA device". Not a test: it asserts nothing about speed.
@@ -146,8 +148,84 @@ fn main() {
             }
         }
     }
+    let batch = batch_line(s);
     println!("\n== GPU gather, {name}, float32 rows, keyed tables of up to 1M rows (x = fraction of device memcpy)");
     for l in lines {
         println!("{l}");
     }
+    println!("\n== GPU batch, {name} (issue 12: a batch of 26 one-key lookups costs at most 3x one single-key call)");
+    println!("{batch}");
+}
+
+/// Issue 12's batch on the device: 26 static tables (10,000 rows, dims 16-72), one key each in
+/// device memory, one row each into device memory, as one `strata_lookup_batch` on stream `s`,
+/// against one single-key `strata_lookup` and 26 separate calls on the same stream (CUDA-event
+/// time per call, which includes the host's enqueueing when the stream waits for it). `s` must
+/// be a live stream of the context bound to this thread.
+fn batch_line(s: sys::CUstream) -> String {
+    let mut rng = Rng(26);
+    let tables: Vec<(Owned, usize, i64)> = (0..26)
+        .map(|i| {
+            let (rows, dim) = (10_000usize, 16 + 8 * (i % 8));
+            let data: Vec<f32> = (0..rows * dim).map(|_| rng.f32()).collect();
+            let keys: Vec<i64> = (0..rows as i64).map(|r| r * 7 + i as i64).collect();
+            let key = keys[rng.below(rows as u64) as usize];
+            (Owned::build(&data, rows, dim, Some(&keys), &TableOptions::default()), dim, key)
+        })
+        .collect();
+    // SAFETY: main bound the context to this thread; dkeys is freed once, at the end of this
+    // function, after every call has been waited for.
+    let dkeys = unsafe { result::malloc_sync(26 * 8) }.unwrap();
+    // SAFETY: as for dkeys (room for 26 rows of up to 72 floats).
+    let dout = unsafe { result::malloc_sync(26 * 72 * 4) }.unwrap();
+    let keys: Vec<i64> = tables.iter().map(|t| t.2).collect();
+    // SAFETY: dkeys holds 26 * 8 bytes and keys 26 i64; the copy is synchronous.
+    unsafe { result::memcpy_htod_sync(dkeys, &keys) }.unwrap();
+    let kd: Vec<Desc> = (0..26).map(|i| Desc::compact((dkeys as usize + i * 8) as *const u8, I64, &[1]).device(DLDeviceType::CUDA)).collect();
+    let mut od: Vec<Desc> = tables
+        .iter()
+        .enumerate()
+        .map(|(i, t)| Desc::compact((dout as usize + i * 72 * 4) as *const u8, F32, &[1, t.1 as i64]).device(DLDeviceType::CUDA))
+        .collect();
+    let opts = LookupOptions { stream: s as *mut std::ffi::c_void, num_threads: 1, ..LookupOptions::default() };
+    let iters = 2000;
+    let one = gpu_ms(s, iters, || {
+        // SAFETY: tables[0] is live; kd[0] and od[0] describe device memory alive until the end of
+        // this function (gpu_ms waits for the stream); opts names s, a live stream.
+        ok(unsafe { strata_lookup(tables[0].0.0, &kd[0].t, &mut od[0].t, &opts, std::ptr::null_mut()) })
+    });
+    let separate = gpu_ms(s, iters / 26, || {
+        for (i, t) in tables.iter().enumerate() {
+            // SAFETY: as above, for table i and its key and out.
+            ok(unsafe { strata_lookup(t.0.0, &kd[i].t, &mut od[i].t, &opts, std::ptr::null_mut()) });
+        }
+    });
+    let reqs: Vec<strata_lookup_request> = tables
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let mut r = strata_lookup_request_default();
+            r.table = t.0.0;
+            r.keys = &kd[i].t;
+            r.out = &mut od[i].t;
+            r
+        })
+        .collect();
+    // SAFETY: every request names a live table and device tensors alive until the end of this
+    // function; opts names s.
+    let batch = gpu_ms(s, iters, || ok(unsafe { strata_lookup_batch(reqs.as_ptr(), reqs.len(), &opts) }));
+    // SAFETY: the allocations above, freed once; gpu_ms waited for everything queued on them.
+    unsafe {
+        result::free_sync(dkeys).unwrap();
+        result::free_sync(dout).unwrap();
+    }
+    format!(
+        "batch of 26: {:.1} us per strata_lookup_batch; one single-key strata_lookup: {:.1} us; 26 separate calls: {:.1} us; \
+         batch / one call = {:.2}x <- target <= 3x: {}",
+        batch * 1e3,
+        one * 1e3,
+        separate * 1e3,
+        batch / one,
+        if batch / one <= 3.0 { "met" } else { "NOT met" }
+    )
 }

@@ -12,7 +12,8 @@
 # present; pooled lookups (strata_lookup_pooled: every placement, pooling, dtype, ragged and fixed
 # hotness, weights, host/device mixes, 20,000 bags, queued behind a spinning kernel, bad device
 # offsets) and a 26-table strata_lookup_batch against separate CPU calls), tests/cuda_emulated.rs (the kernels on the CPU emulator, as in CI), and
-# benches/gpu.rs (GB/s of static/uvm/cache gathers beside a device memcpy and the CPU path).
+# benches/gpu.rs (GB/s of static/uvm/cache gathers beside a device memcpy and the CPU path, and a
+# 26-table one-key strata_lookup_batch against one single-key call on the same stream).
 # NVRTC is found in a CUDA toolkit or the nvidia-cuda-nvrtc wheel; a CUDA 13 libnvrtc.so.13 is
 # offered to cudarc under the name libnvrtc.so.
 set -euo pipefail
