@@ -49,7 +49,8 @@ pub fn huge_pages() -> String {
 /// gives its tables and [`run_anchor`] gives the anchor. Without it, where THP is in `madvise`
 /// mode, the limits were measured on 4 KiB pages and came out slower than the anchor's own
 /// (the pooled read limit by about 2x), which flattered every ratio against them. Returns a
-/// line that says which pages the process runs on.
+/// line that says which pages the process runs on. (Under valgrind, set the tunable beforehand:
+/// a re-executed process runs outside it.)
 pub fn same_pages_as_the_anchor() -> String {
     const TUNABLE: &str = "glibc.malloc.hugetlb=1";
     if std::env::var_os("STRATA_NO_HUGE_PAGES").is_some() {
