@@ -394,3 +394,42 @@ fn large_lookups_with_duplicates_match_the_reference() {
         assert!(after.volatile_rows <= 120);
     }
 }
+
+/// Many threads open one ps.json under three spellings and free it again, so a server's last
+/// handle often goes while another thread opens the same file: every open must get that
+/// configuration's server (or a fresh one), never `STRATA_CONFIG_ERROR` for "another
+/// configuration on the store". A stress test: the exact interleaving of the race the registry
+/// had (found by tests/c/shared_server.c under valgrind) is forced, deterministically, in
+/// `src/server/tests.rs`.
+#[test]
+fn concurrent_opens_and_frees_of_one_file_under_different_spellings() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("db");
+    let volatile = r#"{ "type": "parallel_hash_map", "num_partitions": 2, "initial_cache_rate": 0.5 }"#;
+    let persistent = format!(r#"{{ "type": "rocks_db", "path": "{}" }}"#, db.display());
+    std::fs::write(dir.path().join("ps.json"), config(dir.path(), volatile, &persistent)).unwrap();
+    std::fs::create_dir_all(dir.path().join("sub")).unwrap();
+    let spellings: Vec<CString> = ["ps.json", "./ps.json", "sub/../ps.json"]
+        .iter()
+        .map(|s| CString::new(dir.path().join(s).to_str().unwrap()).unwrap())
+        .collect();
+    std::thread::scope(|scope| {
+        for id in 0..8usize {
+            let spellings = &spellings;
+            scope.spawn(move || {
+                for it in 0..60 {
+                    let mut s = null_mut();
+                    // SAFETY: the path is a NUL-terminated string alive past the call; s is a
+                    // reference.
+                    let st = unsafe { strata_server_open(spellings[(id + it) % 3].as_ptr(), &mut s) };
+                    assert_eq!(st, Status::STRATA_OK, "thread {id}, open {it}: {}", last_error());
+                    let s = Srv(s);
+                    let t = table(&s, "dcn", 0);
+                    let (out, _) = lookup(t, &[100_000 + (id * 7 + it) as i64 % 500], 16);
+                    assert_eq!(out[1], value(100_000 + (id * 7 + it) as i64 % 500, 1));
+                    drop(s);
+                }
+            });
+        }
+    });
+}

@@ -41,6 +41,12 @@ struct Entry {
 
 static REGISTRY: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
 
+/// Test hook: run once by the next open right after it has dropped the dead entries, with the
+/// registry's lock held (a test drops a server's last handle there, where the race it checks
+/// needs it).
+#[cfg(test)]
+pub(super) static AFTER_RETAIN: Mutex<Option<Box<dyn FnOnce() + Send>>> = Mutex::new(None);
+
 /// The server of the configuration file at `path`, opened once per process.
 pub fn open(path: &Path) -> Result<Arc<Server>> {
     let io = |source| Error::Io { arg: "ps_json_path", path: path.display().to_string(), source };
@@ -64,16 +70,25 @@ pub fn open_json(text: &str, base_dir: &Path) -> Result<Arc<Server>> {
 fn shared(key: Key, origin: String, parse: impl FnOnce() -> Result<config::PsConfig>) -> Result<Arc<Server>> {
     let mut reg = lock(&REGISTRY);
     reg.retain(|e| e.server.strong_count() > 0);
+    #[cfg(test)]
+    if let Some(f) = lock(&AFTER_RETAIN).take() {
+        f();
+    }
     if let Some(s) = reg.iter().find(|e| e.key == key).and_then(|e| e.server.upgrade()) {
         return Ok(s);
     }
+    // Handles are dropped without the registry's lock, so this configuration's own server may
+    // have lost its last handle since the retain above: its entry must not be taken for another
+    // configuration on the same store. (Found by tests/c/shared_server.c under valgrind: an open
+    // of `ps.json` refused because `sub/../ps.json`, the same file, was closing.)
+    reg.retain(|e| e.key != key);
     let cfg = parse()?;
     let store = match cfg.persistent_db.kind {
         config::PersistentDbKind::Disabled => None,
         _ => Some(std::fs::canonicalize(&cfg.persistent_db.path).unwrap_or_else(|_| cfg.persistent_db.path.clone())),
     };
     if let Some(path) = &store
-        && let Some(other) = reg.iter().find(|e| e.store.as_ref() == Some(path))
+        && let Some(other) = reg.iter().find(|e| e.store.as_ref() == Some(path) && e.server.strong_count() > 0)
     {
         return Err(Error::Config {
             file: origin,

@@ -15,6 +15,11 @@ fn server(dir: &std::path::Path, rows: u64, capacity: usize) -> Server {
 
 /// [`server`] checking for other processes' commits every `refresh_ms`.
 fn server_refreshing(dir: &std::path::Path, rows: u64, capacity: usize, refresh_ms: u64) -> Server {
+    Server::from_json(&config(dir, rows, capacity, refresh_ms), dir).unwrap()
+}
+
+/// The configuration of [`server_refreshing`], its model written into `dir`.
+fn config(dir: &std::path::Path, rows: u64, capacity: usize, refresh_ms: u64) -> String {
     let sparse = dir.join("sparse");
     std::fs::create_dir_all(&sparse).unwrap();
     let keys: Vec<u8> = (0..rows as i64).flat_map(|k| k.to_le_bytes()).collect();
@@ -32,7 +37,25 @@ fn server_refreshing(dir: &std::path::Path, rows: u64, capacity: usize, refresh_
                          "maxnum_catfeature_query_per_table_per_sample": [1], "deployed_device_list": [0],
                          "max_batch_size": 64}}]}}"#
     );
-    Server::from_json(&json, dir).unwrap()
+    json
+}
+
+/// A server whose last handle goes while another thread opens the same file under another
+/// spelling (forced through the registry's hook, no sleeps): the open gets a fresh server, not
+/// `STRATA_CONFIG_ERROR` for "another configuration" on the closing server's store. (The race
+/// was found by tests/c/shared_server.c under valgrind.)
+#[test]
+fn an_open_while_the_same_files_last_handle_goes_gets_a_fresh_server() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ps.json"), config(dir.path(), 10, 100, 1000)).unwrap();
+    std::fs::create_dir_all(dir.path().join("sub")).unwrap();
+    let first = super::shared::open(&dir.path().join("sub/../ps.json")).unwrap();
+    let weak = Arc::downgrade(&first);
+    *crate::util::lock::lock(&super::shared::AFTER_RETAIN) = Some(Box::new(move || drop(first)));
+    let second = super::shared::open(&dir.path().join("ps.json"));
+    assert!(weak.upgrade().is_none(), "the hook ran and the first server closed");
+    let second = second.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(read(tiered(&second), 3), Some(3.0));
 }
 
 fn tiered(s: &Server) -> &TieredTable {
