@@ -154,13 +154,24 @@ impl DistTable {
     /// bad tensor found inside the lookup, instead of waiting for this rank forever.
     pub(crate) fn refuse_lookup(&self, e: Error) -> Error {
         let mut state = lock(&self.state);
-        let comm = &mut state.0;
-        let recv = comm.all_to_all(&vec![-(e.kind().code() as i64); self.size]);
-        let codes: Vec<i32> = recv.iter().map(|&c| if c < 0 { -c as i32 } else { 0 }).collect();
-        match comm.settle::<()>(Err(e), &codes) {
+        match self.exchange_counts(&mut state.0, Err::<Request, _>(e)) {
             Err(e) => e,
-            Ok(()) => Error::Internal("settle dropped an error".into()),
+            Ok(_) => Error::Internal("the count exchange dropped an error".into()),
         }
+    }
+
+    /// A lookup's first collective step: each rank sends every other rank how many keys it asks
+    /// of it, or, when its own step 1 failed, its error's code (negated) in their place. Returns
+    /// this rank's request and the counts the others ask of it, or the first failing rank's
+    /// error on every rank ([`Comm::settle`]).
+    fn exchange_counts(&self, comm: &mut Comm, local: Result<Request>) -> Result<(Request, Vec<i64>)> {
+        let send: Vec<i64> = match &local {
+            Ok(r) => r.counts.iter().map(|&c| c as i64).collect(),
+            Err(e) => vec![-(e.kind().code() as i64); self.size],
+        };
+        let recv = comm.all_to_all(&send);
+        let codes: Vec<i32> = recv.iter().map(|&c| if c < 0 { -c as i32 } else { 0 }).collect();
+        Ok((comm.settle(local, &codes)?, recv))
     }
 
     /// The collective verdict on a step every rank ran locally (see [`Comm::agree`]): every
@@ -185,14 +196,8 @@ impl DistTable {
     ) -> Result<LookupStats> {
         // SAFETY: request needs Table::lookup's contract, which our caller upholds.
         let local = unsafe { self.request(s, keys, out, opts) };
-        let send: Vec<i64> = match &local {
-            Ok(r) => r.counts.iter().map(|&c| c as i64).collect(),
-            Err(e) => vec![-(e.kind().code() as i64); self.size],
-        };
         laps.lap(Phase::Bucket);
-        let recv = comm.all_to_all(&send);
-        let codes: Vec<i32> = recv.iter().map(|&c| if c < 0 { -c as i32 } else { 0 }).collect();
-        let req = comm.settle(local, &codes)?;
+        let (req, recv) = self.exchange_counts(comm, local)?;
         let recv_counts: Vec<i32> = recv.iter().map(|&c| c as i32).collect();
         laps.lap(Phase::KeyExchange);
 
