@@ -10,8 +10,9 @@
 #   3. the Python tests (scripts/py-tests.sh: ctypes, the installed package, README snippets)
 #      and the TensorFlow op (scripts/tf-tests.sh, tensorflow-cpu in build/tf-venv); after the
 #      MPI tests, the Heat round trips (scripts/heat-tests.sh, heat and mpi4py in build/heat-venv);
-#   4. smoke runs of both benchmarks on small sizes (proves it builds and runs; times are not
-#      checked).
+#   4. smoke runs of the benchmarks on small sizes, the peer benchmark against PyTorch, TorchRec
+#      and FBGEMM included (scripts/bench-peers.sh; proves they build, run and agree with
+#      embedding_bag; times are not checked).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -85,6 +86,13 @@ else
     bash scripts/heat-tests.sh
 fi
 echo "== benchmark smoke run (small sizes; the numbers mean nothing here)"
+# The peer benchmark against embedding_bag, TorchRec and FBGEMM's TBE (build/peer-venv, about
+# 5.5 GB, once); it checks every contender's output against embedding_bag before timing.
+if [ -n "${STRATA_SKIP_PEERS:-}" ]; then
+    echo "== peer benchmark smoke run: SKIPPED (STRATA_SKIP_PEERS is set)"
+else
+    STRATA_PEERS_SMOKE=1 bash scripts/bench-peers.sh
+fi
 cargo bench --bench lookup -- 20000 64 5000 2
 cargo bench --bench tiered -- 20000 16 2000 3
 cargo bench --bench pooled -- 20000 32 500 8

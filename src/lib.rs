@@ -15,6 +15,8 @@
 //!    |                      checked lookup plan and its stats
 //!   storage                 store (vectors), index (keyed hash index), hugectr (sparse folders),
 //!    |                      tier::{volatile, persistent}
+//!   kernels                 row kernels: copy/convert a row, pool a run of rows (SIMD picked
+//!    |                      at run time); every CPU executor uses them
 //!   error  limits  util  dlpack
 //!                           the one error type, shared limits, small utilities (hash,
 //!                           prefetch, memory, locks, threads, CUDA presence), tensor views
@@ -29,6 +31,7 @@ pub mod dlpack;
 pub mod error;
 pub mod exec;
 pub mod ffi;
+pub mod kernels;
 mod limits;
 pub mod model;
 pub mod partition;

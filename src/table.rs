@@ -527,10 +527,37 @@ pub unsafe fn lookup_batch(requests: &[BatchRequest], opts: &LookupOptions) -> R
             }
         }
     }
-    // The host requests, in order, each run where it was planned.
+    // The host requests on static tables all together, as one piece of work (exec::batch);
+    // their outcomes are taken in order below.
+    let mut outcomes: Vec<Option<Result<LookupStats>>> = (0..work.len()).map(|_| None).collect();
+    if failed.is_ok() {
+        let (at, jobs): (Vec<usize>, Vec<crate::exec::batch::Job>) = work
+            .iter()
+            .enumerate()
+            .filter_map(|(i, w)| match (&w.on, &w.plan) {
+                (On::Static(t), Planned::Plain(p)) => Some((i, crate::exec::batch::Job::Plain(t, p))),
+                (On::Static(t), Planned::Pooled(p)) => Some((i, crate::exec::batch::Job::Pooled(t, p))),
+                _ => None,
+            })
+            .unzip();
+        if !jobs.is_empty() {
+            for (i, r) in at.into_iter().zip(crate::exec::batch::run(&jobs, threads)) {
+                outcomes[i] = Some(r);
+            }
+        }
+    }
+    // The other host requests, in order, each run where it was planned.
     for (i, w) in work.iter_mut().enumerate() {
         #[cfg(feature = "cuda")]
         if let On::Cuda(_) = w.on {
+            continue;
+        }
+        if let Some(r) = outcomes[i].take() {
+            match r {
+                Ok(s) => stats[i] = s,
+                Err(e) if failed.is_ok() => failed = Err(e.within(format!("requests[{i}]."))),
+                Err(_) => {}
+            }
             continue;
         }
         if failed.is_err() && (dist.is_none() || !matches!(w.on, On::Dist(..))) {

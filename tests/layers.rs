@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 /// cycles). Must list every top-level module of `src/`.
 const LAYERS: &[&[&str]] = &[
     &["error", "limits", "util", "dlpack"],
+    &["kernels"],
     &["storage"],
     &["model"],
     &["exec"],

@@ -586,6 +586,131 @@ def test_batch_errors_name_the_request(rng, three_tables):
     assert e.value.status == _ffi.STRATA_KEY_NOT_FOUND
 
 
+def _no_general_path(monkeypatch):
+    """Makes the general (capsule) path of lookup_pooled and lookup_batch fail if it is taken."""
+    def refuse(*a, **k):
+        raise AssertionError("the general path was taken")
+    monkeypatch.setattr(strata._core, "_Prepared", refuse)
+
+
+def test_fast_paths_match_the_general_path(rng, three_tables, monkeypatch):
+    """lookup_pooled and lookup_batch with every out given, NumPy host tensors: the fast path
+    (no capsule for PyTorch, a thread's own request array) gives what the general path gives."""
+    (ta, a, _), (tb, b, bkeys), (tc, c, _) = three_tables
+    off = ragged_offsets(rng, 12, 7, np.int64)
+    k_rag = bkeys[rng.integers(0, 50, size=int(off[-1]))]
+    k_rag[::4] = 5  # misses: the default row 1.5
+    w_rag = rng.uniform(-1, 2, size=k_rag.shape).astype(np.float32)
+    k_fix = rng.integers(0, 30, size=(7, 3)).astype(np.int32)
+    k_plain = rng.integers(0, 100, size=9)
+    want = [
+        tb.lookup_pooled(k_rag, off, w_rag, "mean", dtype="float16"),
+        tc.lookup_pooled(k_fix, pooling="sqrtn"),
+        ta.lookup(k_plain),
+        ta.lookup_pooled(k_plain[:6].reshape(2, 3), pooling="sum"),
+    ]
+    _no_general_path(monkeypatch)
+    for rounds in range(3):  # the thread's request array is reused across calls
+        outs = [poisoned((12, 4), np.float16), poisoned((7, 16)), poisoned((9, 8)), poisoned((2, 8))]
+        got = strata.lookup_batch([
+            strata.Request(tb, k_rag, outs[0], off, w_rag, "mean"),
+            strata.Request(tc, k_fix, outs[1], None, None, "sqrtn"),
+            strata.Request(ta, k_plain, outs[2]),
+            strata.Request(ta, k_plain[:6].reshape(2, 3), outs[3], pooling=1),
+        ])
+        assert all(g is o for g, o in zip(got, outs))
+        for g, w in zip(outs, want):
+            np.testing.assert_array_equal(g, w)
+    out = poisoned((12, 4), np.float16)
+    assert strata.lookup_pooled(tb, k_rag, off, w_rag, "mean", out=out) is out
+    np.testing.assert_array_equal(out, want[0])
+    # A batch longer than the thread's first request array.
+    many = [strata.Request(ta, k_plain, poisoned((9, 8))) for _ in range(70)]
+    for r in strata.lookup_batch(many):
+        np.testing.assert_array_equal(r, want[2])
+
+
+def test_fast_paths_keep_the_general_paths_refusals(rng, three_tables):
+    """What the fast path cannot take goes the general way, with its message: a read-only NumPy
+    out, a closed table, weights that are a list, an out of None; and strata's own refusals
+    still name the request."""
+    (ta, a, _), (tb, b, bkeys), (tc, c, _) = three_tables
+    ro = poisoned((2, 8))
+    ro.flags.writeable = False
+    with pytest.raises(strata.ReadOnly, match=r"^out: "):
+        strata.lookup_pooled(ta, np.arange(4), [0, 2, 4], out=ro)
+    with pytest.raises(strata.ReadOnly, match=r"^requests\[0\]\.out: "):
+        strata.lookup_batch([strata.Request(ta, np.arange(4), ro, np.array([0, 2, 4]), None, "sum")])
+    out = poisoned((2, 8))
+    got = strata.lookup_batch([strata.Request(ta, np.arange(4), out, np.array([0, 2, 4]), [1, 2, 3, 4], "sum"),
+                               strata.Request(ta, np.arange(3))])  # a list of weights; an out to allocate
+    np.testing.assert_array_equal(got[0], ref_pooled(a, np.arange(4), np.array([0, 2, 4]), np.array([1, 2, 3, 4], np.float32), "sum"))
+    np.testing.assert_array_equal(got[1], a[:3])
+    with pytest.raises(strata.InvalidArgument, match=r"^requests\[1\]\.out: shape \[3, 8\]; expected \[B, dim\] = \[2, 8\]"):
+        strata.lookup_batch([strata.Request(ta, np.arange(4), poisoned((2, 8)), np.array([0, 2, 4]), None, "sum"),
+                             strata.Request(ta, np.arange(4), poisoned((3, 8)), np.array([0, 2, 4]), None, "sum")])
+    with pytest.raises(strata.InvalidArgument, match=r"^requests\[0\]\.pooling: 7; expected"):
+        strata.lookup_batch([strata.Request(ta, np.arange(4), poisoned((2, 8)), np.array([0, 2, 4]), None, 7)])
+    with pytest.raises(strata.KeyNotFound, match=r"^requests\[0\]\..*99"):
+        strata.lookup_batch([strata.Request(tc, np.array([[1, 99]]), poisoned((1, 16)), None, None, "mean")])
+    t = strata.Table.from_array(a)
+    t.close()
+    with pytest.raises(strata.NullArgument, match="closed"):
+        strata.lookup_batch([strata.Request(t, np.arange(3), poisoned((3, 8)))])
+    with pytest.raises(strata.NullArgument, match="closed"):
+        strata.lookup_pooled(t, np.arange(4), np.array([0, 2, 4]), out=poisoned((2, 8)))
+
+
+def test_fast_batch_from_many_threads(rng, three_tables):
+    """Each thread has its own request array: concurrent batches do not see each other's."""
+    import threading
+    (ta, a, _), _, (tc, c, _) = three_tables
+    errors = []
+
+    def work(seed):
+        r = np.random.default_rng(seed)
+        try:
+            for _ in range(50):
+                k1 = r.integers(0, 100, size=(5, 3))
+                k2 = r.integers(0, 30, size=7)
+                o1, o2 = poisoned((5, 8)), poisoned((7, 16))
+                strata.lookup_batch([strata.Request(ta, k1, o1, None, None, "sum"), strata.Request(tc, k2, o2)])
+                np.testing.assert_array_equal(o1, ref_pooled(a, k1, np.arange(0, 16, 3), None, "sum"))
+                np.testing.assert_array_equal(o2, c[k2])
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+
+
+def test_fast_paths_with_torch(rng, monkeypatch):
+    """PyTorch tensors take the exchange-API road (no capsules); a tensor that requires grad goes
+    the general way, which refuses it as the single lookup does."""
+    torch = pytest.importorskip("torch")
+    vec = rng.standard_normal((40, 8)).astype(np.float32)
+    with strata.Table.from_array(vec) as t:
+        k = torch.from_numpy(rng.integers(0, 40, size=30))
+        off = torch.tensor([0, 3, 3, 10, 30])
+        w = torch.rand(30)
+        want = ref_pooled(vec, k.numpy(), off.numpy(), w.numpy(), "sum")
+        out = torch.full((4, 8), float("nan"))
+        monkeypatch.setattr(strata._core, "_Prepared", None)  # the general path would fail
+        assert strata.lookup_pooled(t, k, off, w, "sum", out=out) is out
+        np.testing.assert_array_equal(out.numpy(), want)
+        out.fill_(float("nan"))
+        strata.lookup_batch([strata.Request(t, k, out, off, w, "sum")])
+        np.testing.assert_array_equal(out.numpy(), want)
+        monkeypatch.undo()
+        grad = torch.zeros((4, 8), requires_grad=True)
+        with pytest.raises((strata.StrataError, BufferError, RuntimeError)):
+            strata.lookup_pooled(t, k, off, w, "sum", out=grad)
+
+
 # ---- the C ABI through raw ctypes (strata_lookup_pooled, strata_lookup_batch) -------------------
 
 import test_ctypes as C  # noqa: E402

@@ -22,13 +22,13 @@ use super::comm::{Comm, displs, size};
 use super::table::{DistTable, LocalPart, Route};
 use crate::dlpack::{FloatDtype, KeyDtype, Walk};
 use crate::error::{Error, Result};
-use crate::exec::cpu::{Found, Gather, RowFn, row_fn};
+use crate::exec::cpu::{Found, Gather};
+use crate::kernels::{RowFn, prefetch_row, row_fn, store_fence};
 use crate::exec::pool;
 use crate::model::{KeySource, OutTarget};
 use crate::model::{LookupOptions, LookupStats, Plan, plan};
 use crate::model::{MissingKey, Rows, StaticTable};
 use crate::util::lock::lock;
-use crate::util::prefetch;
 use dlpark::ffi::DLTensor;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
@@ -535,26 +535,6 @@ impl Writer<'_> {
             unsafe { kernel(ptr, self.out.ptr.wrapping_offset(offs[j] * size), self.dim, cs) };
         }
     }
-}
-
-/// Hints up to the first 1 KiB of a row into cache.
-#[inline(always)]
-fn prefetch_row(p: *const u8, row_bytes: usize) {
-    let mut off = 0;
-    while off < row_bytes.min(1024) {
-        prefetch(p.wrapping_add(off));
-        off += 64;
-    }
-}
-
-/// Orders earlier non-temporal stores before anything that follows.
-#[inline]
-fn store_fence() {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: sfence has no preconditions.
-    unsafe {
-        std::arch::x86_64::_mm_sfence()
-    };
 }
 
 /// Gathers the rows of `keys` (canonical, uint64) from `table` into `rows` (float32, `dim` per

@@ -4,41 +4,46 @@
 //! counter, so each output row is written by one participant. Within a group, keys are handled
 //! in chunks of [`CHUNK`]: a fill step turns the chunk's keys into row addresses (for a static
 //! table through its index, prefetching buckets ahead; for other sources from rows staged on the
-//! host), then the accumulation prefetches rows [`AHEAD`] keys ahead while it adds `w · row`
-//! into the bag's float32 accumulator. A bag's row is written (pooled, converted to `out`'s
-//! dtype) once its last key is added, so rows stream through the accumulator and are never
-//! gathered into a buffer.
+//! host), then the pooling kernel ([`crate::kernels::Pooler`]) adds each bag's run of rows,
+//! `w · row`, into the bag's float32 accumulator, held in vector registers, prefetching rows
+//! ahead. A bag's row is written (pooled, converted to `out`'s dtype) once its last key is
+//! added, so rows stream through the accumulator and are never gathered into a buffer.
 
-use super::cpu::{BYTES_PER_THREAD, Dense, Found, NO_ROW, Resolve, row_fn};
+use super::cpu::{BYTES_PER_THREAD, Dense, Found, NO_ROW, Resolve};
 use super::pool;
 use crate::dlpack::FloatDtype;
 use crate::error::{Error, Result};
+use crate::kernels::{Divide, Pooler, RowFn, RowsOf, row_fn};
 use crate::model::{LookupStats, PooledPlan, Pooling, RowSource, Rows, StaticTable, TierScratch, TieredTable};
-use std::sync::atomic::AtomicU64;
-use crate::util::prefetch;
-use half::{bf16, f16};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Keys per chunk.
 const CHUNK: usize = 256;
-/// How many keys ahead rows are prefetched.
-const AHEAD: usize = 8;
 /// How many keys ahead a fill prefetches index buckets: one line each, so more of them fit in
 /// the memory system's outstanding misses than rows do.
 const BUCKET_AHEAD: usize = 32;
 /// Keys a participant takes at a time (rounded to whole bags).
 const TASK_KEYS: usize = 4096;
+/// Keys of a group of bags up to which the group is pooled whole ([`group`]): more (a group
+/// holding one huge bag) goes chunk by chunk ([`bags`]).
+const GROUP_KEYS: usize = 4 * TASK_KEYS;
 
 /// Turns the keys of flat indices `start ..` into the addresses of their rows (NULL = missing).
 type Fill<'a> = dyn Fn(usize, &[u64], &mut [*const u8], &mut Scratch) -> Result<()> + Sync + 'a;
 
 /// Per-participant buffers.
-pub(crate) struct Scratch {
+pub(super) struct Scratch {
     keys: Vec<u64>,
     offs: Vec<isize>,
     weights: Vec<f32>,
     ptrs: Vec<*const u8>,
     acc: Vec<f32>,
+    /// The output of an empty bag.
+    zeros: Vec<f32>,
+    /// A group's bag starts, relative to its first key.
+    starts: Vec<usize>,
+    /// A group's pooled rows, where they cannot be written into `out` directly.
+    pooled: Vec<f32>,
     /// Rows staged on the host by fills that resolve through a [`RowSource`].
     staged: Vec<f32>,
     found: Vec<bool>,
@@ -47,13 +52,25 @@ pub(crate) struct Scratch {
 }
 
 impl Scratch {
-    fn new(dim: usize) -> Self {
+    /// Sizes the row buffers for rows of `dim` values (a batch's participant moves between
+    /// tables of different dims).
+    fn fit(&mut self, dim: usize) {
+        if self.acc.len() != dim {
+            self.acc.resize(dim, 0.0);
+            self.zeros.resize(dim, 0.0);
+        }
+    }
+
+    pub(super) fn new(dim: usize) -> Self {
         Scratch {
             keys: vec![0; CHUNK],
             offs: vec![0; CHUNK],
             weights: vec![1.0; CHUNK],
             ptrs: vec![std::ptr::null(); CHUNK],
             acc: vec![0.0; dim],
+            zeros: vec![0.0; dim],
+            starts: Vec::new(),
+            pooled: Vec::new(),
             staged: Vec::new(),
             found: Vec::new(),
             tiers: TierScratch::default(),
@@ -61,90 +78,76 @@ impl Scratch {
     }
 }
 
-/// Adds `w · row` to `acc`, reading `row` (dim values of `dtype`) at `src`.
-///
-/// # Safety
-/// `src` must hold `acc.len()` aligned values of `dtype`.
-#[inline(always)]
-unsafe fn accumulate(dtype: FloatDtype, src: *const u8, w: f32, acc: &mut [f32]) {
-    let dim = acc.len();
-    match dtype {
-        FloatDtype::F32 => {
-            // SAFETY: the caller guarantees dim aligned values of dtype at src.
-            let row = unsafe { std::slice::from_raw_parts(src as *const f32, dim) };
-            #[cfg(target_arch = "x86_64")]
-            if avx() {
-                // SAFETY: the CPU has AVX (checked once, at run time).
-                unsafe { add_scaled_avx(acc, row, w) };
-                return;
-            }
-            add_scaled(acc, row, w);
-        }
-        FloatDtype::F16 => {
-            // SAFETY: as above.
-            let row = unsafe { std::slice::from_raw_parts(src as *const f16, dim) };
-            for (a, x) in acc.iter_mut().zip(row) {
-                *a += w * x.to_f32();
-            }
-        }
-        FloatDtype::BF16 => {
-            // SAFETY: as above.
-            let row = unsafe { std::slice::from_raw_parts(src as *const bf16, dim) };
-            for (a, x) in acc.iter_mut().zip(row) {
-                *a += w * x.to_f32();
-            }
-        }
-    }
-}
-
-/// `acc += w · row`, element by element (a multiply, then an add: no fused multiply-add, so
-/// every build and CPU rounds alike).
-#[inline(always)]
-fn add_scaled(acc: &mut [f32], row: &[f32], w: f32) {
-    for (a, x) in acc.iter_mut().zip(row) {
-        *a += w * *x;
-    }
-}
-
-/// [`add_scaled`] compiled for AVX: twice the lanes of the baseline x86-64 build, the same
-/// arithmetic (AVX alone brings no fused multiply-add).
-///
-/// # Safety
-/// The CPU must support AVX.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx")]
-unsafe fn add_scaled_avx(acc: &mut [f32], row: &[f32], w: f32) {
-    add_scaled(acc, row, w)
-}
-
-/// Whether this CPU has AVX (detected once).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn avx() -> bool {
-    static AVX: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVX.get_or_init(|| std::arch::is_x86_feature_detected!("avx"))
-}
-
-/// Hints the CPU to fetch a row of `bytes` at `p` (NULL: nothing).
-#[inline(always)]
-fn prefetch_row(p: *const u8, bytes: usize) {
-    if p.is_null() {
-        return;
-    }
-    let mut off = 0;
-    while off < bytes.min(1024) {
-        prefetch(p.wrapping_add(off));
-        off += 64;
-    }
-}
-
 /// What a pooled lookup reads rows from.
-struct Rowset<'a> {
+pub(super) struct Rowset<'a> {
     dtype: FloatDtype,
     dim: usize,
     default: &'a [f32],
     missing_error: bool,
     fill: &'a Fill<'a>,
+    /// A dense store's rows (its first row's address, bytes between rows, row count): the
+    /// kernel addresses them from the keys, and `fill` is not used.
+    dense: Option<(*const u8, usize, usize)>,
+    /// Whether whole groups of bags may be resolved at once ([`group`]); a tiered table's fill
+    /// stages every row it resolves, so it goes chunk by chunk.
+    groups: bool,
+}
+
+// SAFETY: `dense` only names the rows of a store the table owns (or adopted), which are read,
+// never written, for as long as the lookup borrows the table.
+unsafe impl Sync for Rowset<'_> {}
+
+impl<'a> Rowset<'a> {
+    /// A static table's rows, resolved by `fill` (from [`static_fill`] of the same table), or
+    /// for a dense table by the kernel.
+    pub(super) fn of_static(t: &'a StaticTable, fill: &'a Fill<'a>) -> Self {
+        let st = t.store();
+        let dense = match t.rows {
+            Rows::Dense => Some((st.row_ptr_or_base(), st.row_stride() * st.dtype().size(), st.rows())),
+            Rows::Keyed(_) => None,
+        };
+        Rowset { dtype: t.dtype(), dim: t.dim(), default: t.default_row(), missing_error: RowSource::missing_is_error(t), fill, dense, groups: true }
+    }
+}
+
+/// The kernels of one pooled lookup: the pooling of its rows and the write of a pooled row.
+#[derive(Clone, Copy)]
+struct Kernels {
+    pool: Pooler,
+    write: RowFn,
+}
+
+/// A pooled lookup cut into tasks of whole bags (about [`TASK_KEYS`] keys each), for
+/// participants that share them out (its own [`run`], or a batch's).
+pub(super) struct PooledTasks<'a> {
+    p: &'a PooledPlan,
+    rows: &'a Rowset<'a>,
+    k: Kernels,
+    group: usize,
+    /// Number of tasks.
+    pub(super) tasks: usize,
+    /// Bytes it reads or writes, whichever is more.
+    pub(super) bytes: usize,
+}
+
+impl<'a> PooledTasks<'a> {
+    pub(super) fn new(p: &'a PooledPlan, rows: &'a Rowset<'a>) -> Self {
+        let bytes = p.nnz.saturating_mul(rows.dim * rows.dtype.size()).max(p.b * rows.dim * 4);
+        let group = (TASK_KEYS * p.b / p.nnz.max(1)).clamp(1, p.b.max(1));
+        let k = Kernels { pool: Pooler::new(rows.dtype, rows.dim), write: row_fn(FloatDtype::F32, p.out.dtype, p.out.col_stride == 1, false) };
+        PooledTasks { p, rows, k, group, tasks: p.b.div_ceil(group), bytes }
+    }
+
+    /// Pools task `i`'s bags.
+    pub(super) fn run(&self, i: usize, s: &mut Scratch, found: &mut Found) -> Result<()> {
+        let (b0, b1) = (i * self.group, ((i + 1) * self.group).min(self.p.b));
+        s.fit(self.rows.dim);
+        if self.rows.groups && self.p.bag_start(b1) - self.p.bag_start(b0) <= GROUP_KEYS {
+            group(self.p, self.rows, b0, b1, self.k, s, found)
+        } else {
+            bags(self.p, self.rows, b0, b1, self.k, s, found)
+        }
+    }
 }
 
 /// Runs `p` over `rows` on up to `p.threads` participants.
@@ -152,141 +155,250 @@ fn run(p: &PooledPlan, rows: &Rowset) -> Result<Found> {
     if p.b == 0 {
         return Ok(Found::default());
     }
-    let bytes = p.nnz.saturating_mul(rows.dim * rows.dtype.size()).max(p.b * rows.dim * 4);
-    let by_size = (bytes / BYTES_PER_THREAD).max(1);
-    let group = (TASK_KEYS * p.b / p.nnz.max(1)).clamp(1, p.b);
-    let threads = p.threads.min(by_size).min(p.b.div_ceil(group)).max(1);
-    let kernel = row_fn(FloatDtype::F32, p.out.dtype, p.out.col_stride == 1, false);
+    let t = PooledTasks::new(p, rows);
+    let by_size = (t.bytes / BYTES_PER_THREAD).max(1);
+    let threads = p.threads.min(by_size).min(t.tasks).max(1);
     let next = AtomicUsize::new(0);
     let parts = pool::run(threads, || -> Result<Found> {
         let mut s = Scratch::new(rows.dim);
         let mut found = Found::default();
         loop {
-            let b0 = next.fetch_add(group, Ordering::Relaxed);
-            if b0 >= p.b {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= t.tasks {
                 break;
             }
-            bags(p, rows, b0, (b0 + group).min(p.b), kernel, &mut s, &mut found)?;
+            t.run(i, &mut s, &mut found)?;
         }
         Ok(found)
     });
     let mut total = Found::default();
     for part in parts {
-        let f = part?;
-        total.hits += f.hits;
-        total.misses += f.misses;
-        total.first_miss = match (total.first_miss, f.first_miss) {
-            (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
-            (a, b) => a.or(b),
-        };
+        total = total.merge(part?);
     }
     Ok(total)
 }
 
-/// Pools bags `b0 .. b1`.
-fn bags(
-    p: &PooledPlan,
-    rows: &Rowset,
-    b0: usize,
-    b1: usize,
-    kernel: super::cpu::RowFn,
-    s: &mut Scratch,
-    found: &mut Found,
-) -> Result<()> {
-    let (dim, row_bytes) = (rows.dim, rows.dim * rows.dtype.size());
-    let out_size = p.out.dtype.size() as isize;
-    let (klo, khi) = (p.bag_start(b0), p.bag_start(b1));
-    let mut b = b0;
-    let mut bag_end = p.bag_start(b + 1);
-    let (mut wsum, mut w2sum) = (0f32, 0f32);
-    s.acc.fill(0.0);
-    let mut out_off = [0isize; 1];
-    // Writes bag b's pooled row and starts the next bag.
-    let mut flush = |b: usize, acc: &mut [f32], wsum: &mut f32, w2sum: &mut f32| {
-        let scale_by = match p.pooling {
-            Pooling::Sum => None,
-            Pooling::Mean => Some(*wsum),
-            Pooling::Sqrtn => Some(w2sum.sqrt()),
-        };
-        match scale_by {
-            None => {}
-            Some(0.0) => acc.fill(0.0),
-            Some(d) => acc.iter_mut().for_each(|a| *a /= d),
+/// Writes bag `b`'s pooled row: `acc` (the bag's sum, or nothing for an empty bag) divided as
+/// the pooling says by `wsum` (Σ w) or `w2sum` (Σ w²), converted to out's dtype.
+fn finish(p: &PooledPlan, k: Kernels, b: usize, acc: Option<&mut [f32]>, zeros: &[f32], wsum: f32, w2sum: f32) {
+    let row: &[f32] = match acc {
+        None => zeros,
+        Some(acc) => {
+            let scale_by = match p.pooling {
+                Pooling::Sum => None,
+                Pooling::Mean => Some(wsum),
+                Pooling::Sqrtn => Some(w2sum.sqrt()),
+            };
+            match scale_by {
+                None => {}
+                Some(0.0) => acc.fill(0.0),
+                Some(d) => acc.iter_mut().for_each(|a| *a /= d),
+            }
+            acc
         }
-        p.out.walk.fill(b, &mut out_off);
-        // SAFETY: the plan validated out as [B, dim] with non-overlapping rows; b < B, and acc
-        // holds dim float32 values.
-        unsafe { kernel(acc.as_ptr() as *const u8, p.out.ptr.wrapping_offset(out_off[0] * out_size), dim, p.out.col_stride) };
-        acc.fill(0.0);
-        *wsum = 0.0;
-        *w2sum = 0.0;
     };
+    let mut off = [0isize; 1];
+    p.out.walk.fill(b, &mut off);
+    // SAFETY: the plan validated out as [B, dim] with non-overlapping rows; b < B, and row holds
+    // dim float32 values.
+    unsafe { (k.write)(row.as_ptr() as *const u8, p.out.ptr.wrapping_offset(off[0] * p.out.dtype.size() as isize), zeros.len(), p.out.col_stride) };
+}
+
+/// Pools bags `b0 .. b1` (at most [`GROUP_KEYS`] keys) whole: their keys become rows (a dense
+/// store's are addressed by the kernel, others through the fill), then one kernel call pools
+/// every bag and writes its row, into `out` itself when `out` is float32 with contiguous rows.
+fn group(p: &PooledPlan, rows: &Rowset, b0: usize, b1: usize, k: Kernels, s: &mut Scratch, found: &mut Found) -> Result<()> {
+    let (klo, khi) = (p.bag_start(b0), p.bag_start(b1));
+    let n = khi - klo;
+    if s.keys.len() < n {
+        s.keys.resize(n, 0);
+        s.offs.resize(n, 0);
+        s.weights.resize(n, 1.0);
+        s.ptrs.resize(n, std::ptr::null());
+    }
+    p.keys.read(klo, &mut s.keys[..n], &mut s.offs[..n]);
+    if let Some(w) = &p.weights {
+        w.read(klo, &mut s.weights[..n], &mut s.offs[..n]);
+    }
+    let (mut ptrs, keys) = (std::mem::take(&mut s.ptrs), std::mem::take(&mut s.keys));
+    let misses = match rows.dense {
+        Some((_, _, count)) => {
+            let count = count as u64;
+            let misses = keys[..n].iter().filter(|&&k| k >= count).count() as u64;
+            if misses != 0 && rows.missing_error {
+                let i = keys[..n].iter().position(|&k| k >= count).unwrap_or(0);
+                if found.first_miss.is_none_or(|(m, _)| klo + i < m) {
+                    found.first_miss = Some((klo + i, keys[i]));
+                }
+            }
+            misses
+        }
+        None => {
+            if let Err(e) = (rows.fill)(klo, &keys[..n], &mut ptrs[..n], s) {
+                (s.ptrs, s.keys) = (ptrs, keys);
+                return Err(e);
+            }
+            let misses = ptrs[..n].iter().filter(|q| q.is_null()).count() as u64;
+            if misses != 0 && rows.missing_error {
+                let i = ptrs[..n].iter().position(|q| q.is_null()).unwrap_or(0);
+                if found.first_miss.is_none_or(|(m, _)| klo + i < m) {
+                    found.first_miss = Some((klo + i, keys[i]));
+                }
+            }
+            misses
+        }
+    };
+    found.misses += misses;
+    found.hits += n as u64 - misses;
+    s.starts.clear();
+    s.starts.extend((b0..=b1).map(|b| p.bag_start(b) - klo));
+    let divide = match p.pooling {
+        Pooling::Sum => Divide::Nothing,
+        Pooling::Mean => Divide::WeightSum,
+        Pooling::Sqrtn => Divide::RootSquareSum,
+    };
+    let weights = p.weights.as_ref().map(|_| &s.weights[..n]);
+    let source = match rows.dense {
+        Some((base, stride, count)) => RowsOf::Dense { base, stride, rows: count, keys: &keys[..n] },
+        None => RowsOf::Ptrs(&ptrs[..n]),
+    };
+    let dim = rows.dim;
+    let direct = match p.out.walk.linear_stride() {
+        Some(stride) if p.out.col_stride == 1 && stride >= 0 => Some(stride as usize),
+        _ => None,
+    };
+    match direct {
+        // SAFETY: the rows are whole rows of the store or the fill's (as in `bags`); out was
+        // validated as [B, dim] with non-overlapping rows, row b at b * stride elements, so rows
+        // b0 .. b1 are writable and overlap neither the table nor the keys.
+        Some(stride) => unsafe {
+            let out = p.out.ptr.wrapping_add(b0 * stride * p.out.dtype.size());
+            k.pool.pool_bags(source, misses != 0, &s.starts, weights, rows.default, divide, out, p.out.dtype, stride)
+        },
+        None => {
+            // Strided columns: pooled into s.pooled (nb x dim float32), then written row by row.
+            let nb = b1 - b0;
+            s.pooled.resize(nb * dim, 0.0);
+            // SAFETY: as above, with the pooled rows written into s.pooled.
+            unsafe {
+                k.pool.pool_bags(source, misses != 0, &s.starts, weights, rows.default, divide, s.pooled.as_mut_ptr() as *mut u8, FloatDtype::F32, dim)
+            };
+            let size = p.out.dtype.size() as isize;
+            let mut off = [0isize; 1];
+            for j in 0..nb {
+                p.out.walk.fill(b0 + j, &mut off);
+                // SAFETY: the plan validated out as [B, dim] with non-overlapping rows; row
+                // b0 + j < B; the source holds dim float32 values.
+                unsafe { (k.write)(s.pooled[j * dim..].as_ptr() as *const u8, p.out.ptr.wrapping_offset(off[0] * size), dim, p.out.col_stride) };
+            }
+        }
+    }
+    (s.ptrs, s.keys) = (ptrs, keys);
+    Ok(())
+}
+
+/// Pools bags `b0 .. b1`: chunk by chunk, the keys become row addresses (the fill), then each
+/// bag's run of rows in the chunk goes through the pooling kernel in one call; a bag whose last
+/// key is in the chunk is written.
+fn bags(p: &PooledPlan, rows: &Rowset, b0: usize, b1: usize, k: Kernels, s: &mut Scratch, found: &mut Found) -> Result<()> {
+    let (klo, khi) = (p.bag_start(b0), p.bag_start(b1));
+    let needs_totals = p.pooling != Pooling::Sum;
+    let mut b = b0;
+    // Whether `s.acc` holds the partial sum of bag b (its keys so far).
+    let mut started = false;
+    let (mut wsum, mut w2sum) = (0f32, 0f32);
     let mut start = klo;
     while start < khi {
         let n = CHUNK.min(khi - start);
+        let end = start + n;
         p.keys.read(start, &mut s.keys[..n], &mut s.offs[..n]);
-        match &p.weights {
-            Some(w) => w.read(start, &mut s.weights[..n], &mut s.offs[..n]),
-            None => s.weights[..n].fill(1.0),
+        if let Some(w) = &p.weights {
+            w.read(start, &mut s.weights[..n], &mut s.offs[..n]);
         }
         let (mut ptrs, keys) = (std::mem::take(&mut s.ptrs), std::mem::take(&mut s.keys));
-        let filled = (rows.fill)(start, &keys[..n], &mut ptrs[..n], s);
-        s.keys = keys;
-        filled?;
-        for &q in &ptrs[..n.min(AHEAD)] {
-            prefetch_row(q, row_bytes);
+        if let Err(e) = (rows.fill)(start, &keys[..n], &mut ptrs[..n], s) {
+            (s.ptrs, s.keys) = (ptrs, keys);
+            return Err(e);
         }
-        for i in 0..n {
-            let j = start + i;
-            while j >= bag_end {
-                flush(b, &mut s.acc, &mut wsum, &mut w2sum);
-                b += 1;
-                bag_end = p.bag_start(b + 1);
-            }
-            if i + AHEAD < n {
-                prefetch_row(ptrs[i + AHEAD], row_bytes);
-            }
-            let w = s.weights[i];
-            if ptrs[i].is_null() {
-                found.misses += 1;
-                if rows.missing_error && found.first_miss.is_none_or(|(m, _)| j < m) {
-                    found.first_miss = Some((j, s.keys[i]));
+        let mut misses = 0;
+        for (i, q) in ptrs[..n].iter().enumerate() {
+            if q.is_null() {
+                misses += 1;
+                if rows.missing_error && found.first_miss.is_none_or(|(m, _)| start + i < m) {
+                    found.first_miss = Some((start + i, keys[i]));
                 }
-                // SAFETY: the default row holds dim float32 values.
-                unsafe { accumulate(FloatDtype::F32, rows.default.as_ptr() as *const u8, w, &mut s.acc) };
-            } else {
-                found.hits += 1;
-                // SAFETY: the fill gave the address of a whole row of dim values of rows.dtype.
-                unsafe { accumulate(rows.dtype, ptrs[i], w, &mut s.acc) };
             }
-            wsum += w;
-            w2sum += w * w;
+        }
+        s.keys = keys;
+        found.misses += misses;
+        found.hits += n as u64 - misses;
+        let weights = p.weights.as_ref().map(|_| &s.weights[..n]);
+        // Every bag with keys in this chunk, in order.
+        loop {
+            let (bag_lo, bag_hi) = (p.bag_start(b), p.bag_start(b + 1));
+            let (lo, hi) = (bag_lo.max(start) - start, bag_hi.min(end) - start);
+            if lo < hi {
+                // SAFETY: the fill gave, for each key of the chunk, the address of a whole row of
+                // dim values of rows.dtype, or NULL for a missing key.
+                unsafe { k.pool.add(&mut s.acc, !started, &ptrs[..n], lo, hi, weights, rows.default) };
+                started = true;
+                if needs_totals {
+                    match weights {
+                        Some(w) => w[lo..hi].iter().for_each(|&x| {
+                            wsum += x;
+                            w2sum += x * x;
+                        }),
+                        None => (lo..hi).for_each(|_| {
+                            wsum += 1.0;
+                            w2sum += 1.0;
+                        }),
+                    }
+                }
+            }
+            if bag_hi > end {
+                break; // bag b goes on in the next chunk
+            }
+            finish(p, k, b, started.then_some(&mut s.acc[..]), &s.zeros, wsum, w2sum);
+            (started, wsum, w2sum) = (false, 0.0, 0.0);
+            b += 1;
+            if b == b1 {
+                break;
+            }
         }
         s.ptrs = ptrs;
-        start += n;
+        start = end;
     }
+    // Bags with no keys after the last key (or in a group without keys).
     while b < b1 {
-        flush(b, &mut s.acc, &mut wsum, &mut w2sum);
+        finish(p, k, b, None, &s.zeros, 0.0, 0.0);
         b += 1;
     }
     Ok(())
 }
 
-/// Fills row addresses of a static table's store, resolving keys through `r` with the bucket
-/// of the key [`BUCKET_AHEAD`] further prefetched.
-fn static_fill<'a, R: Resolve + Sync>(t: &'a StaticTable, r: &'a R) -> impl Fn(usize, &[u64], &mut [*const u8], &mut Scratch) -> Result<()> + Sync + 'a {
+/// Fills row addresses of a static table's store: its keys resolved through its index (with
+/// the bucket of the key [`BUCKET_AHEAD`] further prefetched) or, for a dense table, by range.
+pub(super) fn static_fill(t: &StaticTable) -> impl Fn(usize, &[u64], &mut [*const u8], &mut Scratch) -> Result<()> + Sync + '_ {
     move |_, keys, ptrs, _| {
-        for &k in &keys[..keys.len().min(BUCKET_AHEAD)] {
-            r.prefetch(k);
-        }
-        for i in 0..keys.len() {
-            if i + BUCKET_AHEAD < keys.len() {
-                r.prefetch(keys[i + BUCKET_AHEAD]);
-            }
-            let row = r.row(keys[i]);
-            ptrs[i] = if row == NO_ROW { std::ptr::null() } else { t.store().row_ptr(row) };
+        match &t.rows {
+            Rows::Dense => resolve_rows(t, &Dense(t.len() as u64), keys, ptrs),
+            Rows::Keyed(ix) => resolve_rows(t, ix, keys, ptrs),
         }
         Ok(())
+    }
+}
+
+#[inline(always)]
+fn resolve_rows<R: Resolve>(t: &StaticTable, r: &R, keys: &[u64], ptrs: &mut [*const u8]) {
+    for &k in &keys[..keys.len().min(BUCKET_AHEAD)] {
+        r.prefetch(k);
+    }
+    for i in 0..keys.len() {
+        if i + BUCKET_AHEAD < keys.len() {
+            r.prefetch(keys[i + BUCKET_AHEAD]);
+        }
+        let row = r.row(keys[i]);
+        ptrs[i] = if row == NO_ROW { std::ptr::null() } else { t.store().row_ptr(row) };
     }
 }
 
@@ -300,19 +412,8 @@ fn missing(p: &PooledPlan, found: Found) -> Result<Found> {
 
 /// A pooled lookup on a static table.
 pub(crate) fn pool_static(t: &StaticTable, p: &PooledPlan) -> Result<Found> {
-    let missing_error = RowSource::missing_is_error(t);
-    let found = match &t.rows {
-        Rows::Dense => {
-            let r = Dense(t.len() as u64);
-            let fill = static_fill(t, &r);
-            run(p, &Rowset { dtype: t.dtype(), dim: t.dim(), default: t.default_row(), missing_error, fill: &fill })?
-        }
-        Rows::Keyed(ix) => {
-            let fill = static_fill(t, ix);
-            run(p, &Rowset { dtype: t.dtype(), dim: t.dim(), default: t.default_row(), missing_error, fill: &fill })?
-        }
-    };
-    missing(p, found)
+    let fill = static_fill(t);
+    missing(p, run(p, &Rowset::of_static(t, &fill))?)
 }
 
 /// A pooled lookup on a parameter server's table, counted in its cumulative stats like any
@@ -333,7 +434,7 @@ pub(crate) fn pool_tiered(t: &TieredTable, p: &PooledPlan) -> Result<LookupStats
         }
         Ok(())
     };
-    let found = missing(p, run(p, &Rowset { dtype: FloatDtype::F32, dim, default: t.default_row(), missing_error: t.missing_is_error(), fill: &fill })?)?;
+    let found = missing(p, run(p, &Rowset { dtype: FloatDtype::F32, dim, default: t.default_row(), missing_error: t.missing_is_error(), fill: &fill, dense: None, groups: false })?)?;
     let (vh, ph) = (vh.into_inner(), ph.into_inner());
     t.record_lookup(p.nnz as u64, vh, ph, found.misses);
     Ok(LookupStats { hits: found.hits, misses: found.misses, volatile_hits: vh, persistent_hits: ph })
@@ -348,6 +449,8 @@ pub(crate) fn pool_gathered(rows: &[f32], dim: usize, p: &PooledPlan) -> Result<
         }
         Ok(())
     };
-    run(p, &Rowset { dtype: FloatDtype::F32, dim, default: &[], missing_error: false, fill: &fill })?;
+    // Every key has its row: the default row is never read, only sized.
+    let default = vec![0f32; dim];
+    run(p, &Rowset { dtype: FloatDtype::F32, dim, default: &default, missing_error: false, fill: &fill, dense: None, groups: true })?;
     Ok(())
 }

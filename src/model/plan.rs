@@ -249,7 +249,30 @@ impl KeySource {
     /// Reads keys `start .. start + keys.len()` in canonical form (`offs` is scratch).
     #[inline(always)]
     pub(crate) fn read(&self, start: usize, keys: &mut [u64], offs: &mut [isize]) {
+        if keys.is_empty() {
+            return; // the tensor of no keys may have no data pointer at all
+        }
         match self.walk.linear_stride() {
+            // Contiguous keys (the common case), one dtype for the whole run: a widening copy
+            // the compiler vectorises.
+            Some(1) => {
+                let p = self.at(start as isize);
+                // SAFETY: validated by the planner: keys start .. start + keys.len() are
+                // addressable, contiguous, aligned elements of self.dtype.
+                unsafe {
+                    match self.dtype {
+                        KeyDtype::I64 | KeyDtype::U64 => std::ptr::copy_nonoverlapping(p as *const u64, keys.as_mut_ptr(), keys.len()),
+                        KeyDtype::I32 => {
+                            let src = std::slice::from_raw_parts(p as *const i32, keys.len());
+                            keys.iter_mut().zip(src).for_each(|(k, &x)| *k = x as i64 as u64);
+                        }
+                        KeyDtype::U32 => {
+                            let src = std::slice::from_raw_parts(p as *const u32, keys.len());
+                            keys.iter_mut().zip(src).for_each(|(k, &x)| *k = x as u64);
+                        }
+                    }
+                }
+            }
             Some(s) => {
                 for (i, key) in keys.iter_mut().enumerate() {
                     // SAFETY: validated by the planner: every key index below n is addressable.

@@ -149,6 +149,7 @@ class Table(_Closeable):
         if not handle:
             raise NullArgument("table: strata returned a NULL table")
         self._h: Any = handle
+        self._addr = ctypes.cast(handle, ctypes.c_void_p).value  # for the fast paths' request arrays
         self._keepalive = list(keepalive)  # producers and capsules the table borrows
         self._owner = owner  # the server owning a server table
         self._views: "weakref.WeakSet[TableViewOwner]" = weakref.WeakSet()
@@ -670,6 +671,15 @@ def _lookup_pooled(
 ) -> Any:
     fn = _require(_ffi.strata_lookup_pooled, "lookup_pooled")
     p_value = _pooling_value(pooling, "pooling", allow_none=False)
+    if out is not None and stream is None and stats is None and type(table) is Table:
+        # Small host calls: see _fast (no capsules for PyTorch, one per NumPy array).
+        h = table._h
+        if h and (table._owner is None or table._owner._h):
+            status = _fast.lookup_pooled(h, keys, offsets, weights, p_value, out, num_threads)
+            if status is not None:
+                if status != _ffi.STRATA_OK:
+                    raise error_for(status, _ffi.last_error())
+                return out
     s = _stream_arg(stream)
     p = _Prepared(table, keys, out, offsets, weights, True, dtype, s, "")
     opts = _options_for(s, num_threads)
@@ -751,6 +761,13 @@ def _lookup_batch(
     want_stats: bool,
 ) -> Tuple[List[Any], List[LookupStats]]:
     fn = _require(_ffi.strata_lookup_batch, "lookup_batch")
+    if stream is None and not want_stats and requests:
+        # Small host calls: see _fast (Request objects with every out given).
+        status = _fast.lookup_batch(requests, Table, Request, num_threads)
+        if status is not None:
+            if status != _ffi.STRATA_OK:
+                raise error_for(status, _ffi.last_error())
+            return [r.out for r in requests], []
     s = _stream_arg(stream)
     reqs = [_request(r, i) for i, r in enumerate(requests)]
     if not reqs:

@@ -1,4 +1,5 @@
-"""The fast path of :func:`strata.lookup` for small host calls.
+"""The fast paths of :func:`strata.lookup`, :func:`strata.lookup_pooled` and
+:func:`strata.lookup_batch` for small host calls.
 
 Measured before it existed (64 keys, ``num_threads=1``, PyTorch 2.10 and NumPy 2.4, see
 ``python/bench/small_calls.py``): 6-17x ``torch.index_select(out=)`` and 2-5x
@@ -15,6 +16,12 @@ tensors on the host, and each tensor either
   with no capsule and no allocation; or
 * an exact ``numpy.ndarray``: one versioned capsule, whose ``DLManagedTensorVersioned *`` goes to
   ``strata_lookup_managed_versioned`` (which refuses a read-only ``out`` itself).
+
+``lookup_pooled`` and ``lookup_batch`` take the same road for every tensor of the call (keys,
+offsets, weights, out): DLTensors this thread keeps, filled by the exchange API or from a NumPy
+capsule, and, for a batch, an array of ``strata_lookup_request`` this thread keeps too, whose
+tensor pointers are set once. A NumPy ``out`` that is not writeable goes the general way (which
+raises :class:`ReadOnly`), since a bare DLTensor carries no read-only flag.
 
 Mixed pairs (a NumPy key array with a PyTorch ``out``) take the first form for the PyTorch side
 and ``&managed->dl_tensor`` of the capsule for the NumPy side. Everything else (GPU tensors,
@@ -59,6 +66,30 @@ def _raw(name: str) -> Any:
 _lookup = _raw("strata_lookup")
 _lookup_managed_versioned = _raw("strata_lookup_managed_versioned")
 
+
+def _raw_typed(name: str, argtypes: list) -> Any:
+    """``name`` from the loaded library with ``argtypes``, or None where the library predates it."""
+    try:
+        f = _ffi.lib[name]
+    except AttributeError:
+        return None
+    f.restype = c_int32
+    f.argtypes = argtypes
+    return f
+
+
+_lookup_pooled = _raw_typed("strata_lookup_pooled", [c_void_p] * 4 + [c_int32] + [c_void_p] * 3)
+_lookup_batch = _raw_typed("strata_lookup_batch", [c_void_p, ctypes.c_size_t, c_void_p])
+_REQUEST_SIZE = ctypes.sizeof(_ffi.strata_lookup_request)
+_REQ_TABLE = _ffi.strata_lookup_request.table.offset
+_REQ_KEYS = _ffi.strata_lookup_request.keys.offset
+_REQ_OFFSETS = _ffi.strata_lookup_request.offsets.offset
+_REQ_WEIGHTS = _ffi.strata_lookup_request.weights.offset
+_REQ_POOLING = _ffi.strata_lookup_request.pooling.offset
+_REQ_OUT = _ffi.strata_lookup_request.out.offset
+#: Pooling names and their strata_pooling values (ints pass as they are, for strata to check).
+POOLING = {"none": 0, "sum": 1, "mean": 2, "sqrtn": 3}
+
 #: strata_lookup_options per num_threads, built once: strata only reads them.
 _options: Dict[int, int] = {}
 _options_keep: list[Any] = []
@@ -99,17 +130,18 @@ def _filler(kind: type) -> Optional[Callable[[Any, int], int]]:
 
 
 class _Scratch:
-    """Two DLTensors for one lookup on one thread, their device types read in place, and the
-    capsules of NumPy arrays described in them (kept until the call returns)."""
+    """DLTensors for one call on one thread, their device types read in place, and the capsules
+    of NumPy arrays described in them (kept until the call returns)."""
 
-    __slots__ = ("tensors", "keys", "out", "keys_device", "out_device", "busy", "capsules")
+    __slots__ = ("tensors", "addrs", "devices", "keys", "out", "keys_device", "out_device", "busy", "capsules")
 
-    def __init__(self) -> None:
-        self.tensors = (_ffi.DLTensor(), _ffi.DLTensor())
-        self.keys = ctypes.addressof(self.tensors[0])
-        self.out = ctypes.addressof(self.tensors[1])
-        self.keys_device = c_int32.from_address(self.keys + _DEVICE_TYPE_OFFSET)
-        self.out_device = c_int32.from_address(self.out + _DEVICE_TYPE_OFFSET)
+    def __init__(self, n: int = 2) -> None:
+        self.tensors = (_ffi.DLTensor * n)()
+        base = ctypes.addressof(self.tensors)
+        self.addrs = [base + i * _DL_TENSOR_SIZE for i in range(n)]
+        self.devices = [c_int32.from_address(a + _DEVICE_TYPE_OFFSET) for a in self.addrs]
+        self.keys, self.out = self.addrs[0], self.addrs[1]
+        self.keys_device, self.out_device = self.devices[0], self.devices[1]
         self.busy = False
         self.capsules: list[Any] = []
 
@@ -130,6 +162,40 @@ class _Scratch:
         self.capsules.append(cap)
         ctypes.memmove(addr, _get_pointer(cap, _VERSIONED) + _DL_TENSOR_OFFSET, _DL_TENSOR_SIZE)
         return True
+
+    def describe_out(self, obj: Any, addr: int) -> bool:
+        """As :meth:`describe`, for a tensor strata writes: False for one the general path must
+        refuse (a read-only NumPy array, a PyTorch tensor that requires grad)."""
+        kind = type(obj)
+        if kind is _ND:
+            if not obj.flags.writeable:
+                return False
+        elif getattr(obj, "requires_grad", False):
+            return False
+        return self.describe(obj, kind, addr)
+
+
+class _Batch(_Scratch):
+    """A thread's array of ``strata_lookup_request`` and four DLTensors per request (keys,
+    offsets, weights, out), whose tensor pointers are set once."""
+
+    __slots__ = ("requests", "base", "capacity", "table_at", "offsets_at", "weights_at", "pooling_at")
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(4 * capacity)
+        self.capacity = capacity
+        self.requests = (_ffi.strata_lookup_request * capacity)()
+        self.base = ctypes.addressof(self.requests)
+        self.table_at, self.offsets_at, self.weights_at, self.pooling_at = [], [], [], []
+        for i in range(capacity):
+            r = self.base + i * _REQUEST_SIZE
+            ctypes.c_size_t.from_address(r).value = _REQUEST_SIZE
+            c_void_p.from_address(r + _REQ_KEYS).value = self.addrs[4 * i]
+            c_void_p.from_address(r + _REQ_OUT).value = self.addrs[4 * i + 3]
+            self.table_at.append(c_void_p.from_address(r + _REQ_TABLE))
+            self.offsets_at.append(c_void_p.from_address(r + _REQ_OFFSETS))
+            self.weights_at.append(c_void_p.from_address(r + _REQ_WEIGHTS))
+            self.pooling_at.append(c_int32.from_address(r + _REQ_POOLING))
 
 
 _local = threading.local()
@@ -163,6 +229,98 @@ def lookup(handle: Any, keys: Any, out: Any, num_threads: Optional[int]) -> Opti
         if s.keys_device.value != _CPU or s.out_device.value != _CPU:
             return None  # GPU tensors need the stream handshake of the general path
         return int(_lookup(handle, s.keys, s.out, opts, None))
+    finally:
+        s.busy = False
+        s.capsules.clear()
+
+
+def _take(attr: str, size: int) -> Any:
+    """This thread's scratch under ``attr`` (a fresh one when it is in use: re-entered)."""
+    s = getattr(_local, attr, None)
+    if s is None or s.busy or (attr == "batch" and s.capacity < size):
+        fresh = _Batch(max(size, 32)) if attr == "batch" else _Scratch(4)
+        if s is None or not s.busy:
+            setattr(_local, attr, fresh)
+        s = fresh
+    s.busy = True
+    return s
+
+
+def _host(s: _Scratch, n: int) -> bool:
+    """Whether the first ``n`` DLTensors of ``s`` are host memory."""
+    return all(d.value == _CPU for d in s.devices[:n])
+
+
+def lookup_pooled(handle: Any, keys: Any, offsets: Any, weights: Any, pooling: int, out: Any,
+                  num_threads: Optional[int]) -> Optional[int]:
+    """strata's status for ``strata_lookup_pooled`` on host tensors, or None when the call is not
+    one the fast path takes (nothing was called then)."""
+    if _lookup_pooled is None:
+        return None
+    n = 0 if num_threads is None else int(num_threads)
+    opts = _options.get(n) or _options_for(n)
+    s = _take("pooled", 4)
+    try:
+        a = s.addrs
+        if not (s.describe(keys, type(keys), a[0]) and s.describe_out(out, a[3])):
+            return None
+        if offsets is not None and not s.describe(offsets, type(offsets), a[1]):
+            return None
+        if weights is not None and not (hasattr(weights, "__dlpack__") and s.describe(weights, type(weights), a[2])):
+            return None
+        d = s.devices
+        if d[0].value != _CPU or d[3].value != _CPU or (offsets is not None and d[1].value != _CPU) or (
+                weights is not None and d[2].value != _CPU):
+            return None
+        return int(_lookup_pooled(handle, a[0], a[1] if offsets is not None else None,
+                                  a[2] if weights is not None else None, pooling, a[3], opts, None))
+    finally:
+        s.busy = False
+        s.capsules.clear()
+
+
+def lookup_batch(requests: Any, table_type: type, request_type: type, num_threads: Optional[int]) -> Optional[int]:
+    """strata's status for ``strata_lookup_batch`` of ``requests`` (``request_type`` objects
+    whose tables are open ``table_type`` objects and whose tensors are all given and on the host),
+    or None when the call is not one the fast path takes (nothing was called then)."""
+    if _lookup_batch is None:
+        return None
+    count = len(requests)
+    n = 0 if num_threads is None else int(num_threads)
+    opts = _options.get(n) or _options_for(n)
+    s = _take("batch", count)
+    try:
+        a, d = s.addrs, s.devices
+        for i, r in enumerate(requests):
+            if type(r) is not request_type:
+                return None
+            t = r.table
+            if type(t) is not table_type or not t._h or (t._owner is not None and not t._owner._h):
+                return None
+            pooling = POOLING.get(r.pooling) if type(r.pooling) is str else r.pooling
+            if type(pooling) is not int:
+                return None
+            keys, out, offsets, weights = r.keys, r.out, r.offsets, r.weights
+            j = 4 * i
+            if out is None or not (s.describe(keys, type(keys), a[j]) and s.describe_out(out, a[j + 3])):
+                return None
+            if d[j].value != _CPU or d[j + 3].value != _CPU:
+                return None
+            if offsets is None:
+                s.offsets_at[i].value = None
+            elif s.describe(offsets, type(offsets), a[j + 1]) and d[j + 1].value == _CPU:
+                s.offsets_at[i].value = a[j + 1]
+            else:
+                return None
+            if weights is None:
+                s.weights_at[i].value = None
+            elif hasattr(weights, "__dlpack__") and s.describe(weights, type(weights), a[j + 2]) and d[j + 2].value == _CPU:
+                s.weights_at[i].value = a[j + 2]
+            else:
+                return None
+            s.table_at[i].value = t._addr
+            s.pooling_at[i].value = pooling
+        return int(_lookup_batch(s.base, count, opts))
     finally:
         s.busy = False
         s.capsules.clear()

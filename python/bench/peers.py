@@ -1,0 +1,354 @@
+"""strata's pooled and many-table lookups against the peers a PyTorch user already has, side by
+side in one process, interleaved, on the same memory and the same keys (issue 20).
+
+    python python/bench/peers.py [--rounds 7] [--budget 0.3] [--scale 1.0] [--only NAME,...]
+
+Peers: ``torch.nn.functional.embedding_bag`` (FBGEMM's ``EmbeddingSpMDM`` kernels on CPU), a loop
+of 26 ``embedding_bag`` calls, TorchRec's ``EmbeddingBagCollection`` and FBGEMM's table-batched
+embedding (TBE, fp32, CPU). Workloads (``--scale`` shrinks every row count and batch, for smoke
+runs):
+
+  pooled       one table 1M x 128, 10K bags of 20 uniform keys: sum and mean, with and without
+               per-sample weights, float32, float16 and bfloat16 tables; one fixed key set (rows
+               stay in cache) and, on a 4M x 64 table, 12 key sets in turn (rows mostly not in
+               cache). strata adopts PyTorch's tensor (copy=False: both read the same 4 KiB
+               pages) and, separately, reads its own copy (huge pages).
+  dlrm         26 tables of dim 64 (two of 4M rows, four of 500K, twenty of 10K-100K), B = 2048,
+               Poisson pooling factors 1-40 (ragged, some empty bags), uniform and Zipf(1.05)
+               keys: strata_lookup_batch of 26 pooled requests, 26 lookup_pooled calls, the loop
+               of embedding_bag calls, TorchRec and TBE.
+  small        the same 26 tables at B = 1, 16 and 64: lookup_batch against 26 embedding_bag calls.
+
+Every contender's output is checked against ``embedding_bag`` before anything is timed. Each round
+runs every contender once (``--budget`` seconds of calls each); printed are each contender's
+median time per call with its min-max over the rounds, and each ratio strata / peer per round
+(median, min-max). The load average is printed before and after. Nothing here is a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+
+def loadavg() -> str:
+    try:
+        return " ".join(open("/proc/loadavg").read().split()[:3])
+    except OSError:
+        return "unknown"
+
+
+def pages_of(t) -> str:
+    """Which pages back the tensor ``t``: the share of its mapping on transparent huge pages."""
+    addr = t.data_ptr()
+    try:
+        lines = open("/proc/self/smaps").read().splitlines()
+    except OSError:
+        return "unknown pages"
+    i = 0
+    while i < len(lines):
+        head = lines[i].split()
+        lo, hi = (int(x, 16) for x in head[0].split("-"))
+        j = i + 1
+        fields = {}
+        while j < len(lines) and ":" in lines[j].split()[0] and not lines[j][0].isdigit() and "-" not in lines[j].split()[0]:
+            k, *v = lines[j].split()
+            fields[k.rstrip(":")] = v[0] if v else ""
+            j += 1
+        if lo <= addr < hi:
+            size, huge = int(fields.get("Size", 0)), int(fields.get("AnonHugePages", 0))
+            return f"{100 * huge / max(size, 1):.0f}% huge pages"
+        i = j
+    return "unknown pages"
+
+
+def per_call(f: Callable[[], object], budget: float) -> float:
+    """Seconds per call of ``f`` (wall clock), from enough calls to fill about ``budget``."""
+    t0 = time.perf_counter()
+    f()
+    one = time.perf_counter() - t0
+    reps = max(1, int(budget / max(one, 1e-7)))
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        f()
+    return (time.perf_counter() - t0) / reps
+
+
+def fmt(s: float) -> str:
+    return f"{s * 1e6:8.1f} us" if s < 1e-3 else f"{s * 1e3:8.2f} ms"
+
+
+class Bench:
+    def __init__(self, rounds: int, budget: float) -> None:
+        self.rounds, self.budget = rounds, budget
+        self.summary: List[Tuple[str, str, float, float, float]] = []
+
+    def run(self, label: str, cases: Dict[str, Callable[[], object]], ratios: Sequence[Tuple[str, str]]) -> None:
+        """Times ``cases`` interleaved and prints them and the ``(strata case, peer case)`` ratios."""
+        times: Dict[str, List[float]] = {k: [] for k in cases}
+        for f in cases.values():
+            per_call(f, self.budget / 4)  # warm up
+        for _ in range(self.rounds):
+            for k, f in cases.items():
+                times[k].append(per_call(f, self.budget))
+        print(f"\n{label}   (load average {loadavg()})")
+        for k, ts in times.items():
+            print(f"  {k:34s} {fmt(statistics.median(ts))}   (min {fmt(min(ts)).strip()}, max {fmt(max(ts)).strip()})")
+        for a, b in ratios:
+            rs = [x / y for x, y in zip(times[a], times[b])]
+            med = statistics.median(rs)
+            print(f"  {a + ' / ' + b:60s} {med:5.2f}x   (min {min(rs):.2f}, max {max(rs):.2f}, {self.rounds} rounds)")
+            self.summary.append((label, f"{a} / {b}", med, min(rs), max(rs)))
+
+
+def check(name: str, got, ref, rtol: float, atol: float) -> None:
+    import torch
+
+    g, r = got.float(), ref.float()
+    if not torch.allclose(g, r, rtol=rtol, atol=atol):
+        bad = (g - r).abs().max().item()
+        sys.exit(f"peers.py: {name} differs from embedding_bag (max abs difference {bad}); nothing timed")
+
+
+def pooled(b: Bench, a, rng) -> None:
+    import strata
+    import torch
+    import torch.nn.functional as F
+
+    def one(label: str, rows: int, dim: int, bags: int, hot: int, key_sets: int, dtype, mode: str, weighted: bool, own_copy: bool) -> None:
+        tdt = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+        w = torch.from_numpy(rng.random((rows, dim), dtype=np.float32)).to(tdt)
+        table = strata.Table.from_array(w, copy=own_copy)
+        sets = []
+        for _ in range(key_sets):
+            k = torch.from_numpy(rng.integers(0, rows, bags * hot, dtype=np.int64))
+            off = torch.arange(0, bags * hot + 1, hot, dtype=torch.int64)
+            psw = torch.from_numpy(rng.random(bags * hot, dtype=np.float32)) if weighted else None
+            sets.append((k, off, psw))
+        out = torch.empty((bags, dim), dtype=tdt)
+        tol = (1e-5, 1e-5) if dtype == "float32" else (2e-2, 2e-2)
+        for k, off, psw in sets:
+            ref = F.embedding_bag(k, w, off, mode=mode, per_sample_weights=psw, include_last_offset=True)
+            strata.lookup_pooled(table, k, off, psw, mode, out=out)
+            check(f"strata {label}", out, ref, *tol)
+        turn = [0]
+
+        def next_set():
+            s = sets[turn[0] % len(sets)]
+            turn[0] += 1
+            return s
+
+        def s_call():
+            k, off, psw = next_set()
+            return strata.lookup_pooled(table, k, off, psw, mode, out=out)
+
+        def t_call():
+            k, off, psw = next_set()
+            return F.embedding_bag(k, w, off, mode=mode, per_sample_weights=psw, include_last_offset=True)
+
+        where = "own copy, " + pages_of_table(w, own_copy) if own_copy else "adopted, same memory (" + pages_of(w) + ")"
+        b.run(f"pooled {label}: {rows} x {dim} {dtype}, {bags} bags of {hot}, {mode}{', weighted' if weighted else ''}, "
+              f"{key_sets} key set(s); strata {where}",
+              {"strata lookup_pooled": s_call, "embedding_bag": t_call},
+              [("strata lookup_pooled", "embedding_bag")])
+        table.close()
+
+    def pages_of_table(w, own_copy: bool) -> str:
+        return "huge pages" if own_copy and not os.environ.get("STRATA_NO_HUGE_PAGES") else "strata's pages"
+
+    s = a.scale
+    rows1, rows4 = max(1000, int(1_000_000 * s)), max(4000, int(4_000_000 * s))
+    bags = max(100, int(10_000 * s))
+    for dtype in ("float32", "float16", "bfloat16"):
+        for mode, weighted in (("sum", False), ("mean", False), ("sum", True)):  # embedding_bag weights only sum
+            if dtype != "float32" and (mode, weighted) != ("sum", False):
+                continue
+            one("in cache", rows1, 128, bags, 20, 1, dtype, mode, weighted, False)
+    one("in cache", rows1, 128, bags, 20, 1, "float32", "sum", False, True)
+    one("not in cache", rows4, 64, bags, 20, 12, "float32", "sum", False, False)
+    one("not in cache", rows4, 64, bags, 20, 12, "float32", "sum", False, True)
+    one("not in cache", rows4, 64, bags, 20, 12, "float32", "sum", True, False)
+
+
+def dlrm_tables(scale: float, rng) -> List[int]:
+    big = [4_000_000] * 2 + [500_000] * 4
+    small = [int(x) for x in np.geomspace(10_000, 100_000, 20)]
+    return [max(100, int(r * scale)) for r in big + small]
+
+
+def dlrm_keys(rows: List[int], batch: int, zipf: bool, rng) -> List[Tuple[object, object]]:
+    """Per table: int64 keys and int64 offsets [B + 1], Poisson pooling factors spread over 1-40."""
+    import torch
+
+    factors = np.linspace(1, 40, len(rows)).round().astype(int)
+    rng.shuffle(factors)
+    out = []
+    for r, L in zip(rows, factors):
+        lengths = rng.poisson(L, batch)
+        n = int(lengths.sum())
+        if zipf:
+            z = (rng.zipf(1.05, n) - 1) % r
+            perm = rng.permutation(r)
+            k = perm[z]
+        else:
+            k = rng.integers(0, r, n)
+        off = np.zeros(batch + 1, np.int64)
+        np.cumsum(lengths, out=off[1:])
+        out.append((torch.from_numpy(k.astype(np.int64)), torch.from_numpy(off)))
+    return out
+
+
+def dlrm(b: Bench, a, rng, weights, tables, batches: Sequence[int], zipfs: Sequence[bool], small: bool) -> None:
+    import strata
+    import torch
+    import torch.nn.functional as F
+
+    dim = weights[0].shape[1]
+    rows = [w.shape[0] for w in weights]
+    ebc = torchrec_ebc(weights) if not small else None
+    tbe = fbgemm_tbe(weights) if not small else None
+    for batch in batches:
+        for zipf in zipfs:
+            kk = dlrm_keys(rows, batch, zipf, rng)
+            outs = [torch.empty((batch, dim)) for _ in weights]
+            reqs = [strata.Request(t, k, o, off, None, "sum") for t, (k, off), o in zip(tables, kk, outs)]
+            refs = [F.embedding_bag(k, w, off, mode="sum", include_last_offset=True) for w, (k, off) in zip(weights, kk)]
+            strata.lookup_batch(reqs)
+            for i, (o, r) in enumerate(zip(outs, refs)):
+                check(f"strata lookup_batch table {i}", o, r, 1e-5, 1e-5)
+            for t, (k, off), o, r in zip(tables, kk, outs, refs):
+                o.fill_(float("nan"))
+                strata.lookup_pooled(t, k, off, None, "sum", out=o)
+                check("strata lookup_pooled", o, r, 1e-5, 1e-5)
+            cases: Dict[str, Callable[[], object]] = {
+                "strata lookup_batch": lambda: strata.lookup_batch(reqs),
+                "strata 26 lookup_pooled": lambda: [strata.lookup_pooled(t, k, off, None, "sum", out=o) for t, (k, off), o in zip(tables, kk, outs)],
+                "embedding_bag loop": lambda: [F.embedding_bag(k, w, off, mode="sum", include_last_offset=True) for w, (k, off) in zip(weights, kk)],
+            }
+            ratios = [("strata lookup_batch", "embedding_bag loop"), ("strata lookup_batch", "strata 26 lookup_pooled")]
+            if ebc is not None:
+                kjt = ebc_input(kk, batch)
+                got = ebc[0](kjt).values()
+                check("TorchRec EmbeddingBagCollection", got, torch.cat(refs, dim=1), 1e-5, 1e-5)
+                cases["TorchRec EBC"] = lambda kjt=kjt: ebc[0](kjt).values()
+                ratios.append(("strata lookup_batch", "TorchRec EBC"))
+            if tbe is not None:
+                idx = torch.cat([k for k, _ in kk])
+                offs = [torch.zeros(1, dtype=torch.int64)]
+                base = 0
+                for k, off in kk:
+                    offs.append(off[1:] + base)
+                    base += int(k.numel())
+                offs_t = torch.cat(offs)
+                with torch.no_grad():
+                    got = tbe(idx, offs_t)
+                check("FBGEMM TBE", got, torch.cat(refs, dim=1), 1e-4, 1e-4)
+
+                def tbe_call(idx=idx, offs_t=offs_t):
+                    with torch.no_grad():
+                        return tbe(idx, offs_t)
+
+                cases["FBGEMM TBE fp32"] = tbe_call
+                ratios.append(("strata lookup_batch", "FBGEMM TBE fp32"))
+            nnz = sum(int(k.numel()) for k, _ in kk)
+            b.run(f"{'small batch' if small else 'DLRM-like'}: 26 tables of dim {dim}, B = {batch}, {nnz} keys, "
+                  f"{'Zipf(1.05)' if zipf else 'uniform'} keys; strata adopts the same tensors", cases, ratios)
+
+
+def torchrec_ebc(weights):
+    try:
+        import torch
+        from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+        from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    except Exception as e:  # noqa: BLE001 - any import failure means the peer is missing
+        print(f"TorchRec: skipped: cannot import it ({type(e).__name__}: {e})")
+        return None
+    cfg = [EmbeddingBagConfig(name=f"t{i}", embedding_dim=w.shape[1], num_embeddings=w.shape[0],
+                              feature_names=[f"f{i}"], pooling=PoolingType.SUM) for i, w in enumerate(weights)]
+    ebc = EmbeddingBagCollection(tables=cfg, device=torch.device("meta"))
+    for i, w in enumerate(weights):  # the same memory as every other contender
+        ebc.embedding_bags[f"t{i}"].weight = torch.nn.Parameter(w, requires_grad=False)
+    return [ebc]
+
+
+def ebc_input(kk, batch: int):
+    import torch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    values = torch.cat([k for k, _ in kk])
+    lengths = torch.cat([off[1:] - off[:-1] for _, off in kk])
+    return KeyedJaggedTensor.from_lengths_sync(keys=[f"f{i}" for i in range(len(kk))], values=values, lengths=lengths)
+
+
+def fbgemm_tbe(weights):
+    try:
+        import torch
+        from fbgemm_gpu.split_embedding_configs import SparseType
+        from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
+        from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+            ComputeDevice,
+            SplitTableBatchedEmbeddingBagsCodegen,
+        )
+    except Exception as e:  # noqa: BLE001
+        print(f"FBGEMM TBE: skipped: cannot import it ({type(e).__name__}: {e})")
+        return None
+    specs = [(w.shape[0], w.shape[1], EmbeddingLocation.HOST, ComputeDevice.CPU) for w in weights]
+    tbe = SplitTableBatchedEmbeddingBagsCodegen(embedding_specs=specs, pooling_mode=PoolingMode.SUM,
+                                                weights_precision=SparseType.FP32, output_dtype=SparseType.FP32,
+                                                device=torch.device("cpu"))
+    with torch.no_grad():  # TBE keeps its own copy of the rows: it has no way to share them
+        for dst, w in zip(tbe.split_embedding_weights(), weights):
+            dst.copy_(w)
+    return tbe
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--budget", type=float, default=0.3, help="seconds of calls per contender per round")
+    p.add_argument("--scale", type=float, default=1.0, help="multiplies every row count and batch size")
+    p.add_argument("--only", default="pooled,dlrm,small", help="comma-separated: pooled, dlrm, small")
+    a = p.parse_args()
+    import strata
+    import torch
+
+    try:
+        import fbgemm_gpu
+        fb = fbgemm_gpu.__version__
+    except Exception:  # noqa: BLE001
+        fb = "not installed"
+    try:
+        import torchrec
+        tr = getattr(torchrec, "__version__", "installed")
+    except Exception:  # noqa: BLE001
+        tr = "not installed"
+    print(f"strata {strata.version()} ({strata.library_path()}), torch {torch.__version__} "
+          f"({torch.get_num_threads()} threads), fbgemm-gpu-cpu {fb}, torchrec {tr}, Python {platform.python_version()}, "
+          f"{os.cpu_count()} CPUs, strata threads {strata.default_num_threads()}; load average {loadavg()}")
+    only = set(a.only.split(","))
+    rng = np.random.default_rng(20261201)
+    b = Bench(a.rounds, a.budget)
+    if "pooled" in only:
+        pooled(b, a, rng)
+    if only & {"dlrm", "small"}:
+        rows = dlrm_tables(a.scale, rng)
+        weights = [torch.from_numpy(rng.random((r, 64), dtype=np.float32)) for r in rows]
+        tables = [strata.Table.from_array(w, copy=False) for w in weights]
+        if "dlrm" in only:
+            dlrm(b, a, rng, weights, tables, [max(16, int(2048 * a.scale))], (False, True), False)
+        if "small" in only:
+            dlrm(b, a, rng, weights, tables, (1, 16, 64), (False,), True)
+    print(f"\nsummary (strata's time / the peer's; below 1 is strata faster)   load average {loadavg()}")
+    for label, name, med, lo, hi in b.summary:
+        print(f"  {med:5.2f}x ({lo:.2f}-{hi:.2f})  {name:58s} {label[:90]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1180 @@
+//! Pooling kernels: `acc (+)= Σᵢ wᵢ · rowᵢ` over a run of rows, in index order, in float32, a
+//! multiply then an add per element (no fused multiply-add, so every instruction set rounds as
+//! the contract's reference loop does). Without weights the multiply by 1 is left out (exact).
+//!
+//! How the speed comes (what FBGEMM's `EmbeddingSpMDM` does too): the accumulator lives in
+//! vector registers for the whole run of rows, a pass of up to 16 (AVX-512) or 8 (AVX2) vectors
+//! at a time, so a row costs its loads and adds and nothing else; rows are prefetched, every
+//! cache line of the row [`Pooler::ahead`] rows further, across bag boundaries; half-precision
+//! rows are widened in registers (F16C's `vcvtph2ps`, a 16-bit shift for bfloat16). Rows wider
+//! than one pass take several passes over the same rows, the later ones from L1.
+
+use super::Isa;
+use crate::dlpack::FloatDtype;
+
+/// Cache lines of rows kept in flight ahead of the row being added: 16 rows (what FBGEMM's
+/// kernels prefetch ahead) of up to 8 lines, fewer rows when rows are wider, never fewer than 4.
+const LINES_AHEAD: usize = 128;
+
+/// Where a run's rows are.
+trait Source {
+    /// Row `i`'s address (NULL: the default row).
+    ///
+    /// # Safety
+    /// `i` below the source's length.
+    unsafe fn row(&self, i: usize) -> *const u8;
+    /// Row `i`'s address, which the caller knows is there (not missing).
+    ///
+    /// # Safety
+    /// As for [`Source::row`].
+    unsafe fn present(&self, i: usize) -> *const u8;
+}
+
+/// Rows by address.
+struct Ptrs(*const *const u8);
+
+impl Source for Ptrs {
+    #[inline(always)]
+    unsafe fn row(&self, i: usize) -> *const u8 {
+        // SAFETY: the caller keeps i below the slice's length.
+        unsafe { *self.0.add(i) }
+    }
+    #[inline(always)]
+    unsafe fn present(&self, i: usize) -> *const u8 {
+        // SAFETY: as for row.
+        unsafe { *self.0.add(i) }
+    }
+}
+
+/// Rows of a dense store by row number: key `k` is row `k` below `rows` (else missing).
+struct Indexed {
+    keys: *const u64,
+    base: *const u8,
+    stride: usize,
+    rows: u64,
+}
+
+impl Source for Indexed {
+    #[inline(always)]
+    unsafe fn row(&self, i: usize) -> *const u8 {
+        // SAFETY: the caller keeps i below the keys' length; the address is only formed here.
+        let k = unsafe { *self.keys.add(i) };
+        if k < self.rows { self.base.wrapping_add(k as usize * self.stride) } else { std::ptr::null() }
+    }
+    #[inline(always)]
+    unsafe fn present(&self, i: usize) -> *const u8 {
+        // SAFETY: as for row; the caller knows k < rows.
+        self.base.wrapping_add(unsafe { *self.keys.add(i) } as usize * self.stride)
+    }
+}
+
+/// What one kernel call works on (raw, checked by [`Pooler::add`] and [`Pooler::pool_bags`]).
+struct Args<Src> {
+    acc: *mut f32,
+    zero: bool,
+    src: Src,
+    len: usize,
+    lo: usize,
+    hi: usize,
+    weights: *const f32,
+    default: *const f32,
+    dim: usize,
+    ahead: usize,
+    row_bytes: usize,
+    /// Whole-bag calls ([`Pooler::pool_bags`]): `nbags + 1` bag starts into the rows, how each
+    /// bag is divided, and where bag `j`'s row goes (`out + j * out_stride` elements of
+    /// `out_dtype`).
+    starts: *const usize,
+    nbags: usize,
+    divide: Divide,
+    out: *mut u8,
+    out_stride: usize,
+    out_dtype: FloatDtype,
+}
+
+/// What a bag's sum is divided by before it is written (the contract's pooling modes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Divide {
+    /// Nothing: the sum.
+    Nothing,
+    /// Σ wⱼ (the bag's length without weights): mean.
+    WeightSum,
+    /// √(Σ wⱼ²) (√length without weights): sqrtn.
+    RootSquareSum,
+}
+
+/// Where the rows of a [`Pooler::pool_bags`] call are.
+pub enum RowsOf<'a> {
+    /// Addresses, NULL for the default row.
+    Ptrs(&'a [*const u8]),
+    /// Row numbers of a dense store: `keys[i]` below `rows` is the row at `base + keys[i] *
+    /// stride`; other keys are missing (the default row).
+    Dense { base: *const u8, stride: usize, rows: usize, keys: &'a [u64] },
+}
+
+type PoolFn = unsafe fn(&Args<Ptrs>);
+type IndexedFn = unsafe fn(&Args<Indexed>);
+
+/// The kernels of one (element type, instruction set): runs (from addresses) and whole bags
+/// (from addresses or a dense store), indexed by [weighted][rows may be missing].
+#[derive(Clone, Copy)]
+struct Family {
+    run: [PoolFn; 2],
+    bags: [[PoolFn; 2]; 2],
+    bags_indexed: [[IndexedFn; 2]; 2],
+}
+
+/// The pooling kernel of one stored dtype and row width, for the chosen instruction set. Cheap
+/// to copy; pick one per call ([`Pooler::new`]) and use it from any thread.
+#[derive(Clone, Copy)]
+pub struct Pooler {
+    f: Family,
+    dim: usize,
+    row_bytes: usize,
+    ahead: usize,
+}
+
+impl Pooler {
+    /// The kernel for rows of `dim` values of `dtype`, on the library's instruction set.
+    pub fn new(dtype: FloatDtype, dim: usize) -> Pooler {
+        Pooler::with_isa(super::isa(), dtype, dim)
+    }
+
+    /// The kernel on instruction set `isa`, which must not be above [`Isa::detected`] (a higher
+    /// one is lowered to it).
+    pub fn with_isa(isa: Isa, dtype: FloatDtype, dim: usize) -> Pooler {
+        let isa = isa.min(Isa::detected());
+        let f = match dtype {
+            FloatDtype::F32 => family::<F32>(isa),
+            FloatDtype::F16 => family::<F16>(isa),
+            FloatDtype::BF16 => family::<BF16>(isa),
+        };
+        let row_bytes = dim * dtype.size();
+        let ahead = (LINES_AHEAD / row_bytes.div_ceil(64).max(1)).clamp(4, 16);
+        Pooler { f, dim, row_bytes, ahead }
+    }
+
+    /// How many rows ahead of the one being added a row is prefetched.
+    pub fn ahead(&self) -> usize {
+        self.ahead
+    }
+
+    /// Adds rows `ptrs[lo..hi]` (each `dim` values of the dtype, at any alignment of its element;
+    /// NULL stands for `default`, `dim` float32 values), each times `weights[i]` when weights are
+    /// given, into `acc` (`dim` float32), which starts from zero when `zero` is set. Rows
+    /// `ptrs[hi..]` (any, up to [`Pooler::ahead`] further) are prefetched.
+    ///
+    /// # Safety
+    /// Every non-NULL `ptrs[i]` for `lo <= i < hi` must be readable for a whole row. Pointers
+    /// past `hi` are only prefetched (a hint: any value is fine).
+    ///
+    /// # Panics
+    /// When `acc` or `default` is not `dim` long, `lo > hi`, or `ptrs` or `weights` is shorter
+    /// than `hi`.
+    #[inline]
+    pub unsafe fn add(&self, acc: &mut [f32], zero: bool, ptrs: &[*const u8], lo: usize, hi: usize, weights: Option<&[f32]>, default: &[f32]) {
+        assert!(acc.len() == self.dim && default.len() == self.dim && lo <= hi && hi <= ptrs.len(), "pooling kernel arguments");
+        if let Some(w) = weights {
+            assert!(w.len() >= hi, "pooling kernel weights");
+        }
+        let a = Args {
+            acc: acc.as_mut_ptr(),
+            zero,
+            src: Ptrs(ptrs.as_ptr()),
+            len: ptrs.len(),
+            lo,
+            hi,
+            weights: weights.map_or(std::ptr::null(), |w| w.as_ptr()),
+            default: default.as_ptr(),
+            dim: self.dim,
+            ahead: self.ahead,
+            row_bytes: self.row_bytes,
+            starts: std::ptr::null(),
+            nbags: 0,
+            divide: Divide::Nothing,
+            out: std::ptr::null_mut(),
+            out_stride: 0,
+            out_dtype: FloatDtype::F32,
+        };
+        let f = self.f.run[weights.is_some() as usize];
+        // SAFETY: the lengths were checked above; the rows are readable by this function's
+        // contract; `f` was picked for an instruction set this CPU has (with_isa lowers to
+        // Isa::detected).
+        unsafe { f(&a) }
+    }
+
+    /// Pools whole bags: bag `j` is rows `starts[j] .. starts[j + 1]` of `rows` (each times its
+    /// weight when weights are given), added in order from zero, divided as `divide` says (a
+    /// zero divisor gives zeros, as an empty bag does), and written as `dim` values of
+    /// `out_dtype` (rounded to nearest even) at `out + j * out_stride` elements. The accumulator never leaves the registers for rows
+    /// of up to 256 (AVX-512) or 64 values; wider rows take several passes over each bag.
+    /// `missing` false promises that no row is missing (no NULL address, no key past a dense
+    /// store's rows): the kernel then checks none.
+    ///
+    /// # Safety
+    /// Every row `rows` names for a key of a bag must be readable (as [`Pooler::add`] and
+    /// [`RowsOf`] say), and with `missing` false every key must name one; `out + j * out_stride` must be writable for `dim` values of `out_dtype`
+    /// for every bag `j`, and not overlap the rows.
+    ///
+    /// # Panics
+    /// When `default` is not `dim` long, `starts` is empty, not non-decreasing, or ends past
+    /// the rows, or `weights` is shorter than the rows.
+    #[allow(clippy::too_many_arguments)] // the rows, the bags, the pooling, the output
+    pub unsafe fn pool_bags(
+        &self,
+        rows: RowsOf,
+        missing: bool,
+        starts: &[usize],
+        weights: Option<&[f32]>,
+        default: &[f32],
+        divide: Divide,
+        out: *mut u8,
+        out_dtype: FloatDtype,
+        out_stride: usize,
+    ) {
+        let len = match &rows {
+            RowsOf::Ptrs(p) => p.len(),
+            RowsOf::Dense { keys, .. } => keys.len(),
+        };
+        assert!(default.len() == self.dim && !starts.is_empty() && starts[starts.len() - 1] <= len, "pooling kernel arguments");
+        assert!(starts.windows(2).all(|w| w[0] <= w[1]), "pooling kernel bag starts");
+        if let Some(w) = weights {
+            assert!(w.len() >= len, "pooling kernel weights");
+        }
+        let (w, m) = (weights.is_some() as usize, missing as usize);
+        let nbags = starts.len() - 1;
+        macro_rules! args {
+            ($src:expr) => {
+                Args {
+                    acc: std::ptr::null_mut(),
+                    zero: true,
+                    src: $src,
+                    len,
+                    lo: 0,
+                    hi: 0,
+                    weights: weights.map_or(std::ptr::null(), |w| w.as_ptr()),
+                    default: default.as_ptr(),
+                    dim: self.dim,
+                    ahead: self.ahead,
+                    row_bytes: self.row_bytes,
+                    starts: starts.as_ptr(),
+                    nbags,
+                    divide,
+                    out,
+                    out_stride,
+                    out_dtype,
+                }
+            };
+        }
+        // SAFETY: the lengths and bag starts were checked above; the rows and the output rows
+        // are valid by this function's contract; the kernels were picked for an instruction set
+        // this CPU has.
+        unsafe {
+            match rows {
+                RowsOf::Ptrs(p) => (self.f.bags[w][m])(&args!(Ptrs(p.as_ptr()))),
+                RowsOf::Dense { base, stride, rows, keys } => {
+                    (self.f.bags_indexed[w][m])(&args!(Indexed { keys: keys.as_ptr(), base, stride, rows: rows as u64 }))
+                }
+            }
+        }
+    }
+}
+
+/// Every kernel of element type `E` on `isa`.
+fn family<E: Elem>(isa: Isa) -> Family {
+    macro_rules! of {
+        ($($isa:ident)::+) => {
+            Family {
+                run: [$($isa)::+::<E, Ptrs, false, false, true>, $($isa)::+::<E, Ptrs, true, false, true>],
+                bags: [
+                    [$($isa)::+::<E, Ptrs, false, true, false>, $($isa)::+::<E, Ptrs, false, true, true>],
+                    [$($isa)::+::<E, Ptrs, true, true, false>, $($isa)::+::<E, Ptrs, true, true, true>],
+                ],
+                bags_indexed: [
+                    [$($isa)::+::<E, Indexed, false, true, false>, $($isa)::+::<E, Indexed, false, true, true>],
+                    [$($isa)::+::<E, Indexed, true, true, false>, $($isa)::+::<E, Indexed, true, true, true>],
+                ],
+            }
+        };
+    }
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => of!(x86::avx512),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => of!(x86::avx2),
+        _ => of!(portable),
+    }
+}
+
+/// The vector operations a kernel is written in. Implementations are `#[inline(always)]`, and
+/// are only called from functions compiled for their instruction set.
+trait Simd {
+    type V: Copy;
+    const LANES: usize;
+    unsafe fn zero() -> Self::V;
+    unsafe fn splat(x: f32) -> Self::V;
+    unsafe fn load(p: *const f32) -> Self::V;
+    unsafe fn load_f16(p: *const u16) -> Self::V;
+    unsafe fn load_bf16(p: *const u16) -> Self::V;
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn div(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn store(p: *mut f32, v: Self::V);
+    /// Stores as float16, rounded to nearest even.
+    unsafe fn store_f16(p: *mut u16, v: Self::V);
+    /// Stores as bfloat16, rounded to nearest even (NaN stays a quiet NaN).
+    unsafe fn store_bf16(p: *mut u16, v: Self::V);
+}
+
+/// A stored element type: how a vector of it becomes float32.
+trait Elem {
+    /// Bytes per element.
+    const SIZE: usize;
+    /// `S::LANES` values from element `col` of the row at `row`.
+    unsafe fn load<S: Simd>(row: *const u8, col: usize) -> S::V;
+    /// Element `col` of the row at `row`.
+    unsafe fn scalar(row: *const u8, col: usize) -> f32;
+}
+
+struct F32;
+struct F16;
+struct BF16;
+
+impl Elem for F32 {
+    const SIZE: usize = 4;
+    #[inline(always)]
+    unsafe fn load<S: Simd>(row: *const u8, col: usize) -> S::V {
+        // SAFETY: the caller's row holds LANES float32 from col.
+        unsafe { S::load((row as *const f32).add(col)) }
+    }
+    #[inline(always)]
+    unsafe fn scalar(row: *const u8, col: usize) -> f32 {
+        // SAFETY: the caller's row holds element col.
+        unsafe { (row as *const f32).add(col).read_unaligned() }
+    }
+}
+
+impl Elem for F16 {
+    const SIZE: usize = 2;
+    #[inline(always)]
+    unsafe fn load<S: Simd>(row: *const u8, col: usize) -> S::V {
+        // SAFETY: as for F32, with 16-bit elements.
+        unsafe { S::load_f16((row as *const u16).add(col)) }
+    }
+    #[inline(always)]
+    unsafe fn scalar(row: *const u8, col: usize) -> f32 {
+        // SAFETY: as for F32.
+        half::f16::from_bits(unsafe { (row as *const u16).add(col).read_unaligned() }).to_f32()
+    }
+}
+
+impl Elem for BF16 {
+    const SIZE: usize = 2;
+    #[inline(always)]
+    unsafe fn load<S: Simd>(row: *const u8, col: usize) -> S::V {
+        // SAFETY: as for F32, with 16-bit elements.
+        unsafe { S::load_bf16((row as *const u16).add(col)) }
+    }
+    #[inline(always)]
+    unsafe fn scalar(row: *const u8, col: usize) -> f32 {
+        // SAFETY: as for F32.
+        bf16_to_f32(unsafe { (row as *const u16).add(col).read_unaligned() })
+    }
+}
+
+/// float32 rounded to bfloat16 bits, to nearest even; a NaN stays a quiet NaN (as the `half`
+/// crate rounds, which the copy kernels use).
+#[inline(always)]
+fn f32_to_bf16(v: f32) -> u16 {
+    let x = v.to_bits();
+    if x & 0x7FFF_FFFF > 0x7F80_0000 {
+        return ((x >> 16) | 0x0040) as u16;
+    }
+    ((x + 0x7FFF + ((x >> 16) & 1)) >> 16) as u16
+}
+
+/// bfloat16 bits widened to float32: the same 16 high bits (exact).
+#[inline(always)]
+fn bf16_to_f32(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
+}
+
+/// Adds rows `lo..hi` into the `R` accumulator vectors `acc` (elements `col ..` of each row),
+/// prefetching the row [`Args::ahead`] further when `PF`; `M`: rows may be missing (NULL or a
+/// key past a dense store: the default row). The loop every kernel runs.
+#[inline(always)]
+unsafe fn accumulate<S: Simd, E: Elem, Src: Source, const R: usize, const W: bool, const PF: bool, const M: bool>(
+    a: &Args<Src>,
+    acc: &mut [S::V; R],
+    lo: usize,
+    hi: usize,
+    col: usize,
+) {
+    // Everything the loop reads from `a`, in locals (registers), once.
+    let (src, weights, default) = (&a.src, a.weights, a.default);
+    let (ahead, row_bytes) = (a.ahead, a.row_bytes);
+    let pf_end = a.len.saturating_sub(ahead);
+    // A row this pass covers whole (the common case) is prefetched by R unrolled hints, one per
+    // vector (the line of its last byte too, for rows that do not start on a line); others by
+    // the general loop.
+    let whole = col == 0 && a.dim == R * S::LANES;
+    let vbytes = S::LANES * E::SIZE;
+    // SAFETY (whole body): col + R * LANES <= dim (the caller's split), so every access stays in
+    // the default row and the rows the caller vouched for; the source's entry i for i < len and
+    // weights[i] for i < hi are in their slices; a prefetch is a hint.
+    unsafe {
+        for i in lo..hi {
+            if PF && i < pf_end {
+                let q = if M { src.row(i + ahead) } else { src.present(i + ahead) };
+                if whole && (!M || !q.is_null()) {
+                    for r in 0..R {
+                        crate::util::prefetch(q.wrapping_add(r * vbytes));
+                    }
+                    crate::util::prefetch(q.wrapping_add(row_bytes - 1));
+                } else if whole {
+                } else {
+                    super::prefetch_row(q, row_bytes);
+                }
+            }
+            let p = if M { src.row(i) } else { src.present(i) };
+            let w = if W { S::splat(*weights.add(i)) } else { S::zero() };
+            if M && p.is_null() {
+                let d = default.add(col);
+                for (r, v) in acc.iter_mut().enumerate() {
+                    let x = S::load(d.add(r * S::LANES));
+                    *v = S::add(*v, if W { S::mul(w, x) } else { x });
+                }
+            } else {
+                for (r, v) in acc.iter_mut().enumerate() {
+                    let x = E::load::<S>(p, col + r * S::LANES);
+                    *v = S::add(*v, if W { S::mul(w, x) } else { x });
+                }
+            }
+        }
+    }
+}
+
+/// One pass over rows `lo..hi`: `R` vectors of the row from element `col`, accumulated in
+/// registers, loaded from `acc` first unless the run starts from zero, stored back at the end.
+#[inline(always)]
+unsafe fn pass<S: Simd, E: Elem, Src: Source, const R: usize, const W: bool>(a: &Args<Src>, col: usize, prefetch: bool) {
+    // SAFETY (whole body): col + R * LANES <= dim (run's split), so the accumulator accesses
+    // stay in acc (dim values, checked by Pooler::add); the rows as `accumulate` says.
+    unsafe {
+        let mut acc = [S::zero(); R];
+        if !a.zero {
+            for (r, v) in acc.iter_mut().enumerate() {
+                *v = S::load(a.acc.add(col + r * S::LANES));
+            }
+        }
+        if prefetch {
+            accumulate::<S, E, Src, R, W, true, true>(a, &mut acc, a.lo, a.hi, col);
+        } else {
+            accumulate::<S, E, Src, R, W, false, true>(a, &mut acc, a.lo, a.hi, col);
+        }
+        for (r, v) in acc.iter().enumerate() {
+            S::store(a.acc.add(col + r * S::LANES), *v);
+        }
+    }
+}
+
+/// The elements `col..dim` (fewer than a vector) one at a time.
+#[inline(always)]
+unsafe fn tail<E: Elem, Src: Source, const W: bool>(a: &Args<Src>, col: usize, prefetch: bool) {
+    // SAFETY (whole body): col..dim is inside acc, default and every row, as in `pass`.
+    unsafe {
+        let acc = std::slice::from_raw_parts_mut(a.acc.add(col), a.dim - col);
+        if a.zero {
+            acc.fill(0.0);
+        }
+        for i in a.lo..a.hi {
+            if prefetch && i + a.ahead < a.len {
+                super::prefetch_row(a.src.row(i + a.ahead), a.row_bytes);
+            }
+            let p = a.src.row(i);
+            let w = if W { *a.weights.add(i) } else { 1.0 };
+            for (c, v) in acc.iter_mut().enumerate() {
+                let x = if p.is_null() { *a.default.add(col + c) } else { E::scalar(p, col + c) };
+                *v += if W { w * x } else { x };
+            }
+        }
+    }
+}
+
+/// A whole row in passes of at most `RMAX` vectors (then 8, 4, 2, 1), then the tail; only the
+/// first pass prefetches.
+#[inline(always)]
+unsafe fn run<S: Simd, E: Elem, Src: Source, const W: bool, const RMAX: usize>(a: &Args<Src>) {
+    let vecs = a.dim / S::LANES;
+    let mut v = 0;
+    let mut first = true;
+    // SAFETY: every pass covers vectors v .. v + R <= vecs of the row; the tail the rest.
+    unsafe {
+        while vecs - v >= RMAX {
+            pass::<S, E, Src, RMAX, W>(a, v * S::LANES, first);
+            v += RMAX;
+            first = false;
+        }
+        if RMAX > 8 && vecs - v >= 8 {
+            pass::<S, E, Src, 8, W>(a, v * S::LANES, first);
+            v += 8;
+            first = false;
+        }
+        if RMAX > 4 && vecs - v >= 4 {
+            pass::<S, E, Src, 4, W>(a, v * S::LANES, first);
+            v += 4;
+            first = false;
+        }
+        if vecs - v >= 2 {
+            pass::<S, E, Src, 2, W>(a, v * S::LANES, first);
+            v += 2;
+            first = false;
+        }
+        if vecs - v >= 1 {
+            pass::<S, E, Src, 1, W>(a, v * S::LANES, first);
+            v += 1;
+            first = false;
+        }
+        if v * S::LANES < a.dim {
+            tail::<E, Src, W>(a, v * S::LANES, first);
+        }
+    }
+}
+
+/// One pass over bag rows `lo..hi` of a whole-bag call: `R` vectors from element `col`,
+/// accumulated from zero in registers, divided by `div` (zeros for 0), stored at `dst + col`.
+#[inline(always)]
+unsafe fn bag_pass<S: Simd, E: Elem, Src: Source, const R: usize, const W: bool, const M: bool>(
+    a: &Args<Src>,
+    lo: usize,
+    hi: usize,
+    col: usize,
+    prefetch: bool,
+    div: Option<f32>,
+    dst: *mut u8,
+) {
+    // SAFETY (whole body): as in `pass`, with dst + col + R * LANES <= dst + dim, the bag's
+    // output row, writable by the caller's contract.
+    unsafe {
+        let mut acc = [S::zero(); R];
+        if prefetch {
+            accumulate::<S, E, Src, R, W, true, M>(a, &mut acc, lo, hi, col);
+        } else {
+            accumulate::<S, E, Src, R, W, false, M>(a, &mut acc, lo, hi, col);
+        }
+        match div {
+            None => {}
+            Some(0.0) => acc = [S::zero(); R],
+            Some(d) => {
+                let d = S::splat(d);
+                for v in acc.iter_mut() {
+                    *v = S::div(*v, d);
+                }
+            }
+        }
+        match a.out_dtype {
+            FloatDtype::F32 => {
+                for (r, v) in acc.iter().enumerate() {
+                    S::store((dst as *mut f32).add(col + r * S::LANES), *v);
+                }
+            }
+            FloatDtype::F16 => {
+                for (r, v) in acc.iter().enumerate() {
+                    S::store_f16((dst as *mut u16).add(col + r * S::LANES), *v);
+                }
+            }
+            FloatDtype::BF16 => {
+                for (r, v) in acc.iter().enumerate() {
+                    S::store_bf16((dst as *mut u16).add(col + r * S::LANES), *v);
+                }
+            }
+        }
+    }
+}
+
+/// The elements `col..dim` of one bag (fewer than a vector), one at a time.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn bag_tail<E: Elem, Src: Source, const W: bool>(a: &Args<Src>, lo: usize, hi: usize, col: usize, prefetch: bool, div: Option<f32>, dst: *mut u8) {
+    // SAFETY (whole body): as in `bag_pass`.
+    unsafe {
+        let mut tail = [0f32; 16];
+        let out = &mut tail[..a.dim - col];
+        for i in lo..hi {
+            if prefetch && i + a.ahead < a.len {
+                super::prefetch_row(a.src.row(i + a.ahead), a.row_bytes);
+            }
+            let p = a.src.row(i);
+            let w = if W { *a.weights.add(i) } else { 1.0 };
+            for (c, v) in out.iter_mut().enumerate() {
+                let x = if p.is_null() { *a.default.add(col + c) } else { E::scalar(p, col + c) };
+                *v += if W { w * x } else { x };
+            }
+        }
+        match div {
+            None => {}
+            Some(0.0) => out.fill(0.0),
+            Some(d) => out.iter_mut().for_each(|v| *v /= d),
+        }
+        for (c, &v) in out.iter().enumerate() {
+            match a.out_dtype {
+                FloatDtype::F32 => (dst as *mut f32).add(col + c).write_unaligned(v),
+                FloatDtype::F16 => (dst as *mut u16).add(col + c).write_unaligned(half::f16::from_f32(v).to_bits()),
+                FloatDtype::BF16 => (dst as *mut u16).add(col + c).write_unaligned(f32_to_bf16(v)),
+            }
+        }
+    }
+}
+
+/// Whole bags, one after another, each in passes as [`run`] splits a row.
+#[inline(always)]
+unsafe fn bags_run<S: Simd, E: Elem, Src: Source, const W: bool, const M: bool, const RMAX: usize>(a: &Args<Src>) {
+    let vecs = a.dim / S::LANES;
+    // SAFETY: j < nbags indexes starts[j + 1] (nbags + 1 entries); every pass covers vectors
+    // inside the row; the output rows are the caller's.
+    unsafe {
+        for j in 0..a.nbags {
+            let (lo, hi) = (*a.starts.add(j), *a.starts.add(j + 1));
+            let div = match a.divide {
+                Divide::Nothing => None,
+                Divide::WeightSum => Some(if W { (lo..hi).fold(0f32, |t, i| t + *a.weights.add(i)) } else { (lo..hi).fold(0f32, |t, _| t + 1.0) }),
+                Divide::RootSquareSum => Some(
+                    if W {
+                        (lo..hi).fold(0f32, |t, i| {
+                            let w = *a.weights.add(i);
+                            t + w * w
+                        })
+                    } else {
+                        (lo..hi).fold(0f32, |t, _| t + 1.0)
+                    }
+                    .sqrt(),
+                ),
+            };
+            let dst = a.out.add(j * a.out_stride * a.out_dtype.size());
+            let mut v = 0;
+            let mut first = true;
+            while vecs - v >= RMAX {
+                bag_pass::<S, E, Src, RMAX, W, M>(a, lo, hi, v * S::LANES, first, div, dst);
+                v += RMAX;
+                first = false;
+            }
+            if RMAX > 8 && vecs - v >= 8 {
+                bag_pass::<S, E, Src, 8, W, M>(a, lo, hi, v * S::LANES, first, div, dst);
+                v += 8;
+                first = false;
+            }
+            if RMAX > 4 && vecs - v >= 4 {
+                bag_pass::<S, E, Src, 4, W, M>(a, lo, hi, v * S::LANES, first, div, dst);
+                v += 4;
+                first = false;
+            }
+            if vecs - v >= 2 {
+                bag_pass::<S, E, Src, 2, W, M>(a, lo, hi, v * S::LANES, first, div, dst);
+                v += 2;
+                first = false;
+            }
+            if vecs - v >= 1 {
+                bag_pass::<S, E, Src, 1, W, M>(a, lo, hi, v * S::LANES, first, div, dst);
+                v += 1;
+                first = false;
+            }
+            if v * S::LANES < a.dim {
+                bag_tail::<E, Src, W>(a, lo, hi, v * S::LANES, first, div, dst);
+            }
+        }
+    }
+}
+
+/// A run ([`run`]) or whole bags ([`bags_run`]) on instruction set `S`.
+#[inline(always)]
+unsafe fn entry<S: Simd, E: Elem, Src: Source, const W: bool, const BAGS: bool, const M: bool, const RMAX: usize>(a: &Args<Src>) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if BAGS {
+            bags_run::<S, E, Src, W, M, RMAX>(a)
+        } else {
+            run::<S, E, Src, W, RMAX>(a)
+        }
+    }
+}
+
+/// Plain Rust: 8-lane arrays the compiler vectorises for the baseline.
+#[derive(Clone, Copy)]
+struct Portable;
+
+impl Simd for Portable {
+    type V = [f32; 8];
+    const LANES: usize = 8;
+    #[inline(always)]
+    unsafe fn zero() -> Self::V {
+        [0.0; 8]
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> Self::V {
+        [x; 8]
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self::V {
+        // SAFETY: the caller's p holds 8 float32.
+        unsafe { (p as *const [f32; 8]).read_unaligned() }
+    }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const u16) -> Self::V {
+        // SAFETY: the caller's p holds 8 float16.
+        let h = unsafe { (p as *const [u16; 8]).read_unaligned() };
+        h.map(|b| half::f16::from_bits(b).to_f32())
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(p: *const u16) -> Self::V {
+        // SAFETY: the caller's p holds 8 bfloat16.
+        let h = unsafe { (p as *const [u16; 8]).read_unaligned() };
+        h.map(bf16_to_f32)
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V {
+        std::array::from_fn(|i| a[i] + b[i])
+    }
+    #[inline(always)]
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V {
+        std::array::from_fn(|i| a[i] * b[i])
+    }
+    #[inline(always)]
+    unsafe fn div(a: Self::V, b: Self::V) -> Self::V {
+        std::array::from_fn(|i| a[i] / b[i])
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: Self::V) {
+        // SAFETY: the caller's p holds 8 float32.
+        unsafe { (p as *mut [f32; 8]).write_unaligned(v) }
+    }
+    #[inline(always)]
+    unsafe fn store_f16(p: *mut u16, v: Self::V) {
+        // SAFETY: the caller's p holds 8 float16.
+        unsafe { (p as *mut [u16; 8]).write_unaligned(v.map(|x| half::f16::from_f32(x).to_bits())) }
+    }
+    #[inline(always)]
+    unsafe fn store_bf16(p: *mut u16, v: Self::V) {
+        // SAFETY: the caller's p holds 8 bfloat16.
+        unsafe { (p as *mut [u16; 8]).write_unaligned(v.map(f32_to_bf16)) }
+    }
+}
+
+/// # Safety
+/// As for [`Pooler::add`].
+unsafe fn portable<E: Elem, Src: Source, const W: bool, const BAGS: bool, const M: bool>(a: &Args<Src>) {
+    // SAFETY: forwarded.
+    unsafe { entry::<Portable, E, Src, W, BAGS, M, 8>(a) }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{Args, Elem, Simd, Source, entry};
+    use std::arch::x86_64::*;
+
+    #[derive(Clone, Copy)]
+    pub(super) struct Avx2;
+
+    impl Simd for Avx2 {
+        type V = __m256;
+        const LANES: usize = 8;
+        // SAFETY (every method): called only from functions compiled with AVX2 and F16C, which
+        // the CPU has (Pooler::with_isa); pointers hold LANES elements by the caller's contract.
+        #[inline(always)]
+        unsafe fn zero() -> __m256 {
+            unsafe { _mm256_setzero_ps() }
+        }
+        #[inline(always)]
+        unsafe fn splat(x: f32) -> __m256 {
+            unsafe { _mm256_set1_ps(x) }
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> __m256 {
+            unsafe { _mm256_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn load_f16(p: *const u16) -> __m256 {
+            unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+        }
+        #[inline(always)]
+        unsafe fn load_bf16(p: *const u16) -> __m256 {
+            unsafe { _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i)))) }
+        }
+        #[inline(always)]
+        unsafe fn add(a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_add_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn mul(a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_mul_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn div(a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_div_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: __m256) {
+            unsafe { _mm256_storeu_ps(p, v) }
+        }
+        #[inline(always)]
+        unsafe fn store_f16(p: *mut u16, v: __m256) {
+            unsafe { _mm_storeu_si128(p as *mut __m128i, _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v)) }
+        }
+        #[inline(always)]
+        unsafe fn store_bf16(p: *mut u16, v: __m256) {
+            unsafe {
+                let x = _mm256_castps_si256(v);
+                let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(1));
+                let rounded = _mm256_srli_epi32::<16>(_mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7FFF)), lsb));
+                let quiet = _mm256_or_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(0x40));
+                let abs = _mm256_and_si256(x, _mm256_set1_epi32(0x7FFF_FFFF));
+                let nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7F80_0000));
+                let r = _mm256_blendv_epi8(rounded, quiet, nan);
+                // 8 x u32 (each below 2^16) to 8 x u16: pack within lanes, then put the halves together.
+                let packed = _mm256_packus_epi32(r, r);
+                let lo = _mm256_permute4x64_epi64::<0b1000>(packed);
+                _mm_storeu_si128(p as *mut __m128i, _mm256_castsi256_si128(lo));
+            }
+        }
+    }
+
+    #[derive(Clone, Copy)]
+    pub(super) struct Avx512;
+
+    impl Simd for Avx512 {
+        type V = __m512;
+        const LANES: usize = 16;
+        // SAFETY (every method): called only from functions compiled with AVX512F, which the
+        // CPU has (Pooler::with_isa); pointers hold LANES elements by the caller's contract.
+        #[inline(always)]
+        unsafe fn zero() -> __m512 {
+            unsafe { _mm512_setzero_ps() }
+        }
+        #[inline(always)]
+        unsafe fn splat(x: f32) -> __m512 {
+            unsafe { _mm512_set1_ps(x) }
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> __m512 {
+            unsafe { _mm512_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn load_f16(p: *const u16) -> __m512 {
+            unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+        }
+        #[inline(always)]
+        unsafe fn load_bf16(p: *const u16) -> __m512 {
+            unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i)))) }
+        }
+        #[inline(always)]
+        unsafe fn add(a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_add_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn mul(a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_mul_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn div(a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_div_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: __m512) {
+            unsafe { _mm512_storeu_ps(p, v) }
+        }
+        #[inline(always)]
+        unsafe fn store_f16(p: *mut u16, v: __m512) {
+            unsafe { _mm256_storeu_si256(p as *mut __m256i, _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v)) }
+        }
+        #[inline(always)]
+        unsafe fn store_bf16(p: *mut u16, v: __m512) {
+            unsafe {
+                let x = _mm512_castps_si512(v);
+                let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(x), _mm512_set1_epi32(1));
+                let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7FFF)), lsb));
+                let quiet = _mm512_or_si512(_mm512_srli_epi32::<16>(x), _mm512_set1_epi32(0x40));
+                let abs = _mm512_and_si512(x, _mm512_set1_epi32(0x7FFF_FFFF));
+                let nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7F80_0000));
+                let r = _mm512_mask_blend_epi32(nan, rounded, quiet);
+                _mm256_storeu_si256(p as *mut __m256i, _mm512_cvtepi32_epi16(r));
+            }
+        }
+    }
+
+    /// # Safety
+    /// As for [`super::Pooler::add`], on a CPU with AVX2 and F16C.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn avx2<E: Elem, Src: Source, const W: bool, const BAGS: bool, const M: bool>(a: &Args<Src>) {
+        // SAFETY: forwarded; this function has the features Avx2's methods need.
+        unsafe { entry::<Avx2, E, Src, W, BAGS, M, 8>(a) }
+    }
+
+    /// # Safety
+    /// As for [`super::Pooler::add`], on a CPU with AVX512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn avx512<E: Elem, Src: Source, const W: bool, const BAGS: bool, const M: bool>(a: &Args<Src>) {
+        // SAFETY: forwarded; this function has the features Avx512's methods need.
+        unsafe { entry::<Avx512, E, Src, W, BAGS, M, 16>(a) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The contract's reference: float32, key order, a multiply then an add.
+    fn reference(dtype: FloatDtype, rows: &[Vec<u8>], present: &[bool], w: Option<&[f32]>, default: &[f32], start: &[f32]) -> Vec<f32> {
+        let dim = default.len();
+        let mut acc = start.to_vec();
+        for (i, row) in rows.iter().enumerate() {
+            let wi = w.map_or(1.0, |w| w[i]);
+            for (c, a) in acc.iter_mut().enumerate() {
+                let x = if !present[i] {
+                    default[c]
+                } else {
+                    match dtype {
+                        FloatDtype::F32 => f32::from_le_bytes(row[c * 4..c * 4 + 4].try_into().unwrap()),
+                        FloatDtype::F16 => half::f16::from_le_bytes([row[c * 2], row[c * 2 + 1]]).to_f32(),
+                        FloatDtype::BF16 => half::bf16::from_le_bytes([row[c * 2], row[c * 2 + 1]]).to_f32(),
+                    }
+                };
+                *a += wi * x;
+            }
+            let _ = dim;
+        }
+        acc
+    }
+
+    /// Every instruction set, dtype, width from 1 to 300, with and without weights, from zero and
+    /// from a running accumulator, with missing rows and rows at odd addresses: bit for bit the
+    /// reference.
+    #[test]
+    fn every_kernel_matches_the_reference() {
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for isa in Isa::available() {
+            for dtype in [FloatDtype::F32, FloatDtype::F16, FloatDtype::BF16] {
+                for dim in (1..=40).chain([63, 64, 65, 127, 128, 129, 192, 255, 256, 257, 300]) {
+                    let k = Pooler::with_isa(isa, dtype, dim);
+                    let n = (next() % 30) as usize;
+                    let size = dtype.size();
+                    // One buffer holding every row at an element-aligned but otherwise odd offset.
+                    let mut buf = vec![0u8; n * dim * size + 64];
+                    let base = (64 - buf.as_ptr() as usize % 64) % 64 + size;
+                    let mut rows = Vec::new();
+                    for i in 0..n {
+                        let row: Vec<u8> = (0..dim)
+                            .flat_map(|_| {
+                                let v = ((next() % 2001) as f32 - 1000.0) / 37.0;
+                                match dtype {
+                                    FloatDtype::F32 => v.to_le_bytes().to_vec(),
+                                    FloatDtype::F16 => half::f16::from_f32(v).to_le_bytes().to_vec(),
+                                    FloatDtype::BF16 => half::bf16::from_f32(v).to_le_bytes().to_vec(),
+                                }
+                            })
+                            .collect();
+                        let at = base + i * dim * size;
+                        if at + row.len() > buf.len() {
+                            buf.resize(at + row.len(), 0);
+                        }
+                        buf[at..at + row.len()].copy_from_slice(&row);
+                        rows.push(row);
+                    }
+                    let present: Vec<bool> = (0..n).map(|_| next() % 7 != 0).collect();
+                    let ptrs: Vec<*const u8> =
+                        (0..n).map(|i| if present[i] { buf[base + i * dim * size..].as_ptr() } else { std::ptr::null() }).collect();
+                    let w: Vec<f32> = (0..n).map(|_| ((next() % 1000) as f32 - 300.0) / 97.0).collect();
+                    let default: Vec<f32> = (0..dim).map(|c| c as f32 * 0.25 - 3.0).collect();
+                    let start: Vec<f32> = (0..dim).map(|c| (c % 5) as f32 - 1.5).collect();
+                    for weighted in [false, true] {
+                        for zero in [true, false] {
+                            let wv = weighted.then_some(&w[..]);
+                            let from = if zero { vec![0.0; dim] } else { start.clone() };
+                            let want = reference(dtype, &rows, &present, wv, &default, &from);
+                            let mut acc = if zero { vec![f32::NAN; dim] } else { start.clone() };
+                            // SAFETY: every non-NULL pointer is a whole row inside buf.
+                            unsafe { k.add(&mut acc, zero, &ptrs, 0, n, wv, &default) };
+                            let same = acc.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                            assert!(same, "{isa:?} {dtype:?} dim {dim} n {n} weighted {weighted} zero {zero}: {acc:?} != {want:?}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A run inside a longer list adds only its own rows.
+    #[test]
+    fn a_run_adds_only_its_rows() {
+        for isa in Isa::available() {
+            let k = Pooler::with_isa(isa, FloatDtype::F32, 16);
+            let rows: Vec<Vec<f32>> = (0..10).map(|i| vec![i as f32; 16]).collect();
+            let ptrs: Vec<*const u8> = rows.iter().map(|r| r.as_ptr() as *const u8).collect();
+            let mut acc = vec![0.0; 16];
+            // SAFETY: every pointer is a whole row.
+            unsafe { k.add(&mut acc, true, &ptrs, 3, 6, None, &[0.0; 16]) };
+            assert_eq!(acc, vec![12.0; 16], "{isa:?}");
+        }
+    }
+
+    /// Whole bags, every instruction set, stored dtype, out dtype, pooling and width, with and
+    /// without weights, missing rows and empty bags, from addresses and from a dense store:
+    /// bit for bit the reference (the sum, divided as the contract says, rounded once to the
+    /// out dtype as the `half` crate rounds), and nothing written outside the output rows.
+    #[test]
+    fn whole_bags_match_the_reference() {
+        let mut seed = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for isa in Isa::available() {
+            for dtype in [FloatDtype::F32, FloatDtype::F16, FloatDtype::BF16] {
+                for dim in [1, 3, 8, 15, 16, 17, 31, 64, 100, 128, 200, 256, 272] {
+                    let k = Pooler::with_isa(isa, dtype, dim);
+                    let size = dtype.size();
+                    let table_rows = 40usize;
+                    let stride = dim * size + if next() % 2 == 0 { 0 } else { size * 3 };
+                    let mut store = vec![0u8; table_rows * stride];
+                    let mut values = vec![vec![0f32; dim]; table_rows];
+                    for (r, row) in values.iter_mut().enumerate() {
+                        for (c, v) in row.iter_mut().enumerate() {
+                            let x = ((next() % 4001) as f32 - 2000.0) / 61.0;
+                            let bytes = match dtype {
+                                FloatDtype::F32 => x.to_le_bytes().to_vec(),
+                                FloatDtype::F16 => half::f16::from_f32(x).to_le_bytes().to_vec(),
+                                FloatDtype::BF16 => half::bf16::from_f32(x).to_le_bytes().to_vec(),
+                            };
+                            store[r * stride + c * size..r * stride + (c + 1) * size].copy_from_slice(&bytes);
+                            *v = match dtype {
+                                FloatDtype::F32 => x,
+                                FloatDtype::F16 => half::f16::from_f32(x).to_f32(),
+                                FloatDtype::BF16 => half::bf16::from_f32(x).to_f32(),
+                            };
+                        }
+                    }
+                    let nbags = (next() % 9) as usize;
+                    let mut starts = vec![0usize];
+                    for _ in 0..nbags {
+                        let len = [0, 1, 2, 5, 17, 40][(next() % 6) as usize];
+                        starts.push(starts.last().unwrap() + len);
+                    }
+                    let n = *starts.last().unwrap();
+                    let with_misses = next() % 2 == 0;
+                    let keys: Vec<u64> = (0..n)
+                        .map(|_| if with_misses && next() % 5 == 0 { table_rows as u64 + next() % 3 } else { next() % table_rows as u64 })
+                        .collect();
+                    let ptrs: Vec<*const u8> =
+                        keys.iter().map(|&q| if q < table_rows as u64 { store[q as usize * stride..].as_ptr() } else { std::ptr::null() }).collect();
+                    let w: Vec<f32> = (0..n).map(|_| if next() % 11 == 0 { 0.0 } else { ((next() % 1000) as f32 - 400.0) / 89.0 }).collect();
+                    let default: Vec<f32> = (0..dim).map(|c| c as f32 * 0.5 - 7.0).collect();
+                    for weighted in [false, true] {
+                        for divide in [Divide::Nothing, Divide::WeightSum, Divide::RootSquareSum] {
+                            for out_dtype in [FloatDtype::F32, FloatDtype::F16, FloatDtype::BF16] {
+                                for dense in [false, true] {
+                                    let wv = weighted.then_some(&w[..]);
+                                    let out_stride = dim + 5;
+                                    let osize = out_dtype.size();
+                                    let mut out = vec![0xA5u8; (nbags.max(1) * out_stride + 8) * osize];
+                                    let rows = if dense {
+                                        RowsOf::Dense { base: store.as_ptr(), stride, rows: table_rows, keys: &keys }
+                                    } else {
+                                        RowsOf::Ptrs(&ptrs)
+                                    };
+                                    // SAFETY: every row named is inside `store`; out holds nbags rows
+                                    // of out_stride elements.
+                                    unsafe { k.pool_bags(rows, with_misses, &starts, wv, &default, divide, out.as_mut_ptr(), out_dtype, out_stride) };
+                                    for j in 0..nbags {
+                                        let mut acc = vec![0f32; dim];
+                                        let (mut ws, mut w2) = (0f32, 0f32);
+                                        for i in starts[j]..starts[j + 1] {
+                                            let wi = if weighted { w[i] } else { 1.0 };
+                                            let row = if keys[i] < table_rows as u64 { &values[keys[i] as usize] } else { &default };
+                                            for (a, x) in acc.iter_mut().zip(row) {
+                                                *a += wi * x;
+                                            }
+                                            ws += wi;
+                                            w2 += wi * wi;
+                                        }
+                                        let d = match divide {
+                                            Divide::Nothing => None,
+                                            Divide::WeightSum => Some(ws),
+                                            Divide::RootSquareSum => Some(w2.sqrt()),
+                                        };
+                                        match d {
+                                            None => {}
+                                            Some(0.0) => acc.fill(0.0),
+                                            Some(d) => acc.iter_mut().for_each(|a| *a /= d),
+                                        }
+                                        for c in 0..dim {
+                                            let at = (j * out_stride + c) * osize;
+                                            let got = &out[at..at + osize];
+                                            let want = match out_dtype {
+                                                FloatDtype::F32 => acc[c].to_le_bytes().to_vec(),
+                                                FloatDtype::F16 => half::f16::from_f32(acc[c]).to_le_bytes().to_vec(),
+                                                FloatDtype::BF16 => half::bf16::from_f32(acc[c]).to_le_bytes().to_vec(),
+                                            };
+                                            assert_eq!(got, &want[..], "{isa:?} {dtype:?} -> {out_dtype:?} dim {dim} bag {j} col {c} weighted {weighted} {divide:?} dense {dense}");
+                                        }
+                                        let gap = &out[(j * out_stride + dim) * osize..(j * out_stride + out_stride) * osize];
+                                        assert!(gap.iter().all(|&b| b == 0xA5), "{isa:?}: written between rows");
+                                    }
+                                    assert!(out[nbags * out_stride * osize..].iter().all(|&b| b == 0xA5), "{isa:?}: written past the rows");
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// bfloat16 rounding of the kernels agrees with the `half` crate's, NaN and infinities
+    /// included, on every instruction set.
+    #[test]
+    fn bfloat16_and_float16_stores_round_as_half_does() {
+        let specials = [0.0f32, -0.0, 1.0, f32::MAX, f32::MIN_POSITIVE, 1e-40, -1e-40, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 65504.0, 65520.0, 1.00390625, 1.01171875];
+        let mut vals: Vec<f32> = specials.to_vec();
+        let mut x = 0x1234_5678u32;
+        while vals.len() < 4096 {
+            x = x.wrapping_mul(1664525).wrapping_add(1013904223);
+            vals.push(f32::from_bits(x));
+        }
+        for isa in Isa::available() {
+            let k = Pooler::with_isa(isa, FloatDtype::F32, 16);
+            for chunk in vals.chunks(16) {
+                let row: Vec<f32> = chunk.iter().copied().chain(std::iter::repeat(0.0)).take(16).collect();
+                let ptrs = [row.as_ptr() as *const u8];
+                for out_dtype in [FloatDtype::F16, FloatDtype::BF16] {
+                    let mut out = [0u16; 16];
+                    // SAFETY: one row of 16 float32; out holds 16 values.
+                    unsafe { k.pool_bags(RowsOf::Ptrs(&ptrs), false, &[0, 1], None, &[0.0; 16], Divide::Nothing, out.as_mut_ptr() as *mut u8, out_dtype, 16) };
+                    for (c, (&got, &v)) in out.iter().zip(&row).enumerate() {
+                        let sum = 0.0 + v; // the bag's sum, from zero (-0.0 becomes 0.0)
+                        let want = match out_dtype {
+                            FloatDtype::F16 => half::f16::from_f32(sum).to_bits(),
+                            _ => half::bf16::from_f32(sum).to_bits(),
+                        };
+                        let both_nan = v.is_nan() && (got & 0x7FFF) > 0x7C00 && out_dtype == FloatDtype::F16;
+                        assert!(got == want || both_nan, "{isa:?} {out_dtype:?} {v:e} (col {c}): {got:#x} != {want:#x}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "pooling kernel arguments")]
+    fn a_short_accumulator_is_refused() {
+        let k = Pooler::new(FloatDtype::F32, 16);
+        let mut acc = vec![0.0; 8];
+        // SAFETY: no row is read: the call panics on its checks.
+        unsafe { k.add(&mut acc, true, &[], 0, 0, None, &[0.0; 16]) };
+    }
+}
