@@ -437,7 +437,7 @@ TRITONSERVER_Error *parse_model(TRITONBACKEND_Model *model, BackendState *backen
     strata_status s = strata_server_open(ps.c_str(), &m->server);
     if (s != STRATA_OK) {
         m->server = nullptr;
-        return error(TRITONSERVER_ERROR_INVALID_ARG, "model '" + m->name + "': " + ps + ": " + strata_message(s));
+        return error(TRITONSERVER_ERROR_INVALID_ARG, "model '" + m->name + "': strata_server_open: " + strata_message(s));
     }
     backend->handle_opened();
     int32_t warnings = 0;
