@@ -104,6 +104,16 @@ parameters [
         # Reloaded while others serve: its ps.json sits in the version folder.
         self.reload_dir = h.write_model(repo, "reload", h.hps_config("reload", 0, keys_dims="[ -1, -1 ]", numkeys_dims="[ -1, -1 ]"), versions=(1,))
         self.write_reload_ps(1, "a")
+        # Four instances over a 100K x 64 table held in a volatile tier (25.6 MB of rows).
+        mkeys, mvecs = h.random_table(100_000, 64, seed=9)
+        h.write_sparse(root / "data" / "m1", mkeys, mvecs)
+        self.tables["m1"] = (mkeys, mvecs)
+        self.mem_bytes = mvecs.nbytes
+        mem = h.write_model(repo, "mem4", h.hps_config("mem4", 0, count=4, keys_dims="[ -1, -1 ]",
+                                                       numkeys_dims="[ -1, -1 ]"))
+        h.write_ps(mem / "1" / "ps.json", [{"model": "mem4", "sparse_files": [str(root / "data" / "m1")],
+                                           "embedding_vecsize_per_table": [64]}],
+                   volatile={"type": "hash_map", "initial_cache_rate": 1.0})
         # A ps.json error: the load must fail with strata's message and JSON path.
         bad = h.write_model(repo, "bad_ps", h.hps_config("bad_ps", 0))
         h.write_ps(bad / "1" / "ps.json", [{"model": "bad_ps", "sparse_files": ["/nonexistent/strata/table"],
@@ -494,5 +504,35 @@ def test_metrics_and_shared_servers(server: h.TritonServer, data: Data) -> None:
         # wdl, wdlb (2 instances), pooled (2 instances), ragged, reload: five models, five handles.
         index = [m for m in client.get_model_repository_index() if m.get("state") == "READY"]
         assert gauge(server, "strata_server_handles") == len(index)
+    finally:
+        client.close()
+
+
+def rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_instances_share_one_server(server: h.TritonServer, data: Data) -> None:
+    """Four KIND_CPU instances of a model hold one strata server: the table is in memory once."""
+    client = http.InferenceServerClient(server.http_url)
+    try:
+        pid = server.proc.pid
+        before = rss(pid)
+        handles = gauge(server, "strata_server_handles")
+        client.load_model("mem4")
+        grown = rss(pid) - before
+        print(f"4 instances over a {data.mem_bytes / 1e6:.1f} MB table: RSS grew {grown / 1e6:.1f} MB")
+        assert gauge(server, "strata_server_handles") == handles + 1
+        assert grown > 0.5 * data.mem_bytes, "the volatile tier was not loaded?"
+        assert grown < 2 * data.mem_bytes, "memory grows with the instances"
+        k = data.sample("m1", 50, np.random.default_rng(15)).reshape(1, -1)
+        out = client.infer("mem4", hps_inputs(http, k, np.array([[50]], np.int32))).as_numpy("OUTPUT0")
+        np.testing.assert_array_equal(out, data.rows("m1", k).reshape(-1))
+        client.unload_model("mem4")
+        wait_for(lambda: gauge(server, "strata_server_handles") == handles)
     finally:
         client.close()
