@@ -25,3 +25,7 @@ echo "== pytest c_examples/triton (tritonserver on 127.0.0.1)"
 STRATA_TRITON_BACKEND_DIR="$TRITON_PREFIX/backends" STRATA_LIBRARY="$TRITON_PREFIX/lib/libstrata.so" \
     PYTHONPATH="$ROOT/python/src:$ROOT/c_examples/triton" \
     timeout 600 "$TRITON_PY" -m pytest -q -p no:cacheprovider c_examples/triton/test_triton_backend.py "$@"
+echo "== c_examples/triton/example (the model repository a user copies), served and queried"
+TRITON_PKG="$("$TRITON_PY" -c 'import pytriton, os; print(os.path.dirname(os.path.realpath(pytriton.__file__)))')"
+timeout 300 bash c_examples/triton/example/run.sh "$TRITON_PKG/tritonserver/bin/tritonserver" \
+    "$(dirname "$TRITON_PKG")/nvidia_pytriton.libs" "$TRITON_PREFIX/backends" "$TRITON_PY"
