@@ -68,6 +68,13 @@ def throughput(make_call: Callable[[], Callable[[], Any]], clients: int, seconds
     return sum(counts) * batch / seconds
 
 
+def server_stats(server: h.TritonServer) -> dict[str, tuple[int, int]]:
+    """Triton's cumulative (count, ns) per phase for the model."""
+    with http.InferenceServerClient(server.http_url) as c:
+        st = c.get_inference_statistics("bench")["model_stats"][0]["inference_stats"]
+    return {k: (int(v.get("count", 0)), int(v.get("ns", 0))) for k, v in st.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=400)
@@ -118,7 +125,13 @@ parameters [ {{ key: "lookup.keys" value: {{ string_value: "table=0 output=rows"
                     call = make_call()
                     got = call()
                     np.testing.assert_array_equal(got, strata.lookup(table, k))
+                    before = server_stats(server)
                     row[proto] = latency(call, n)
+                    after = server_stats(server)
+                    count = after["success"][0] - before["success"][0]
+                    # Per request, inside tritonserver: the whole request, and the backend's part.
+                    row[proto + "_server"] = tuple((after[w][1] - before[w][1]) / max(count, 1) / 1e3
+                                                   for w in ("success", "compute_infer"))
                     row[proto + "_tput"] = throughput(make_call, args.clients, args.seconds, batch)
                 results.append(row)
                 print(f"batch {batch}: done", flush=True)
@@ -128,13 +141,15 @@ parameters [ {{ key: "lookup.keys" value: {{ string_value: "table=0 output=rows"
     print()
     print(f"load average before: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; "
           f"after: {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f} ({os.cpu_count()} CPUs)")
-    print(f"| batch | direct p50 / p99 (us) | HTTP p50 / p99 (us) | gRPC p50 / p99 (us) | direct keys/s (1 thread) "
+    print(f"| batch | direct p50 / p99 (us) | HTTP p50 / p99 (us) | gRPC p50 / p99 (us) "
+          f"| in server, HTTP / gRPC: request, backend (us) | direct keys/s (1 thread) "
           f"| HTTP keys/s ({args.clients} clients) | gRPC keys/s ({args.clients} clients) |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
+        hs, gs = r["http_server"], r["grpc_server"]
         print(f"| {r['batch']} | {r['direct'][0]:.1f} / {r['direct'][1]:.1f} | {r['http'][0]:.0f} / {r['http'][1]:.0f} "
-              f"| {r['grpc'][0]:.0f} / {r['grpc'][1]:.0f} | {r['direct_tput']:.3g} | {r['http_tput']:.3g} "
-              f"| {r['grpc_tput']:.3g} |")
+              f"| {r['grpc'][0]:.0f} / {r['grpc'][1]:.0f} | {hs[0]:.0f}, {hs[1]:.0f} / {gs[0]:.0f}, {gs[1]:.0f} "
+              f"| {r['direct_tput']:.3g} | {r['http_tput']:.3g} | {r['grpc_tput']:.3g} |")
 
 
 if __name__ == "__main__":
