@@ -90,20 +90,39 @@ class JsonParser {
         return true;
     }
 
+    // The elements of an object or array after its opening bracket: `element` reads one, and
+    // they are separated by commas up to `close`.
+    template <typename F>
+    bool sequence(char close, F element) {
+        ++p_;
+        skip();
+        if (p_ != end_ && *p_ == close) {
+            ++p_;
+            return true;
+        }
+        for (;;) {
+            if (!element()) return false;
+            skip();
+            if (p_ != end_ && *p_ == ',') {
+                ++p_;
+                continue;
+            }
+            if (p_ != end_ && *p_ == close) {
+                ++p_;
+                return true;
+            }
+            return fail(close == '}' ? "expected ',' or '}'" : "expected ',' or ']'");
+        }
+    }
+
     bool value(Json *out, int depth) {
         if (depth > 64) return fail("nested too deeply");
         skip();
         if (p_ == end_) return fail("unexpected end");
         switch (*p_) {
-        case '{': {
+        case '{':
             out->kind_ = Json::Kind::Object;
-            ++p_;
-            skip();
-            if (p_ != end_ && *p_ == '}') {
-                ++p_;
-                return true;
-            }
-            for (;;) {
+            return sequence('}', [&] {
                 skip();
                 if (p_ == end_ || *p_ != '"') return fail("expected a member name");
                 std::string key;
@@ -114,42 +133,16 @@ class JsonParser {
                 Json member;
                 if (!value(&member, depth + 1)) return false;
                 out->members_.emplace_back(std::move(key), std::move(member));
-                skip();
-                if (p_ != end_ && *p_ == ',') {
-                    ++p_;
-                    continue;
-                }
-                if (p_ != end_ && *p_ == '}') {
-                    ++p_;
-                    return true;
-                }
-                return fail("expected ',' or '}'");
-            }
-        }
-        case '[': {
-            out->kind_ = Json::Kind::Array;
-            ++p_;
-            skip();
-            if (p_ != end_ && *p_ == ']') {
-                ++p_;
                 return true;
-            }
-            for (;;) {
+            });
+        case '[':
+            out->kind_ = Json::Kind::Array;
+            return sequence(']', [&] {
                 Json item;
                 if (!value(&item, depth + 1)) return false;
                 out->items_.push_back(std::move(item));
-                skip();
-                if (p_ != end_ && *p_ == ',') {
-                    ++p_;
-                    continue;
-                }
-                if (p_ != end_ && *p_ == ']') {
-                    ++p_;
-                    return true;
-                }
-                return fail("expected ',' or ']'");
-            }
-        }
+                return true;
+            });
         case '"':
             out->kind_ = Json::Kind::String;
             return string(&out->text_);

@@ -95,6 +95,12 @@ std::string shape_string(const int64_t *shape, size_t n) {
     return s + "]";
 }
 
+int64_t elements(const std::vector<int64_t> &shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+}
+
 bool file_exists(const std::string &path) {
     struct stat st;
     return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
@@ -615,11 +621,7 @@ struct InputView {
     TRITONSERVER_MemoryType memory = TRITONSERVER_MEMORY_CPU;
     int64_t memory_id = 0;
     std::vector<char> gathered;
-    int64_t numel() const {
-        int64_t n = 1;
-        for (int64_t d : shape) n *= d;
-        return n;
-    }
+    int64_t numel() const { return elements(shape); }
 };
 
 // The work for one Triton request: its response, the strata requests it makes (with the tensors
@@ -736,8 +738,7 @@ bool Execution::make_output(Pending &p, const std::string &name, TRITONSERVER_Da
     TRITONSERVER_Error *err =
         TRITONBACKEND_ResponseOutput(p.response, &output, name.c_str(), dtype, shape.data(), uint32_t(shape.size()));
     if (err == nullptr) {
-        uint64_t bytes = dtype_size(dtype);
-        for (int64_t d : shape) bytes *= uint64_t(d);
+        const uint64_t bytes = dtype_size(dtype) * uint64_t(elements(shape));
         *memory = inst_->gpu ? TRITONSERVER_MEMORY_GPU : TRITONSERVER_MEMORY_CPU;
         *memory_id = inst_->gpu ? inst_->device_id : 0;
         err = TRITONBACKEND_OutputBuffer(output, data, bytes, memory, memory_id);
@@ -907,9 +908,7 @@ void Execution::prepare_native(Pending &p) {
         TRITONSERVER_MemoryType out_mem;
         int64_t out_id;
         if (!make_output(p, l.output, l.out_dtype, out_shape, &out, &out_mem, &out_id)) return;
-        int64_t out_elems = 1;
-        for (int64_t d : out_shape) out_elems *= d;
-        if (out_elems == 0) continue;  // nothing to write (an empty batch or no bags)
+        if (elements(out_shape) == 0) continue;  // nothing to write (an empty batch or no bags)
         DLTensor *k = tensor(const_cast<void *>(keys->data), dl_device(keys->memory, keys->memory_id), keys->dtype, kshape, 0);
         DLTensor *o = nullptr;
         if (l.pooling == STRATA_POOL_NONE) {
@@ -1054,6 +1053,39 @@ void Execution::run(TRITONBACKEND_Request **requests, uint32_t n) {
 
 using namespace strata_triton;
 
+namespace {
+
+// The backend's state objects hang off Triton's backend, model and instance objects: handed over
+// with `set` once built, deleted through `get` at finalization.
+template <typename T, typename Obj>
+TRITONSERVER_Error *hand_over(Obj *obj, TRITONSERVER_Error *(*set)(Obj *, void *), std::unique_ptr<T> state) {
+    RETURN_IF_TRITON_ERROR(set(obj, state.get()));
+    state.release();
+    return nullptr;
+}
+
+// The state of the object `obj` belongs to (a model's backend, an instance's model).
+template <typename T, typename Obj, typename Parent>
+TRITONSERVER_Error *parent_state(Obj *obj, TRITONSERVER_Error *(*parent)(Obj *, Parent **),
+                                 TRITONSERVER_Error *(*get)(Parent *, void **), T **out) {
+    Parent *p = nullptr;
+    RETURN_IF_TRITON_ERROR(parent(obj, &p));
+    void *state = nullptr;
+    RETURN_IF_TRITON_ERROR(get(p, &state));
+    *out = static_cast<T *>(state);
+    return nullptr;
+}
+
+template <typename T, typename Obj>
+TRITONSERVER_Error *delete_state(Obj *obj, TRITONSERVER_Error *(*get)(Obj *, void **)) {
+    void *state = nullptr;
+    RETURN_IF_TRITON_ERROR(get(obj, &state));
+    delete static_cast<T *>(state);
+    return nullptr;
+}
+
+}  // namespace
+
 extern "C" {
 
 TRITONSERVER_Error *TRITONBACKEND_Initialize(TRITONBACKEND_Backend *backend) {
@@ -1094,45 +1126,27 @@ TRITONSERVER_Error *TRITONBACKEND_Initialize(TRITONBACKEND_Backend *backend) {
     STRATA_LOG(TRITONSERVER_LOG_INFO, "strata backend: strata " + std::string(strata_version()) + ", Triton backend API " +
                                           std::to_string(major) + "." + std::to_string(minor) + ", ps " +
                                           (state->ps_path.empty() ? "(none; per model)" : state->ps_path));
-    RETURN_IF_TRITON_ERROR(TRITONBACKEND_BackendSetState(backend, state.get()));
-    state.release();
-    return nullptr;
+    return hand_over(backend, TRITONBACKEND_BackendSetState, std::move(state));
 }
 
 TRITONSERVER_Error *TRITONBACKEND_Finalize(TRITONBACKEND_Backend *backend) {
-    void *state = nullptr;
-    RETURN_IF_TRITON_ERROR(TRITONBACKEND_BackendState(backend, &state));
-    delete static_cast<BackendState *>(state);
-    return nullptr;
+    return delete_state<BackendState>(backend, TRITONBACKEND_BackendState);
 }
 
 TRITONSERVER_Error *TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model *model) {
-    TRITONBACKEND_Backend *backend = nullptr;
-    RETURN_IF_TRITON_ERROR(TRITONBACKEND_ModelBackend(model, &backend));
-    void *bstate = nullptr;
-    RETURN_IF_TRITON_ERROR(TRITONBACKEND_BackendState(backend, &bstate));
     auto state = std::make_unique<ModelState>();
-    state->backend = static_cast<BackendState *>(bstate);
+    RETURN_IF_TRITON_ERROR(parent_state(model, TRITONBACKEND_ModelBackend, TRITONBACKEND_BackendState, &state->backend));
     RETURN_IF_TRITON_ERROR(parse_model(model, state->backend, state.get()));
-    RETURN_IF_TRITON_ERROR(TRITONBACKEND_ModelSetState(model, state.get()));
-    state.release();
-    return nullptr;
+    return hand_over(model, TRITONBACKEND_ModelSetState, std::move(state));
 }
 
 TRITONSERVER_Error *TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model *model) {
-    void *state = nullptr;
-    RETURN_IF_TRITON_ERROR(TRITONBACKEND_ModelState(model, &state));
-    delete static_cast<ModelState *>(state);
-    return nullptr;
+    return delete_state<ModelState>(model, TRITONBACKEND_ModelState);
 }
 
 TRITONSERVER_Error *TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelInstance *instance) {
-    TRITONBACKEND_Model *model = nullptr;
-    RETURN_IF_TRITON_ERROR(TRITONBACKEND_ModelInstanceModel(instance, &model));
-    void *mstate = nullptr;
-    RETURN_IF_TRITON_ERROR(TRITONBACKEND_ModelState(model, &mstate));
     auto state = std::make_unique<InstanceState>();
-    state->model = static_cast<ModelState *>(mstate);
+    RETURN_IF_TRITON_ERROR(parent_state(instance, TRITONBACKEND_ModelInstanceModel, TRITONBACKEND_ModelState, &state->model));
     state->instance = instance;
     const char *name = nullptr;
     RETURN_IF_TRITON_ERROR(TRITONBACKEND_ModelInstanceName(instance, &name));
@@ -1154,16 +1168,11 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelIns
     }
     STRATA_LOG(TRITONSERVER_LOG_INFO, "strata: instance '" + state->name + "' (" + (state->gpu ? "GPU " : "CPU") +
                                           (state->gpu ? std::to_string(state->device_id) : std::string()) + ")");
-    RETURN_IF_TRITON_ERROR(TRITONBACKEND_ModelInstanceSetState(instance, state.get()));
-    state.release();
-    return nullptr;
+    return hand_over(instance, TRITONBACKEND_ModelInstanceSetState, std::move(state));
 }
 
 TRITONSERVER_Error *TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInstance *instance) {
-    void *state = nullptr;
-    RETURN_IF_TRITON_ERROR(TRITONBACKEND_ModelInstanceState(instance, &state));
-    delete static_cast<InstanceState *>(state);
-    return nullptr;
+    return delete_state<InstanceState>(instance, TRITONBACKEND_ModelInstanceState);
 }
 
 TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstance *instance,
