@@ -633,6 +633,10 @@ struct Pending {
     TRITONSERVER_Error_Code code = TRITONSERVER_ERROR_INVALID_ARG;
     size_t first = 0, count = 0;     // its strata requests: [first, first + count)
     std::vector<std::string> names;  // per strata request: "keys input/output" for messages
+    std::vector<std::string> outputs;  // the outputs the request asks for (Triton lists all when it names none)
+    bool wants(const std::string &output) const {
+        return std::find(outputs.begin(), outputs.end(), output) != outputs.end();
+    }
     uint64_t batch = 1;
 };
 
@@ -830,6 +834,7 @@ void Execution::prepare_hps(Pending &p) {
         row_width = width;
     }
     if (row_width < 0) row_width = 0;
+    if (!p.wants("OUTPUT0")) return;  // checked, but nothing to send
     std::vector<int64_t> out_shape = model_->batched ? std::vector<int64_t>{rows, row_width} : std::vector<int64_t>{row_width};
     void *out = nullptr;
     TRITONSERVER_MemoryType out_mem;
@@ -858,6 +863,7 @@ void Execution::prepare_hps(Pending &p) {
 void Execution::prepare_native(Pending &p) {
     p.batch = 0;
     for (const NativeLookup &l : model_->lookups) {
+        if (!p.wants(l.output)) continue;  // only the outputs the request asks for
         InputView *keys = nullptr, *offsets = nullptr, *weights = nullptr;
         if (!read_input(p, l.keys, false, &keys)) return;
         if (!l.offsets.empty() && !read_input(p, l.offsets, false, &offsets)) return;
@@ -976,6 +982,18 @@ void Execution::run(TRITONBACKEND_Request **requests, uint32_t n) {
             log_if_error(err, "strata: creating a response");
             p.response = nullptr;
             p.error = "no response";
+            continue;
+        }
+        uint32_t outputs = 0;
+        err = TRITONBACKEND_RequestOutputCount(p.request, &outputs);
+        for (uint32_t o = 0; err == nullptr && o < outputs; ++o) {
+            const char *oname = nullptr;
+            err = TRITONBACKEND_RequestOutputName(p.request, o, &oname);
+            if (err == nullptr) p.outputs.emplace_back(oname);
+        }
+        if (err != nullptr) {
+            fail(p, std::string("requested outputs: ") + TRITONSERVER_ErrorMessage(err), TRITONSERVER_ERROR_INTERNAL);
+            TRITONSERVER_ErrorDelete(err);
             continue;
         }
         if (model_->hps) prepare_hps(p);

@@ -238,6 +238,10 @@ def test_native_pooled_and_plain(server: h.TritonServer, data: Data, protocol: s
                 rows = data.rows("t2", items)
                 ref = (rows * w[..., None]).sum(axis=1) / w.sum(axis=1, keepdims=True)
                 np.testing.assert_allclose(ie, ref, rtol=1e-5, atol=1e-5)
+                # Only the outputs a request names are looked up and sent.
+                only = client.infer("pooled", ins, outputs=[mod.InferRequestedOutput("ITEM_EMB")])
+                assert only.as_numpy("USER_EMB") is None
+                np.testing.assert_array_equal(only.as_numpy("ITEM_EMB"), ie)
             # Ragged bags with offsets, sqrtn, BF16.
             ids = data.sample("t2", 10, rng)
             offs = np.array([0, 3, 3, 10], dtype=np.int32)
