@@ -101,6 +101,24 @@ parameters [
   {{ key: "lookup.ids" value: {{ string_value: "table=1 output=EMB pooling=sqrtn offsets=offsets" }} }}
 ]
 """)
+        # Ragged bags through the dynamic batcher: each request one batch row, [1, nnz] ids and
+        # [1, B + 1] offsets -> [1, B, 32].
+        h.write_model(repo, "ragged_batched", f"""name: "ragged_batched"
+backend: "strata"
+max_batch_size: 16
+dynamic_batching {{ max_queue_delay_microseconds: 20000 }}
+input [
+  {{ name: "ids" data_type: TYPE_INT64 dims: [ -1 ] allow_ragged_batch: true }},
+  {{ name: "offsets" data_type: TYPE_INT32 dims: [ -1 ] allow_ragged_batch: true }}
+]
+output [ {{ name: "EMB" data_type: TYPE_FP32 dims: [ -1, 32 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+parameters [
+  {{ key: "ps" value: {{ string_value: "{self.ps_native}" }} }},
+  {{ key: "ps_model" value: {{ string_value: "native" }} }},
+  {{ key: "lookup.ids" value: {{ string_value: "table=items output=EMB pooling=sum offsets=offsets" }} }}
+]
+""")
         # Reloaded while others serve: its ps.json sits in the version folder.
         self.reload_dir = h.write_model(repo, "reload", h.hps_config("reload", 0, keys_dims="[ -1, -1 ]", numkeys_dims="[ -1, -1 ]"), versions=(1,))
         self.write_reload_ps(1, "a")
@@ -153,7 +171,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Data:
 def server(data: Data, tmp_path_factory: pytest.TempPathFactory) -> Iterator[h.TritonServer]:
     log = tmp_path_factory.mktemp("log") / "tritonserver.log"
     s = h.TritonServer(data.repo, BACKEND_DIR, log, ps=data.ps, explicit=True,
-                       load=["wdl", "wdlb", "pooled", "ragged", "reload"])
+                       load=["wdl", "wdlb", "pooled", "ragged", "ragged_batched", "reload"])
     try:
         s.wait_ready()
         yield s
@@ -304,17 +322,16 @@ def test_bad_requests(server: h.TritonServer, data: Data) -> None:
         client.close()
 
 
-def test_bad_request_in_a_batch(server: h.TritonServer, data: Data) -> None:
-    """Requests the dynamic batcher puts in one execution: the bad ones fail, the others succeed."""
+def burst(server: h.TritonServer, model: str, requests: list[list[Any]]) -> tuple[list[Any], int]:
+    """Sends `requests` (gRPC inputs) at once, for the dynamic batcher to put in few executions;
+    returns each result (or its InferenceServerException) and how many executions they took."""
     client = grpc.InferenceServerClient(server.grpc_url)
-    rng = np.random.default_rng(13)
     try:
-        before = client.get_inference_statistics("wdlb", as_json=True)["model_stats"][0]
-        results: list[Any] = [None] * 12
+        before = client.get_inference_statistics(model, as_json=True)["model_stats"][0]
+        results: list[Any] = [None] * len(requests)
         done = threading.Event()
         count = [0]
         lock = threading.Lock()
-        expected = []
 
         def callback(i: int) -> Any:
             def cb(result: Any, error: Any) -> None:
@@ -325,23 +342,61 @@ def test_bad_request_in_a_batch(server: h.TritonServer, data: Data) -> None:
                         done.set()
             return cb
 
-        for i in range(len(results)):
-            k0, k1 = data.sample("t0", 4, rng), data.sample("t1", 2, rng)
-            keys = np.concatenate([k0, k1]).reshape(1, -1)
-            nk = np.array([[4, 2]] if i % 4 else [[4, 1]], dtype=np.int32)  # every 4th is bad
-            expected.append(hps_expected(data, k0, k1))
-            client.async_infer("wdlb", hps_inputs(grpc, keys, nk), callback(i))
-        assert done.wait(60)
-        for i, r in enumerate(results):
-            if i % 4:
-                np.testing.assert_array_equal(r.as_numpy("OUTPUT0")[0], expected[i])
-            else:
-                assert isinstance(r, InferenceServerException) and "NUMKEYS" in str(r), r
-        after = client.get_inference_statistics("wdlb", as_json=True)["model_stats"][0]
-        executions = int(after.get("execution_count", 0)) - int(before.get("execution_count", 0))
-        assert 0 < executions < 12, f"{executions} executions for 12 requests: the batcher did not batch"
+        for i, inputs in enumerate(requests):
+            client.async_infer(model, inputs, callback(i))
+        assert done.wait(60), "responses missing"
+        after = client.get_inference_statistics(model, as_json=True)["model_stats"][0]
+        return results, int(after.get("execution_count", 0)) - int(before.get("execution_count", 0))
     finally:
         client.close()
+
+
+def test_bad_request_in_a_batch(server: h.TritonServer, data: Data) -> None:
+    """Requests the dynamic batcher puts in one execution: the bad ones fail, the others succeed;
+    refused by the backend's own checks (NUMKEYS)."""
+    rng = np.random.default_rng(13)
+    requests, expected = [], []
+    for i in range(12):
+        k0, k1 = data.sample("t0", 4, rng), data.sample("t1", 2, rng)
+        keys = np.concatenate([k0, k1]).reshape(1, -1)
+        nk = np.array([[4, 2]] if i % 4 else [[4, 1]], dtype=np.int32)  # every 4th is bad
+        expected.append(hps_expected(data, k0, k1))
+        requests.append(hps_inputs(grpc, keys, nk))
+    results, executions = burst(server, "wdlb", requests)
+    for i, r in enumerate(results):
+        if i % 4:
+            np.testing.assert_array_equal(r.as_numpy("OUTPUT0")[0], expected[i])
+        else:
+            assert isinstance(r, InferenceServerException) and "NUMKEYS" in str(r), r
+    assert 0 < executions < 12, f"{executions} executions for 12 requests: the batcher did not batch"
+
+
+def test_strata_refusal_in_a_batch(server: h.TritonServer, data: Data) -> None:
+    """The same when strata itself refuses a request of the batch (offsets that are not
+    non-decreasing): strata_lookup_batch fails, the execution is rerun per request, and only the
+    bad requests get strata's message, naming the offsets input."""
+    rng = np.random.default_rng(16)
+    with strata.Server.open(data.ps_native) as srv:
+        items_t = srv.table("native", 1)
+        requests, expected = [], []
+        for i in range(12):
+            ids = data.sample("t2", 6, rng)
+            offs = np.array([0, 4, 2, 6] if i % 4 == 1 else [0, 2, 2, 6], dtype=np.int32)
+            ins = [grpc.InferInput("ids", [1, 6], "INT64"), grpc.InferInput("offsets", [1, 4], "INT32")]
+            ins[0].set_data_from_numpy(ids.reshape(1, -1))
+            ins[1].set_data_from_numpy(offs.reshape(1, -1))
+            requests.append(ins)
+            expected.append(None if i % 4 == 1 else strata.lookup_pooled(items_t, ids, offs, pooling="sum"))
+        results, executions = burst(server, "ragged_batched", requests)
+    for i, r in enumerate(results):
+        if expected[i] is None:
+            assert isinstance(r, InferenceServerException), r
+            assert "input 'ids', offsets 'offsets'" in str(r) and "STRATA_INVALID_ARGUMENT" in str(r), r
+        else:
+            out = r.as_numpy("EMB")
+            assert out.shape == (1, 3, 32)
+            np.testing.assert_array_equal(out[0], expected[i])
+    assert 0 < executions < 12, f"{executions} executions for 12 requests: the batcher did not batch"
 
 
 def test_eight_threads_two_instances(server: h.TritonServer, data: Data) -> None:
@@ -505,7 +560,8 @@ def test_metrics_and_shared_servers(server: h.TritonServer, data: Data) -> None:
         assert counter("strata_lookup_hits_total", model="wdl", table="deep", tier="static") == h0 + 1
         # The native models' table has a volatile tier (initial_cache_rate 1): hits counted there.
         assert counter("strata_lookup_hits_total", model="pooled", table="items", tier="volatile") > 0
-        # wdl, wdlb (2 instances), pooled (2 instances), ragged, reload: five models, five handles.
+        # wdl, wdlb (2 instances), pooled (2 instances), ragged, ragged_batched, reload: six
+        # models, six handles.
         index = [m for m in client.get_model_repository_index() if m.get("state") == "READY"]
         assert gauge(server, "strata_server_handles") == len(index)
     finally:
