@@ -55,9 +55,9 @@ void log_if_error(TRITONSERVER_Error *err, const char *what) {
     TRITONSERVER_ErrorDelete(err);
 }
 
-#define RETURN_IF_TRITON_ERROR(expr)               \
+#define RETURN_IF_TRITON_ERROR(...)                \
     do {                                           \
-        TRITONSERVER_Error *err__ = (expr);        \
+        TRITONSERVER_Error *err__ = (__VA_ARGS__); \
         if (err__ != nullptr) return err__;        \
     } while (false)
 
@@ -1074,18 +1074,19 @@ using namespace strata_triton;
 namespace {
 
 // The backend's state objects hang off Triton's backend, model and instance objects: handed over
-// with `set` once built, deleted through `get` at finalization.
-template <typename T, typename Obj>
-TRITONSERVER_Error *hand_over(Obj *obj, TRITONSERVER_Error *(*set)(Obj *, void *), std::unique_ptr<T> state) {
+// with `set` once built, deleted through `get` at finalization. The Triton calls are passed as
+// lambdas, not function pointers: taking a Triton function's address would bind it when the
+// library is loaded instead of when it is first called.
+template <typename T, typename Obj, typename Set>
+TRITONSERVER_Error *hand_over(Obj *obj, Set set, std::unique_ptr<T> state) {
     RETURN_IF_TRITON_ERROR(set(obj, state.get()));
     state.release();
     return nullptr;
 }
 
 // The state of the object `obj` belongs to (a model's backend, an instance's model).
-template <typename T, typename Obj, typename Parent>
-TRITONSERVER_Error *parent_state(Obj *obj, TRITONSERVER_Error *(*parent)(Obj *, Parent **),
-                                 TRITONSERVER_Error *(*get)(Parent *, void **), T **out) {
+template <typename T, typename Parent, typename Obj, typename GetParent, typename Get>
+TRITONSERVER_Error *parent_state(Obj *obj, GetParent parent, Get get, T **out) {
     Parent *p = nullptr;
     RETURN_IF_TRITON_ERROR(parent(obj, &p));
     void *state = nullptr;
@@ -1094,13 +1095,15 @@ TRITONSERVER_Error *parent_state(Obj *obj, TRITONSERVER_Error *(*parent)(Obj *, 
     return nullptr;
 }
 
-template <typename T, typename Obj>
-TRITONSERVER_Error *delete_state(Obj *obj, TRITONSERVER_Error *(*get)(Obj *, void **)) {
+template <typename T, typename Obj, typename Get>
+TRITONSERVER_Error *delete_state(Obj *obj, Get get) {
     void *state = nullptr;
     RETURN_IF_TRITON_ERROR(get(obj, &state));
     delete static_cast<T *>(state);
     return nullptr;
 }
+
+#define STRATA_TRITON_CALL(fn) [](auto *a, auto b) { return fn(a, b); }
 
 }  // namespace
 
@@ -1144,27 +1147,29 @@ TRITONSERVER_Error *TRITONBACKEND_Initialize(TRITONBACKEND_Backend *backend) {
     STRATA_LOG(TRITONSERVER_LOG_INFO, "strata backend: strata " + std::string(strata_version()) + ", Triton backend API " +
                                           std::to_string(major) + "." + std::to_string(minor) + ", ps " +
                                           (state->ps_path.empty() ? "(none; per model)" : state->ps_path));
-    return hand_over(backend, TRITONBACKEND_BackendSetState, std::move(state));
+    return hand_over(backend, STRATA_TRITON_CALL(TRITONBACKEND_BackendSetState), std::move(state));
 }
 
 TRITONSERVER_Error *TRITONBACKEND_Finalize(TRITONBACKEND_Backend *backend) {
-    return delete_state<BackendState>(backend, TRITONBACKEND_BackendState);
+    return delete_state<BackendState>(backend, STRATA_TRITON_CALL(TRITONBACKEND_BackendState));
 }
 
 TRITONSERVER_Error *TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model *model) {
     auto state = std::make_unique<ModelState>();
-    RETURN_IF_TRITON_ERROR(parent_state(model, TRITONBACKEND_ModelBackend, TRITONBACKEND_BackendState, &state->backend));
+    RETURN_IF_TRITON_ERROR(parent_state<BackendState, TRITONBACKEND_Backend>(model, STRATA_TRITON_CALL(TRITONBACKEND_ModelBackend),
+                                                                          STRATA_TRITON_CALL(TRITONBACKEND_BackendState), &state->backend));
     RETURN_IF_TRITON_ERROR(parse_model(model, state->backend, state.get()));
-    return hand_over(model, TRITONBACKEND_ModelSetState, std::move(state));
+    return hand_over(model, STRATA_TRITON_CALL(TRITONBACKEND_ModelSetState), std::move(state));
 }
 
 TRITONSERVER_Error *TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model *model) {
-    return delete_state<ModelState>(model, TRITONBACKEND_ModelState);
+    return delete_state<ModelState>(model, STRATA_TRITON_CALL(TRITONBACKEND_ModelState));
 }
 
 TRITONSERVER_Error *TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelInstance *instance) {
     auto state = std::make_unique<InstanceState>();
-    RETURN_IF_TRITON_ERROR(parent_state(instance, TRITONBACKEND_ModelInstanceModel, TRITONBACKEND_ModelState, &state->model));
+    RETURN_IF_TRITON_ERROR(parent_state<ModelState, TRITONBACKEND_Model>(instance, STRATA_TRITON_CALL(TRITONBACKEND_ModelInstanceModel),
+                                                                        STRATA_TRITON_CALL(TRITONBACKEND_ModelState), &state->model));
     state->instance = instance;
     const char *name = nullptr;
     RETURN_IF_TRITON_ERROR(TRITONBACKEND_ModelInstanceName(instance, &name));
@@ -1186,11 +1191,11 @@ TRITONSERVER_Error *TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelIns
     }
     STRATA_LOG(TRITONSERVER_LOG_INFO, "strata: instance '" + state->name + "' (" + (state->gpu ? "GPU " : "CPU") +
                                           (state->gpu ? std::to_string(state->device_id) : std::string()) + ")");
-    return hand_over(instance, TRITONBACKEND_ModelInstanceSetState, std::move(state));
+    return hand_over(instance, STRATA_TRITON_CALL(TRITONBACKEND_ModelInstanceSetState), std::move(state));
 }
 
 TRITONSERVER_Error *TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInstance *instance) {
-    return delete_state<InstanceState>(instance, TRITONBACKEND_ModelInstanceState);
+    return delete_state<InstanceState>(instance, STRATA_TRITON_CALL(TRITONBACKEND_ModelInstanceState));
 }
 
 TRITONSERVER_Error *TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstance *instance,
