@@ -78,6 +78,20 @@ instance_group [ {{ count: {count} kind: KIND_CPU }} ]
 {batching}{extra}"""
 
 
+def native_config(name: str, max_batch_size: int, inputs: Sequence[str], outputs: Sequence[str],
+                  params: dict[str, str], count: int = 1, batching_delay_us: Optional[int] = None) -> str:
+    """A config.pbtxt for the strata backend's native interface. `inputs` and `outputs` are the
+    bodies of their entries ('name: "ids" data_type: TYPE_INT64 dims: [ -1 ]'), `params` the
+    string parameters (`lookup.<input>`, `ps`, `ps_model`, `num_threads`)."""
+    batching = ("" if batching_delay_us is None
+                else f"dynamic_batching {{ max_queue_delay_microseconds: {batching_delay_us} }}\n")
+    tensors = lambda items: ",\n".join(f"  {{ {t} }}" for t in items)  # noqa: E731
+    parameters = ",\n".join(f'  {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in params.items())
+    return (f'name: "{name}"\nbackend: "strata"\nmax_batch_size: {max_batch_size}\n{batching}'
+            f"input [\n{tensors(inputs)}\n]\noutput [\n{tensors(outputs)}\n]\n"
+            f"instance_group [ {{ count: {count} kind: KIND_CPU }} ]\nparameters [\n{parameters}\n]\n")
+
+
 def write_model(repo: Path, name: str, config: str, versions: Sequence[int] = (1,)) -> Path:
     folder = repo / name
     folder.mkdir(parents=True, exist_ok=True)

@@ -64,61 +64,29 @@ class Data:
         h.write_model(repo, "wdlb", h.hps_config(
             "wdlb", 1024, count=2, dynamic_batching=True,
             extra='parameters [ { key: "ps_model" value: { string_value: "wdl" } } ]\n'))
-        h.write_model(repo, "pooled", f"""name: "pooled"
-backend: "strata"
-max_batch_size: 256
-input [
-  {{ name: "user_ids" data_type: TYPE_INT64 dims: [ 3 ] }},
-  {{ name: "item_ids" data_type: TYPE_INT32 dims: [ -1 ] }},
-  {{ name: "item_w" data_type: TYPE_FP32 dims: [ -1 ] }}
-]
-output [
-  {{ name: "USER_EMB" data_type: TYPE_FP16 dims: [ 3, 16 ] }},
-  {{ name: "ITEM_EMB" data_type: TYPE_FP32 dims: [ 32 ] }}
-]
-instance_group [ {{ count: 2 kind: KIND_CPU }} ]
-dynamic_batching {{ max_queue_delay_microseconds: 2000 }}
-parameters [
-  {{ key: "ps" value: {{ string_value: "{self.ps_native}" }} }},
-  {{ key: "ps_model" value: {{ string_value: "native" }} }},
-  {{ key: "num_threads" value: {{ string_value: "1" }} }},
-  {{ key: "lookup.user_ids" value: {{ string_value: "table=users output=USER_EMB" }} }},
-  {{ key: "lookup.item_ids" value: {{ string_value: "table=items output=ITEM_EMB pooling=mean weights=item_w" }} }}
-]
-""")
-        h.write_model(repo, "ragged", f"""name: "ragged"
-backend: "strata"
-max_batch_size: 0
-input [
-  {{ name: "ids" data_type: TYPE_INT64 dims: [ -1 ] }},
-  {{ name: "offsets" data_type: TYPE_INT32 dims: [ -1 ] }}
-]
-output [ {{ name: "EMB" data_type: TYPE_BF16 dims: [ -1, 32 ] }} ]
-instance_group [ {{ count: 1 kind: KIND_CPU }} ]
-parameters [
-  {{ key: "ps" value: {{ string_value: "{self.ps_native}" }} }},
-  {{ key: "ps_model" value: {{ string_value: "native" }} }},
-  {{ key: "lookup.ids" value: {{ string_value: "table=1 output=EMB pooling=sqrtn offsets=offsets" }} }}
-]
-""")
+        native = {"ps": str(self.ps_native), "ps_model": "native"}
+        h.write_model(repo, "pooled", h.native_config(
+            "pooled", 256, count=2, batching_delay_us=2000,
+            inputs=['name: "user_ids" data_type: TYPE_INT64 dims: [ 3 ]',
+                    'name: "item_ids" data_type: TYPE_INT32 dims: [ -1 ]',
+                    'name: "item_w" data_type: TYPE_FP32 dims: [ -1 ]'],
+            outputs=['name: "USER_EMB" data_type: TYPE_FP16 dims: [ 3, 16 ]',
+                     'name: "ITEM_EMB" data_type: TYPE_FP32 dims: [ 32 ]'],
+            params={**native, "num_threads": "1", "lookup.user_ids": "table=users output=USER_EMB",
+                    "lookup.item_ids": "table=items output=ITEM_EMB pooling=mean weights=item_w"}))
+        h.write_model(repo, "ragged", h.native_config(
+            "ragged", 0,
+            inputs=['name: "ids" data_type: TYPE_INT64 dims: [ -1 ]', 'name: "offsets" data_type: TYPE_INT32 dims: [ -1 ]'],
+            outputs=['name: "EMB" data_type: TYPE_BF16 dims: [ -1, 32 ]'],
+            params={**native, "lookup.ids": "table=1 output=EMB pooling=sqrtn offsets=offsets"}))
         # Ragged bags through the dynamic batcher: each request one batch row, [1, nnz] ids and
         # [1, B + 1] offsets -> [1, B, 32].
-        h.write_model(repo, "ragged_batched", f"""name: "ragged_batched"
-backend: "strata"
-max_batch_size: 16
-dynamic_batching {{ max_queue_delay_microseconds: 20000 }}
-input [
-  {{ name: "ids" data_type: TYPE_INT64 dims: [ -1 ] allow_ragged_batch: true }},
-  {{ name: "offsets" data_type: TYPE_INT32 dims: [ -1 ] allow_ragged_batch: true }}
-]
-output [ {{ name: "EMB" data_type: TYPE_FP32 dims: [ -1, 32 ] }} ]
-instance_group [ {{ count: 1 kind: KIND_CPU }} ]
-parameters [
-  {{ key: "ps" value: {{ string_value: "{self.ps_native}" }} }},
-  {{ key: "ps_model" value: {{ string_value: "native" }} }},
-  {{ key: "lookup.ids" value: {{ string_value: "table=items output=EMB pooling=sum offsets=offsets" }} }}
-]
-""")
+        h.write_model(repo, "ragged_batched", h.native_config(
+            "ragged_batched", 16, batching_delay_us=20000,
+            inputs=['name: "ids" data_type: TYPE_INT64 dims: [ -1 ] allow_ragged_batch: true',
+                    'name: "offsets" data_type: TYPE_INT32 dims: [ -1 ] allow_ragged_batch: true'],
+            outputs=['name: "EMB" data_type: TYPE_FP32 dims: [ -1, 32 ]'],
+            params={**native, "lookup.ids": "table=items output=EMB pooling=sum offsets=offsets"}))
         # Reloaded while others serve: its ps.json sits in the version folder.
         self.reload_dir = h.write_model(repo, "reload", h.hps_config("reload", 0, keys_dims="[ -1, -1 ]", numkeys_dims="[ -1, -1 ]"), versions=(1,))
         self.write_reload_ps(1, "a")

@@ -88,14 +88,10 @@ def main() -> None:
     h.write_sparse(root / "t", keys, vecs)
     ps = h.write_ps(root / "ps.json", [{"model": "bench", "sparse_files": [str(root / "t")],
                                          "embedding_vecsize_per_table": [DIM]}])
-    h.write_model(root / "repo", "bench", f"""name: "bench"
-backend: "strata"
-max_batch_size: 0
-input [ {{ name: "keys" data_type: TYPE_INT64 dims: [ -1 ] }} ]
-output [ {{ name: "rows" data_type: TYPE_FP32 dims: [ -1, {DIM} ] }} ]
-instance_group [ {{ count: 1 kind: KIND_CPU }} ]
-parameters [ {{ key: "lookup.keys" value: {{ string_value: "table=0 output=rows" }} }} ]
-""")
+    h.write_model(root / "repo", "bench", h.native_config(
+        "bench", 0, inputs=['name: "keys" data_type: TYPE_INT64 dims: [ -1 ]'],
+        outputs=[f'name: "rows" data_type: TYPE_FP32 dims: [ -1, {DIM} ]'],
+        params={"lookup.keys": "table=0 output=rows"}))
     load0 = os.getloadavg()
     server = h.TritonServer(root / "repo", backend_dir, root / "tritonserver.log", ps=ps)
     rng = np.random.default_rng(2)
