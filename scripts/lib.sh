@@ -47,12 +47,13 @@ triton_setup() {
     cmake -S "$ROOT" -B "$TRITON_BUILD/cmake" -DSTRATA_BUILD_EXAMPLES=OFF -DSTRATA_TRITON=ON \
         -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$TRITON_PREFIX" >"$TRITON_BUILD.cmake.log" 2>&1 ||
         { cat "$TRITON_BUILD.cmake.log"; exit 1; }
-    cmake --build "$TRITON_BUILD/cmake" --target triton_strata triton_api_version
-    cmake --install "$TRITON_BUILD/cmake" >/dev/null
+    # (explicit exits: a caller's `triton_setup || ...` turns errexit off in here)
+    cmake --build "$TRITON_BUILD/cmake" --target triton_strata triton_api_version || exit 1
+    cmake --install "$TRITON_BUILD/cmake" >/dev/null || exit 1
     test -f "$TRITON_PREFIX/backends/strata/libtriton_strata.so" ||
         { echo "missing backends/strata/libtriton_strata.so after cmake --install" >&2; exit 1; }
     local venv="$ROOT/build/triton-venv"
-    make_venv "$venv"
+    make_venv "$venv" || exit 1
     TRITON_PY="$venv/bin/python"
     if ! "$TRITON_PY" -c 'import pytriton, tritonclient.http, tritonclient.grpc, pytest, ml_dtypes' 2>/dev/null; then
         echo "== installing nvidia-pytriton==0.7.0 (tritonserver 2.51.0), tritonclient[http,grpc] and pytest into build/triton-venv"
