@@ -285,6 +285,15 @@ def test_bad_requests(server: h.TritonServer, data: Data) -> None:
         expect_error(lambda: client.infer("ragged", rag), "offsets")
         rag[1].set_data_from_numpy(np.array([0, 1, 9], np.int32))
         expect_error(lambda: client.infer("ragged", rag), "offsets")
+        expect_error(lambda: client.infer("wdl", hps_inputs(http, keys, np.array([[2**31 - 1, 2**31 - 1]], np.int32))),
+                     "NUMKEYS", "add up")
+        # Edge cases that are valid: no keys at all, no bags.
+        empty = client.infer("wdl", hps_inputs(http, np.zeros((1, 0), np.int64), np.array([[0, 0]], np.int32)))
+        assert empty.as_numpy("OUTPUT0").shape == (0,)
+        rag = [http.InferInput("ids", [0], "INT64"), http.InferInput("offsets", [1], "INT32")]
+        rag[0].set_data_from_numpy(np.zeros(0, np.int64))
+        rag[1].set_data_from_numpy(np.zeros(1, np.int32))
+        assert client.infer("ragged", rag).as_numpy("EMB").shape == (0, 32)
         assert client.is_server_live() and client.is_model_ready("wdl") and client.is_model_ready("ragged")
     finally:
         client.close()
