@@ -48,7 +48,7 @@ triton_setup() {
         -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$TRITON_PREFIX" >"$TRITON_BUILD.cmake.log" 2>&1 ||
         { cat "$TRITON_BUILD.cmake.log"; exit 1; }
     # (explicit exits: a caller's `triton_setup || ...` turns errexit off in here)
-    cmake --build "$TRITON_BUILD/cmake" --target triton_strata triton_api_version || exit 1
+    cmake --build "$TRITON_BUILD/cmake" --target triton_strata triton_api_version triton_backend_host || exit 1
     cmake --install "$TRITON_BUILD/cmake" >/dev/null || exit 1
     test -f "$TRITON_PREFIX/backends/strata/libtriton_strata.so" ||
         { echo "missing backends/strata/libtriton_strata.so after cmake --install" >&2; exit 1; }

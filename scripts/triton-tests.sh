@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Triton backend (c_examples/triton): builds libtriton_strata.so with CMake (STRATA_TRITON=ON),
 # installs it into build/triton/prefix (as <prefix>/backends/strata/libtriton_strata.so, next to
-# <prefix>/lib/libstrata.so), runs the backend API version check, and then runs
+# <prefix>/lib/libstrata.so), runs the backend API version check and test_backend_host.cpp (the
+# backend under a stand-in for tritonserver), and then runs
 # c_examples/triton/test_triton_backend.py against a real tritonserver 2.51 on CPU from the
 # nvidia-pytriton wheel, installed with tritonclient into build/triton-venv (scripts/lib.sh,
 # triton_setup). Measured on the 2-core dev machine: venv + install about 60 s (once), build about
@@ -17,6 +18,10 @@ venv_ok=1
 triton_setup || venv_ok=0
 echo "== the backend API version check"
 "$TRITON_BUILD/cmake/triton_api_version" "$TRITON_PREFIX/backends/strata/libtriton_strata.so"
+echo "== the backend driven by a stand-in for tritonserver (inputs in pieces, a bad request in a batch, metrics off)"
+mkdir -p "$TRITON_BUILD/backend_host"
+"$TRITON_BUILD/cmake/triton_backend_host" "$TRITON_PREFIX/backends/strata/libtriton_strata.so" "$TRITON_BUILD/backend_host" |
+    grep -v '^  log: '
 if [ "$venv_ok" = 0 ]; then
     echo "== Triton backend tests: SKIPPED (build/triton-venv could not be built; see above)"
     exit 0
