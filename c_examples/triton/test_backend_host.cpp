@@ -128,26 +128,33 @@ EXPORT TRITONSERVER_Error *TRITONBACKEND_BackendName(TRITONBACKEND_Backend *, co
     *name = "strata";
     return nullptr;
 }
-EXPORT TRITONSERVER_Error *TRITONBACKEND_BackendConfig(TRITONBACKEND_Backend *b, TRITONSERVER_Message **m) {
-    *m = &b->config;
-    return nullptr;
-}
-EXPORT TRITONSERVER_Error *TRITONBACKEND_BackendState(TRITONBACKEND_Backend *b, void **s) {
-    *s = b->state;
-    return nullptr;
-}
-EXPORT TRITONSERVER_Error *TRITONBACKEND_BackendSetState(TRITONBACKEND_Backend *b, void *s) {
-    b->state = s;
-    return nullptr;
-}
-EXPORT TRITONSERVER_Error *TRITONBACKEND_ModelName(TRITONBACKEND_Model *m, const char **name) {
-    *name = m->name.c_str();
-    return nullptr;
-}
-EXPORT TRITONSERVER_Error *TRITONBACKEND_ModelVersion(TRITONBACKEND_Model *, uint64_t *v) {
-    *v = 1;
-    return nullptr;
-}
+// Accessors: `*out = obj->field`, and `obj->field = value`.
+#define GETTER(fn, Obj, T, expr)                  \
+    EXPORT TRITONSERVER_Error *fn(Obj *o, T *out) { \
+        *out = (expr);                            \
+        return nullptr;                           \
+    }
+#define SETTER(fn, Obj, field)                       \
+    EXPORT TRITONSERVER_Error *fn(Obj *o, void *value) { \
+        o->field = value;                            \
+        return nullptr;                              \
+    }
+GETTER(TRITONBACKEND_BackendConfig, TRITONBACKEND_Backend, TRITONSERVER_Message *, &o->config)
+GETTER(TRITONBACKEND_BackendState, TRITONBACKEND_Backend, void *, o->state)
+SETTER(TRITONBACKEND_BackendSetState, TRITONBACKEND_Backend, state)
+GETTER(TRITONBACKEND_ModelName, TRITONBACKEND_Model, const char *, o->name.c_str())
+GETTER(TRITONBACKEND_ModelVersion, TRITONBACKEND_Model, uint64_t, o != nullptr ? 1 : 0)  // version 1
+GETTER(TRITONBACKEND_ModelBackend, TRITONBACKEND_Model, TRITONBACKEND_Backend *, o->backend)
+GETTER(TRITONBACKEND_ModelState, TRITONBACKEND_Model, void *, o->state)
+SETTER(TRITONBACKEND_ModelSetState, TRITONBACKEND_Model, state)
+GETTER(TRITONBACKEND_ModelInstanceName, TRITONBACKEND_ModelInstance, const char *, o != nullptr ? "model_0" : "")
+GETTER(TRITONBACKEND_ModelInstanceKind, TRITONBACKEND_ModelInstance, TRITONSERVER_InstanceGroupKind,
+       o != nullptr ? TRITONSERVER_INSTANCEGROUPKIND_CPU : TRITONSERVER_INSTANCEGROUPKIND_AUTO)
+GETTER(TRITONBACKEND_ModelInstanceDeviceId, TRITONBACKEND_ModelInstance, int32_t, o != nullptr ? 0 : -1)
+GETTER(TRITONBACKEND_ModelInstanceModel, TRITONBACKEND_ModelInstance, TRITONBACKEND_Model *, o->model)
+GETTER(TRITONBACKEND_ModelInstanceState, TRITONBACKEND_ModelInstance, void *, o->state)
+SETTER(TRITONBACKEND_ModelInstanceSetState, TRITONBACKEND_ModelInstance, state)
+
 EXPORT TRITONSERVER_Error *TRITONBACKEND_ModelRepository(TRITONBACKEND_Model *m, TRITONBACKEND_ArtifactType *t,
                                                          const char **location) {
     *t = TRITONBACKEND_ARTIFACT_FILESYSTEM;
@@ -156,42 +163,6 @@ EXPORT TRITONSERVER_Error *TRITONBACKEND_ModelRepository(TRITONBACKEND_Model *m,
 }
 EXPORT TRITONSERVER_Error *TRITONBACKEND_ModelConfig(TRITONBACKEND_Model *m, uint32_t, TRITONSERVER_Message **c) {
     *c = &m->config;
-    return nullptr;
-}
-EXPORT TRITONSERVER_Error *TRITONBACKEND_ModelBackend(TRITONBACKEND_Model *m, TRITONBACKEND_Backend **b) {
-    *b = m->backend;
-    return nullptr;
-}
-EXPORT TRITONSERVER_Error *TRITONBACKEND_ModelState(TRITONBACKEND_Model *m, void **s) {
-    *s = m->state;
-    return nullptr;
-}
-EXPORT TRITONSERVER_Error *TRITONBACKEND_ModelSetState(TRITONBACKEND_Model *m, void *s) {
-    m->state = s;
-    return nullptr;
-}
-EXPORT TRITONSERVER_Error *TRITONBACKEND_ModelInstanceName(TRITONBACKEND_ModelInstance *, const char **name) {
-    *name = "model_0";
-    return nullptr;
-}
-EXPORT TRITONSERVER_Error *TRITONBACKEND_ModelInstanceKind(TRITONBACKEND_ModelInstance *, TRITONSERVER_InstanceGroupKind *k) {
-    *k = TRITONSERVER_INSTANCEGROUPKIND_CPU;
-    return nullptr;
-}
-EXPORT TRITONSERVER_Error *TRITONBACKEND_ModelInstanceDeviceId(TRITONBACKEND_ModelInstance *, int32_t *id) {
-    *id = 0;
-    return nullptr;
-}
-EXPORT TRITONSERVER_Error *TRITONBACKEND_ModelInstanceModel(TRITONBACKEND_ModelInstance *i, TRITONBACKEND_Model **m) {
-    *m = i->model;
-    return nullptr;
-}
-EXPORT TRITONSERVER_Error *TRITONBACKEND_ModelInstanceState(TRITONBACKEND_ModelInstance *i, void **s) {
-    *s = i->state;
-    return nullptr;
-}
-EXPORT TRITONSERVER_Error *TRITONBACKEND_ModelInstanceSetState(TRITONBACKEND_ModelInstance *i, void *s) {
-    i->state = s;
     return nullptr;
 }
 EXPORT TRITONSERVER_Error *TRITONBACKEND_ModelInstanceReportStatistics(TRITONBACKEND_ModelInstance *, TRITONBACKEND_Request *,
