@@ -8,7 +8,8 @@
 #      PROPTEST_CASES, default 1000 here); then the build without CUDA and clippy, warnings denied;
 #   2. the C side (scripts/c-tests.sh): examples under ASan/UBSan and valgrind, header compiles;
 #   3. the Python tests (scripts/py-tests.sh: ctypes, the installed package, README snippets)
-#      and the TensorFlow op (scripts/tf-tests.sh, tensorflow-cpu in build/tf-venv); after the
+#      the TensorFlow op (scripts/tf-tests.sh, tensorflow-cpu in build/tf-venv) and the Triton
+#      backend (scripts/triton-tests.sh, tritonserver from nvidia-pytriton in build/triton-venv); after the
 #      MPI tests, the Heat round trips (scripts/heat-tests.sh, heat and mpi4py in build/heat-venv);
 #   4. smoke runs of the benchmarks on small sizes, the peer benchmark against PyTorch, TorchRec
 #      and FBGEMM included (scripts/bench-peers.sh; proves they build, run and agree with
@@ -76,6 +77,13 @@ if [ -n "${STRATA_SKIP_TF:-}" ]; then
 else
     echo "== TensorFlow op tests"
     bash scripts/tf-tests.sh
+fi
+# nvidia-pytriton (tritonserver 2.51) and tritonclient go into build/triton-venv (about 1 minute to
+# install, once; under a minute to build and test).
+if [ -n "${STRATA_SKIP_TRITON:-}" ]; then
+    echo "== Triton backend tests: SKIPPED (STRATA_SKIP_TRITON is set)"
+else
+    echo "== Triton backend tests"; bash scripts/triton-tests.sh
 fi
 echo "== MPI tests (feature mpi)"; bash scripts/mpi-tests.sh
 # heat (with PyTorch) and mpi4py go into build/heat-venv (about 5 GB, a few minutes, once).
