@@ -583,6 +583,9 @@ impl Walk {
     /// Writes the element offsets of flat indices `start .. start + out.len()` into `out`.
     #[inline]
     pub fn fill(&self, start: usize, out: &mut [isize]) {
+        if out.is_empty() {
+            return; // nothing to place (and a shape with a 0 dimension has no index to start at)
+        }
         if let Some(s) = self.linear_stride() {
             for (i, o) in out.iter_mut().enumerate() {
                 *o = (start + i) as isize * s;

@@ -81,6 +81,9 @@ struct Args<Src> {
     dim: usize,
     ahead: usize,
     row_bytes: usize,
+    /// Whether every row starts on a cache line (a dense store whose base and row stride are
+    /// multiples of 64 bytes).
+    lines_aligned: bool,
     /// Whole-bag calls ([`Pooler::pool_bags`]): `nbags + 1` bag starts into the rows, how each
     /// bag is divided, and where bag `j`'s row goes (`out + j * out_stride` elements of
     /// `out_dtype`).
@@ -172,6 +175,7 @@ impl Pooler {
     /// When `acc` or `default` is not `dim` long, `lo > hi`, or `ptrs` or `weights` is shorter
     /// than `hi`.
     #[inline]
+    #[allow(clippy::too_many_arguments)] // one run: the accumulator, the rows, the range, the weights
     pub unsafe fn add(&self, acc: &mut [f32], zero: bool, ptrs: &[*const u8], lo: usize, hi: usize, weights: Option<&[f32]>, default: &[f32]) {
         assert!(acc.len() == self.dim && default.len() == self.dim && lo <= hi && hi <= ptrs.len(), "pooling kernel arguments");
         if let Some(w) = weights {
@@ -189,6 +193,7 @@ impl Pooler {
             dim: self.dim,
             ahead: self.ahead,
             row_bytes: self.row_bytes,
+            lines_aligned: false,
             starts: std::ptr::null(),
             nbags: 0,
             divide: Divide::Nothing,
@@ -244,7 +249,7 @@ impl Pooler {
         let (w, m) = (weights.is_some() as usize, missing as usize);
         let nbags = starts.len() - 1;
         macro_rules! args {
-            ($src:expr) => {
+            ($src:expr, $aligned:expr) => {
                 Args {
                     acc: std::ptr::null_mut(),
                     zero: true,
@@ -257,6 +262,7 @@ impl Pooler {
                     dim: self.dim,
                     ahead: self.ahead,
                     row_bytes: self.row_bytes,
+                    lines_aligned: $aligned,
                     starts: starts.as_ptr(),
                     nbags,
                     divide,
@@ -271,9 +277,10 @@ impl Pooler {
         // this CPU has.
         unsafe {
             match rows {
-                RowsOf::Ptrs(p) => (self.f.bags[w][m])(&args!(Ptrs(p.as_ptr()))),
+                RowsOf::Ptrs(p) => (self.f.bags[w][m])(&args!(Ptrs(p.as_ptr()), false)),
                 RowsOf::Dense { base, stride, rows, keys } => {
-                    (self.f.bags_indexed[w][m])(&args!(Indexed { keys: keys.as_ptr(), base, stride, rows: rows as u64 }))
+                    let aligned = (base as usize).is_multiple_of(64) && stride.is_multiple_of(64);
+                    (self.f.bags_indexed[w][m])(&args!(Indexed { keys: keys.as_ptr(), base, stride, rows: rows as u64 }, aligned))
                 }
             }
         }
@@ -410,45 +417,62 @@ unsafe fn accumulate<S: Simd, E: Elem, Src: Source, const R: usize, const W: boo
     hi: usize,
     col: usize,
 ) {
-    // Everything the loop reads from `a`, in locals (registers), once.
-    let (src, weights, default) = (&a.src, a.weights, a.default);
+    // What the loop reads from `a`, in locals (registers), once.
+    let src = &a.src;
     let (ahead, row_bytes) = (a.ahead, a.row_bytes);
     let pf_end = a.len.saturating_sub(ahead);
-    // A row this pass covers whole (the common case) is prefetched by R unrolled hints, one per
-    // vector (the line of its last byte too, for rows that do not start on a line); others by
-    // the general loop.
+    // A row this pass covers whole (the common case) is prefetched by unrolled hints, one per
+    // line it spans (and the line of its last byte, unless rows start on lines); others by the
+    // general loop.
     let whole = col == 0 && a.dim == R * S::LANES;
-    let vbytes = S::LANES * E::SIZE;
-    // SAFETY (whole body): col + R * LANES <= dim (the caller's split), so every access stays in
+    let lines = (R * S::LANES * E::SIZE).div_ceil(64);
+    let last_line = !(a.lines_aligned && row_bytes % 64 == 0);
+    // SAFETY: col + R * LANES <= dim (the caller's split), so every access stays in
     // the default row and the rows the caller vouched for; the source's entry i for i < len and
     // weights[i] for i < hi are in their slices; a prefetch is a hint.
     unsafe {
-        for i in lo..hi {
-            if PF && i < pf_end {
-                let q = if M { src.row(i + ahead) } else { src.present(i + ahead) };
-                if whole && (!M || !q.is_null()) {
-                    for r in 0..R {
-                        crate::util::prefetch(q.wrapping_add(r * vbytes));
+        // Rows with a row `ahead` further to prefetch, then the rest.
+        let split = if PF { hi.min(pf_end).max(lo) } else { lo };
+        for i in lo..split {
+            let q = if M { src.row(i + ahead) } else { src.present(i + ahead) };
+            if whole {
+                if !M || !q.is_null() {
+                    for l in 0..lines {
+                        crate::util::prefetch(q.wrapping_add(l * 64));
                     }
-                    crate::util::prefetch(q.wrapping_add(row_bytes - 1));
-                } else if whole {
-                } else {
-                    super::prefetch_row(q, row_bytes);
-                }
-            }
-            let p = if M { src.row(i) } else { src.present(i) };
-            let w = if W { S::splat(*weights.add(i)) } else { S::zero() };
-            if M && p.is_null() {
-                let d = default.add(col);
-                for (r, v) in acc.iter_mut().enumerate() {
-                    let x = S::load(d.add(r * S::LANES));
-                    *v = S::add(*v, if W { S::mul(w, x) } else { x });
+                    if last_line {
+                        crate::util::prefetch(q.wrapping_add(row_bytes - 1));
+                    }
                 }
             } else {
-                for (r, v) in acc.iter_mut().enumerate() {
-                    let x = E::load::<S>(p, col + r * S::LANES);
-                    *v = S::add(*v, if W { S::mul(w, x) } else { x });
-                }
+                super::prefetch_row(q, row_bytes);
+            }
+            add_row::<S, E, Src, R, W, M>(a, acc, i, col);
+        }
+        for i in split..hi {
+            add_row::<S, E, Src, R, W, M>(a, acc, i, col);
+        }
+    }
+}
+
+/// Adds row `i` (elements `col ..`, `R` vectors), times its weight when `W`, into `acc`; with
+/// `M`, a missing row adds the default row.
+#[inline(always)]
+unsafe fn add_row<S: Simd, E: Elem, Src: Source, const R: usize, const W: bool, const M: bool>(a: &Args<Src>, acc: &mut [S::V; R], i: usize, col: usize) {
+    // SAFETY: as in `accumulate`, which this is the body of.
+    unsafe {
+        let p = if M { a.src.row(i) } else { a.src.present(i) };
+        let w = if W { S::splat(*a.weights.add(i)) } else { S::zero() };
+        if M && p.is_null() {
+            let d = a.default.add(col);
+            for (r, v) in acc.iter_mut().enumerate() {
+                let x = S::load(d.add(r * S::LANES));
+                *v = S::add(*v, if W { S::mul(w, x) } else { x });
+            }
+        } else {
+            for (r, v) in acc.iter_mut().enumerate() {
+                let x = E::load::<S>(p, col + r * S::LANES);
+                *v = S::add(*v, if W { S::mul(w, x) } else { x });
             }
         }
     }
@@ -458,7 +482,7 @@ unsafe fn accumulate<S: Simd, E: Elem, Src: Source, const R: usize, const W: boo
 /// registers, loaded from `acc` first unless the run starts from zero, stored back at the end.
 #[inline(always)]
 unsafe fn pass<S: Simd, E: Elem, Src: Source, const R: usize, const W: bool>(a: &Args<Src>, col: usize, prefetch: bool) {
-    // SAFETY (whole body): col + R * LANES <= dim (run's split), so the accumulator accesses
+    // SAFETY: col + R * LANES <= dim (run's split), so the accumulator accesses
     // stay in acc (dim values, checked by Pooler::add); the rows as `accumulate` says.
     unsafe {
         let mut acc = [S::zero(); R];
@@ -481,7 +505,7 @@ unsafe fn pass<S: Simd, E: Elem, Src: Source, const R: usize, const W: bool>(a: 
 /// The elements `col..dim` (fewer than a vector) one at a time.
 #[inline(always)]
 unsafe fn tail<E: Elem, Src: Source, const W: bool>(a: &Args<Src>, col: usize, prefetch: bool) {
-    // SAFETY (whole body): col..dim is inside acc, default and every row, as in `pass`.
+    // SAFETY: col..dim is inside acc, default and every row, as in `pass`.
     unsafe {
         let acc = std::slice::from_raw_parts_mut(a.acc.add(col), a.dim - col);
         if a.zero {
@@ -553,7 +577,7 @@ unsafe fn bag_pass<S: Simd, E: Elem, Src: Source, const R: usize, const W: bool,
     div: Option<f32>,
     dst: *mut u8,
 ) {
-    // SAFETY (whole body): as in `pass`, with dst + col + R * LANES <= dst + dim, the bag's
+    // SAFETY: as in `pass`, with dst + col + R * LANES <= dst + dim, the bag's
     // output row, writable by the caller's contract.
     unsafe {
         let mut acc = [S::zero(); R];
@@ -596,7 +620,7 @@ unsafe fn bag_pass<S: Simd, E: Elem, Src: Source, const R: usize, const W: bool,
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn bag_tail<E: Elem, Src: Source, const W: bool>(a: &Args<Src>, lo: usize, hi: usize, col: usize, prefetch: bool, div: Option<f32>, dst: *mut u8) {
-    // SAFETY (whole body): as in `bag_pass`.
+    // SAFETY: as in `bag_pass`.
     unsafe {
         let mut tail = [0f32; 16];
         let out = &mut tail[..a.dim - col];
@@ -777,50 +801,62 @@ mod x86 {
     impl Simd for Avx2 {
         type V = __m256;
         const LANES: usize = 8;
-        // SAFETY (every method): called only from functions compiled with AVX2 and F16C, which
+        // Safety of every method: called only from functions compiled with AVX2 and F16C, which
         // the CPU has (Pooler::with_isa); pointers hold LANES elements by the caller's contract.
         #[inline(always)]
         unsafe fn zero() -> __m256 {
+            // SAFETY: only called from kernels compiled with this set's features, which the CPU has; p holds LANES elements.
             unsafe { _mm256_setzero_ps() }
         }
         #[inline(always)]
         unsafe fn splat(x: f32) -> __m256 {
+            // SAFETY: only called from kernels compiled with this set's features, which the CPU has; p holds LANES elements.
             unsafe { _mm256_set1_ps(x) }
         }
         #[inline(always)]
         unsafe fn load(p: *const f32) -> __m256 {
+            // SAFETY: only called from kernels compiled with this set's features, which the CPU has; p holds LANES elements.
             unsafe { _mm256_loadu_ps(p) }
         }
         #[inline(always)]
         unsafe fn load_f16(p: *const u16) -> __m256 {
+            // SAFETY: only called from kernels compiled with this set's features, which the CPU has; p holds LANES elements.
             unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
         }
         #[inline(always)]
         unsafe fn load_bf16(p: *const u16) -> __m256 {
+            // SAFETY: only called from kernels compiled with this set's features, which the CPU has; p holds LANES elements.
             unsafe { _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i)))) }
         }
         #[inline(always)]
         unsafe fn add(a: __m256, b: __m256) -> __m256 {
+            // SAFETY: only called from kernels compiled with this set's features, which the CPU has; p holds LANES elements.
             unsafe { _mm256_add_ps(a, b) }
         }
         #[inline(always)]
         unsafe fn mul(a: __m256, b: __m256) -> __m256 {
+            // SAFETY: only called from kernels compiled with this set's features, which the CPU has; p holds LANES elements.
             unsafe { _mm256_mul_ps(a, b) }
         }
         #[inline(always)]
         unsafe fn div(a: __m256, b: __m256) -> __m256 {
+            // SAFETY: only called from kernels compiled with this set's features, which the CPU has; p holds LANES elements.
             unsafe { _mm256_div_ps(a, b) }
         }
         #[inline(always)]
         unsafe fn store(p: *mut f32, v: __m256) {
+            // SAFETY: only called from kernels compiled with this set's features, which the CPU has; p holds LANES elements.
             unsafe { _mm256_storeu_ps(p, v) }
         }
         #[inline(always)]
         unsafe fn store_f16(p: *mut u16, v: __m256) {
+            // SAFETY: only called from kernels compiled with this set's features, which the CPU has; p holds LANES elements.
             unsafe { _mm_storeu_si128(p as *mut __m128i, _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v)) }
         }
         #[inline(always)]
         unsafe fn store_bf16(p: *mut u16, v: __m256) {
+            // SAFETY: only called from kernels compiled with AVX2, which the CPU has; p holds
+            // LANES elements.
             unsafe {
                 let x = _mm256_castps_si256(v);
                 let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(1));
@@ -843,50 +879,62 @@ mod x86 {
     impl Simd for Avx512 {
         type V = __m512;
         const LANES: usize = 16;
-        // SAFETY (every method): called only from functions compiled with AVX512F, which the
+        // Safety of every method: called only from functions compiled with AVX512F, which the
         // CPU has (Pooler::with_isa); pointers hold LANES elements by the caller's contract.
         #[inline(always)]
         unsafe fn zero() -> __m512 {
+            // SAFETY: only called from kernels compiled with this set's features, which the CPU has; p holds LANES elements.
             unsafe { _mm512_setzero_ps() }
         }
         #[inline(always)]
         unsafe fn splat(x: f32) -> __m512 {
+            // SAFETY: only called from kernels compiled with this set's features, which the CPU has; p holds LANES elements.
             unsafe { _mm512_set1_ps(x) }
         }
         #[inline(always)]
         unsafe fn load(p: *const f32) -> __m512 {
+            // SAFETY: only called from kernels compiled with this set's features, which the CPU has; p holds LANES elements.
             unsafe { _mm512_loadu_ps(p) }
         }
         #[inline(always)]
         unsafe fn load_f16(p: *const u16) -> __m512 {
+            // SAFETY: only called from kernels compiled with this set's features, which the CPU has; p holds LANES elements.
             unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
         }
         #[inline(always)]
         unsafe fn load_bf16(p: *const u16) -> __m512 {
+            // SAFETY: only called from kernels compiled with this set's features, which the CPU has; p holds LANES elements.
             unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i)))) }
         }
         #[inline(always)]
         unsafe fn add(a: __m512, b: __m512) -> __m512 {
+            // SAFETY: only called from kernels compiled with this set's features, which the CPU has; p holds LANES elements.
             unsafe { _mm512_add_ps(a, b) }
         }
         #[inline(always)]
         unsafe fn mul(a: __m512, b: __m512) -> __m512 {
+            // SAFETY: only called from kernels compiled with this set's features, which the CPU has; p holds LANES elements.
             unsafe { _mm512_mul_ps(a, b) }
         }
         #[inline(always)]
         unsafe fn div(a: __m512, b: __m512) -> __m512 {
+            // SAFETY: only called from kernels compiled with this set's features, which the CPU has; p holds LANES elements.
             unsafe { _mm512_div_ps(a, b) }
         }
         #[inline(always)]
         unsafe fn store(p: *mut f32, v: __m512) {
+            // SAFETY: only called from kernels compiled with this set's features, which the CPU has; p holds LANES elements.
             unsafe { _mm512_storeu_ps(p, v) }
         }
         #[inline(always)]
         unsafe fn store_f16(p: *mut u16, v: __m512) {
+            // SAFETY: only called from kernels compiled with this set's features, which the CPU has; p holds LANES elements.
             unsafe { _mm256_storeu_si256(p as *mut __m256i, _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v)) }
         }
         #[inline(always)]
         unsafe fn store_bf16(p: *mut u16, v: __m512) {
+            // SAFETY: only called from kernels compiled with AVX512F, which the CPU has; p holds
+            // LANES elements.
             unsafe {
                 let x = _mm512_castps_si512(v);
                 let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(x), _mm512_set1_epi32(1));
@@ -1112,13 +1160,13 @@ mod tests {
                                             Some(0.0) => acc.fill(0.0),
                                             Some(d) => acc.iter_mut().for_each(|a| *a /= d),
                                         }
-                                        for c in 0..dim {
+                                        for (c, &sum) in acc.iter().enumerate() {
                                             let at = (j * out_stride + c) * osize;
                                             let got = &out[at..at + osize];
                                             let want = match out_dtype {
-                                                FloatDtype::F32 => acc[c].to_le_bytes().to_vec(),
-                                                FloatDtype::F16 => half::f16::from_f32(acc[c]).to_le_bytes().to_vec(),
-                                                FloatDtype::BF16 => half::bf16::from_f32(acc[c]).to_le_bytes().to_vec(),
+                                                FloatDtype::F32 => sum.to_le_bytes().to_vec(),
+                                                FloatDtype::F16 => half::f16::from_f32(sum).to_le_bytes().to_vec(),
+                                                FloatDtype::BF16 => half::bf16::from_f32(sum).to_le_bytes().to_vec(),
                                             };
                                             assert_eq!(got, &want[..], "{isa:?} {dtype:?} -> {out_dtype:?} dim {dim} bag {j} col {c} weighted {weighted} {divide:?} dense {dense}");
                                         }
@@ -1139,7 +1187,7 @@ mod tests {
     /// included, on every instruction set.
     #[test]
     fn bfloat16_and_float16_stores_round_as_half_does() {
-        let specials = [0.0f32, -0.0, 1.0, f32::MAX, f32::MIN_POSITIVE, 1e-40, -1e-40, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 65504.0, 65520.0, 1.00390625, 1.01171875];
+        let specials = [0.0f32, -0.0, 1.0, f32::MAX, f32::MIN_POSITIVE, f32::from_bits(0x0001_1234), -f32::from_bits(0x0001_1234), f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 65504.0, 65520.0, f32::from_bits(0x3F80_8000), f32::from_bits(0x3F81_8000)];
         let mut vals: Vec<f32> = specials.to_vec();
         let mut x = 0x1234_5678u32;
         while vals.len() < 4096 {
