@@ -8,7 +8,7 @@ import os
 import weakref
 from ctypes import byref, c_char_p, c_int32, c_uint64
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union, cast
 
 import numpy as np
 
@@ -767,7 +767,7 @@ def _lookup_batch(
         if status is not None:
             if status != _ffi.STRATA_OK:
                 raise error_for(status, _ffi.last_error())
-            return [r.out for r in requests], []
+            return [cast(Request, r).out for r in requests], []
     s = _stream_arg(stream)
     reqs = [_request(r, i) for i, r in enumerate(requests)]
     if not reqs:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from ctypes import PYFUNCTYPE, c_char_p, c_int, c_int32, c_void_p, py_object
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -67,7 +67,7 @@ _lookup = _raw("strata_lookup")
 _lookup_managed_versioned = _raw("strata_lookup_managed_versioned")
 
 
-def _raw_typed(name: str, argtypes: list) -> Any:
+def _raw_typed(name: str, argtypes: List[Any]) -> Any:
     """``name`` from the loaded library with ``argtypes``, or None where the library predates it."""
     try:
         f = _ffi.lib[name]
@@ -279,7 +279,7 @@ def lookup_pooled(handle: Any, keys: Any, offsets: Any, weights: Any, pooling: i
         s.capsules.clear()
 
 
-def lookup_batch(requests: Any, table_type: type, request_type: type, num_threads: Optional[int]) -> Optional[int]:
+def lookup_batch(requests: Any, table_type: Any, request_type: Any, num_threads: Optional[int]) -> Optional[int]:
     """strata's status for ``strata_lookup_batch`` of ``requests`` (``request_type`` objects
     whose tables are open ``table_type`` objects and whose tensors are all given and on the host),
     or None when the call is not one the fast path takes (nothing was called then)."""
