@@ -527,10 +527,12 @@ pub unsafe fn lookup_batch(requests: &[BatchRequest], opts: &LookupOptions) -> R
             }
         }
     }
-    // The host requests on static tables all together, as one piece of work (exec::batch);
-    // their outcomes are taken in order below.
-    let mut outcomes: Vec<Option<Result<LookupStats>>> = (0..work.len()).map(|_| None).collect();
-    if failed.is_ok() {
+    // A batch large enough for several threads runs its host requests on static tables all
+    // together, as one piece of work (exec::batch), their outcomes taken in order below; a small
+    // one runs every request inline, in order (no tasks to share, nothing to set up).
+    let mut outcomes: Vec<Option<Result<LookupStats>>> = Vec::new();
+    if failed.is_ok() && threads > 1 {
+        outcomes = (0..work.len()).map(|_| None).collect();
         let (at, jobs): (Vec<usize>, Vec<crate::exec::batch::Job>) = work
             .iter()
             .enumerate()
@@ -552,7 +554,7 @@ pub unsafe fn lookup_batch(requests: &[BatchRequest], opts: &LookupOptions) -> R
         if let On::Cuda(_) = w.on {
             continue;
         }
-        if let Some(r) = outcomes[i].take() {
+        if let Some(r) = outcomes.get_mut(i).and_then(Option::take) {
             match r {
                 Ok(s) => stats[i] = s,
                 Err(e) if failed.is_ok() => failed = Err(e.within(format!("requests[{i}]."))),

@@ -661,6 +661,41 @@ def test_fast_paths_keep_the_general_paths_refusals(rng, three_tables):
         strata.lookup_pooled(t, np.arange(4), np.array([0, 2, 4]), out=poisoned((2, 8)))
 
 
+def test_large_batch_runs_as_one_piece_of_work(rng):
+    """A batch big enough for several threads (its static requests share the participants,
+    exec/batch.rs): plain and pooled requests of tables of different dims and dtypes, ragged
+    and fixed bags, weights, misses, every pooling, equal to separate calls; a missing key in a
+    missing="error" table names its request."""
+    specs = [(int(rng.integers(200, 5000)), int(rng.choice([8, 16, 64, 100])), rng.choice([np.float32, np.float16])) for _ in range(12)]
+    vecs = [rng.standard_normal((r, d)).astype(dt) for r, d, dt in specs]
+    tables = [strata.Table.from_array(v, default_value=0.25) for v in vecs]
+    strict = strata.Table.from_array(vecs[0], missing="error")
+    try:
+        reqs, want = [], []
+        for i, (t, v) in enumerate(zip(tables, vecs)):
+            b = int(rng.integers(300, 900))
+            if i % 3 == 2:  # plain
+                k = rng.integers(0, len(v) + 20, size=b)
+                reqs.append(strata.Request(t, k, poisoned((b, v.shape[1]))))
+                want.append(t.lookup(k))
+                continue
+            pooling = ["sum", "mean", "sqrtn"][i % 3 if i % 3 < 2 else 0] if i % 2 else "mean"
+            off = ragged_offsets(rng, b, 30)
+            k = rng.integers(0, len(v) + 20, size=int(off[-1]))  # some misses
+            w = rng.uniform(-1, 2, size=k.shape).astype(np.float32) if i % 4 == 0 else None
+            reqs.append(strata.Request(t, k, poisoned((b, v.shape[1])), off, w, pooling))
+            want.append(t.lookup_pooled(k, off, w, pooling))
+        outs = strata.lookup_batch(reqs, num_threads=2)
+        for o, w in zip(outs, want):
+            np.testing.assert_array_equal(o, w)
+        bad = strata.Request(strict, np.array([[1, len(vecs[0]) + 5]] * 2000), poisoned((2000, vecs[0].shape[1])), None, None, "sum")
+        with pytest.raises(strata.KeyNotFound, match=r"^requests\[3\]\."):
+            strata.lookup_batch(reqs[:3] + [bad] + reqs[3:], num_threads=2)
+    finally:
+        for t in tables + [strict]:
+            t.close()
+
+
 def test_fast_batch_from_many_threads(rng, three_tables):
     """Each thread has its own request array: concurrent batches do not see each other's."""
     import threading
