@@ -1,5 +1,5 @@
 //! Executing lookups: the CPU thread pool ([`pool`]), the gather ([`cpu`]), pooled lookups
-//! ([`pooled`]), a batch's host requests as one piece of work ([`batch`]), the tiered fetch
+//! (`pooled`), a batch's host requests as one piece of work (`batch`), the tiered fetch
 //! ([`tiered`]), and the CUDA kernels ([`cuda`], feature `cuda`). The row kernels they all use
 //! are the leaf [`crate::kernels`].
 

@@ -78,18 +78,6 @@ pub fn isa() -> Isa {
     })
 }
 
-/// [`prefetch_row`] of a row known to be there (not NULL).
-#[inline(always)]
-pub fn prefetch_present(p: *const u8, bytes: usize) {
-    let first = p as usize & !63;
-    let last = (p as usize + bytes.clamp(1, 1024) - 1) & !63;
-    let mut line = first;
-    while line <= last {
-        crate::util::prefetch(line as *const u8);
-        line += 64;
-    }
-}
-
 /// Hints every cache line of the `bytes` at `p` (up to the first 1 KiB) into cache. NULL: nothing.
 /// A hint never faults, whatever the address.
 #[inline(always)]

@@ -5,7 +5,7 @@
 //! How the speed comes (what FBGEMM's `EmbeddingSpMDM` does too): the accumulator lives in
 //! vector registers for the whole run of rows, a pass of up to 16 (AVX-512) or 8 (AVX2) vectors
 //! at a time, so a row costs its loads and adds and nothing else; rows are prefetched, every
-//! cache line of the row [`Pooler::ahead`] rows further, across bag boundaries; half-precision
+//! cache line of the row 16 rows further (fewer for rows over 8 lines), across bag boundaries; half-precision
 //! rows are widened in registers (F16C's `vcvtph2ps`, a 16-bit shift for bfloat16). Rows wider
 //! than one pass take several passes over the same rows, the later ones from L1.
 
@@ -157,15 +157,10 @@ impl Pooler {
         Pooler { f, dim, row_bytes, ahead }
     }
 
-    /// How many rows ahead of the one being added a row is prefetched.
-    pub fn ahead(&self) -> usize {
-        self.ahead
-    }
-
     /// Adds rows `ptrs[lo..hi]` (each `dim` values of the dtype, at any alignment of its element;
     /// NULL stands for `default`, `dim` float32 values), each times `weights[i]` when weights are
     /// given, into `acc` (`dim` float32), which starts from zero when `zero` is set. Rows
-    /// `ptrs[hi..]` (any, up to [`Pooler::ahead`] further) are prefetched.
+    /// `ptrs[hi..]` (any, up to 16 further) are prefetched.
     ///
     /// # Safety
     /// Every non-NULL `ptrs[i]` for `lo <= i < hi` must be readable for a whole row. Pointers
