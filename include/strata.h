@@ -520,8 +520,10 @@ uint32_t strata_build_features(void);
 // 0. Never fails, and never calls MPI.
 int32_t strata_mpi_available(void);
 
-// The number of threads a lookup with `num_threads = 0` may use: `STRATA_NUM_THREADS` if
-// set, else the CPUs in the process's affinity mask (read once, at first use).
+// The number of threads a lookup with `num_threads = 0` made from the calling thread may use:
+// `STRATA_NUM_THREADS` if set, else the CPUs in the calling thread's affinity mask (read once
+// per thread). A thread pinned to one core gets 1; the worker pool is sized from the process's
+// mask whichever thread creates it, and its workers run on the process's CPUs.
 int32_t strata_default_num_threads(void);
 
 // Default lookup options (`struct_size = sizeof(strata_lookup_options)`): no stream, the

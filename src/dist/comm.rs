@@ -167,7 +167,7 @@ impl Comm {
     pub fn node_threads(&mut self) -> usize {
         /// Words of a mask as exchanged (1024 CPUs, the size of a Linux `cpu_set_t`).
         const WORDS: usize = 16;
-        let mut mine = threads::affinity_mask();
+        let mut mine = threads::process_mask();
         mine.resize(WORDS, 0);
         let node = self.timed(|c| c.split_shared(c.rank()));
         let mut all = vec![0u64; WORDS * node.size() as usize];

@@ -423,15 +423,8 @@ pub(crate) fn first_missing(table: &dyn RowSource, kd: KeyDtype, b: &dyn Backend
     let Ok(raw) = read_back(b, addr, elem, stride, n) else {
         return Error::KeyNotFound { key: -1, index: 0 };
     };
-    let canonical: Vec<u64> = raw
-        .chunks_exact(elem)
-        .map(|c| {
-            let mut v = [0u8; 8];
-            v[..elem].copy_from_slice(c);
-            // SAFETY: `v` holds one element of `dtype` (little-endian), 8-byte aligned storage.
-            unsafe { dtype.read(v.as_ptr()) }
-        })
-        .collect();
+    // Decoded from bytes (no aligned read through the byte buffer).
+    let canonical: Vec<u64> = raw.chunks_exact(elem).filter_map(|c| dtype.decode(c)).collect();
     let mut rows = vec![0f32; canonical.len() * table.dim()];
     let mut found = vec![false; canonical.len()];
     if table.resolve(&canonical, &mut rows, &mut found).is_ok()
