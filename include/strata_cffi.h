@@ -566,7 +566,12 @@ strata_status strata_lookup_pooled(struct strata_table *table,
 // `pooling`) are checked first, then the tensors of every request, each pass in order.
 // `opts` applies to every request. A request on a distributed table
 // makes the call collective: every rank passes the same tables in the same order. `n = 0` is
-// a no-op.
+// a no-op. A rank that refuses a collective batch before it can read any of its distributed
+// tables (an unreadable request array, or a NULL table where the other ranks pass a
+// distributed one) still fails every rank, naming itself, when the process's distributed
+// tables were all built over one group of ranks; such a refused batch is then taken to be
+// collective on that group (a batch of local tables only, refused that way, waits for the
+// other ranks' next collective batch).
 //
 // Ownership: borrows the requests and their tensors for the call only.
 //

@@ -24,7 +24,9 @@ pub use options::{GpuOptions, GpuPlacement, GpuSharding, MissingKey, TableOption
 pub use plan::{KeySource, LookupOptions, LookupStats, OutTarget};
 pub(crate) use plan::{Plan, plan};
 pub use pooled::Pooling;
-pub(crate) use pooled::{PooledPlan, plan_pooled};
+pub(crate) use pooled::PooledPlan;
+#[cfg(feature = "mpi")]
+pub(crate) use pooled::plan_pooled;
 pub use request::Request;
 pub(crate) use request::Planned;
 #[cfg(feature = "cuda")]

@@ -59,10 +59,8 @@ fn an_open_while_the_same_files_last_handle_goes_gets_a_fresh_server() {
 }
 
 fn tiered(s: &Server) -> &TieredTable {
-    match &s.table("m", 0).unwrap().kind {
-        crate::table::TableKind::Tiered(t) => t,
-        _ => panic!("a tiered table"),
-    }
+    let imp: &dyn std::any::Any = s.table("m", 0).unwrap().imp();
+    imp.downcast_ref::<TieredTable>().expect("a tiered table")
 }
 
 fn read(t: &TieredTable, key: u64) -> Option<f32> {
