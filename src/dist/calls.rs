@@ -39,26 +39,21 @@ impl TableImpl for DistTable {
 
     /// The checks each rank makes alone, as the collective call would make them (nothing is
     /// kept: the call plans again, collectively).
-    unsafe fn plan(&self, r: &Request, opts: &LookupOptions, plan: &mut Planned) -> Result<()> {
-        // SAFETY: the caller vouches for the tensors; this only checks them.
-        unsafe { r.plan_into(self.dim, (0, 0), opts, plan) }?;
+    fn plan(&self, r: &Request, opts: &LookupOptions, plan: &mut Planned) -> Result<()> {
+        r.plan_into(self.dim, (0, 0), opts, plan)?;
         *plan = Planned::Empty;
         Ok(())
     }
 
-    unsafe fn run(&self, r: &Request, _plan: &mut Planned, _threads: usize, opts: &LookupOptions) -> Result<LookupStats> {
-        // SAFETY: the caller vouches for the request's tensors.
-        unsafe { TableImpl::lookup(self, r, opts) }
+    fn run(&self, r: &Request, _plan: &mut Planned, _threads: usize, opts: &LookupOptions) -> Result<LookupStats> {
+        TableImpl::lookup(self, r, opts)
     }
 
     /// The collective call itself: its checks are part of its first step.
-    unsafe fn lookup(&self, r: &Request, opts: &LookupOptions) -> Result<LookupStats> {
-        // SAFETY: the caller vouches for the request's tensors.
-        unsafe {
-            match r.pooling {
-                None => DistTable::lookup(self, r.keys, r.out, opts),
-                Some(pooling) => self.pooled(r, pooling, opts),
-            }
+    fn lookup(&self, r: &Request, opts: &LookupOptions) -> Result<LookupStats> {
+        match r.pooling {
+            None => DistTable::lookup(self, r, opts),
+            Some(pooling) => self.pooled(r, pooling, opts),
         }
     }
 
@@ -88,12 +83,8 @@ impl Collective for DistTable {
 impl DistTable {
     /// A pooled lookup: every rank's plan agreed on, then one collective gather of every key's
     /// row into a staging buffer, pooled locally.
-    ///
-    /// # Safety
-    /// As for [`crate::table::Table::lookup_request`].
-    unsafe fn pooled(&self, r: &Request, pooling: Pooling, opts: &LookupOptions) -> Result<LookupStats> {
-        // SAFETY: the caller vouches for the request's tensors.
-        let p = DistTable::agree(self, unsafe { plan_pooled(self.dim, (0, 0), r, pooling, opts) })?;
+    fn pooled(&self, r: &Request, pooling: Pooling, opts: &LookupOptions) -> Result<LookupStats> {
+        let p = DistTable::agree(self, plan_pooled(self.dim, (0, 0), r, pooling, opts))?;
         let dim = self.dim;
         let mut rows = vec![0f32; p.nnz * dim];
         let mut shape = [p.nnz as i64, dim as i64];
@@ -106,9 +97,10 @@ impl DistTable {
             strides: std::ptr::null_mut(),
             byte_offset: 0,
         };
-        // SAFETY: keys as the caller vouched; `staged` describes `rows`, nnz x dim, alive for the
-        // call.
-        let found = unsafe { DistTable::lookup(self, r.keys, &staged, opts) }?;
+        // SAFETY: the keys are r's (valid: a Request's contract); `staged` describes `rows`,
+        // nnz x dim float32, alive and unborrowed until the lookup returns.
+        let gather = unsafe { Request::plain(r.keys, &staged, true) };
+        let found = DistTable::lookup(self, &gather, opts)?;
         crate::exec::pooled::pool_gathered(&rows, dim, &p)?;
         Ok(found)
     }

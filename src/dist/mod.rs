@@ -23,6 +23,8 @@ mod comm;
 #[cfg(feature = "mpi")]
 mod lookup;
 #[cfg(feature = "mpi")]
+mod scratch;
+#[cfg(feature = "mpi")]
 mod table;
 
 use crate::error::{Error, Result};
@@ -154,10 +156,10 @@ impl crate::table::TableImpl for DistTable {
     fn info(&self) -> crate::model::TableInfo {
         match *self {}
     }
-    unsafe fn plan(&self, _r: &crate::model::Request, _opts: &crate::model::LookupOptions, _plan: &mut crate::model::Planned) -> Result<()> {
+    fn plan(&self, _r: &crate::model::Request, _opts: &crate::model::LookupOptions, _plan: &mut crate::model::Planned) -> Result<()> {
         match *self {}
     }
-    unsafe fn run(
+    fn run(
         &self,
         _r: &crate::model::Request,
         _plan: &mut crate::model::Planned,

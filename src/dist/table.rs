@@ -5,7 +5,7 @@ use crate::util::lock::lock;
 use super::DistTiming;
 use super::channel::{self, Channel};
 use super::comm::Comm;
-use super::lookup::Scratch;
+use super::scratch::Scratch;
 use crate::dlpack::FloatDtype;
 use crate::error::{Error, Result};
 use crate::storage::hugectr::SparseFolder;

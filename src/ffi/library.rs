@@ -1,7 +1,7 @@
 //! Library-wide exports: versions, build features, statuses and the last error.
 
 use super::boundary::{boundary, last_error};
-use super::types::Status;
+use super::status::Status;
 use std::ffi::c_char;
 
 /// Major version of this library (agrees with Cargo.toml).

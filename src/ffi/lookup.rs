@@ -5,11 +5,12 @@ use super::sized::{OutStruct, in_array, out_struct, read_in};
 use super::table::{strata_table, table_arg};
 use super::tensor::check_managed;
 use super::boundary::opt_ref;
-use super::types::{Status, pooling_of, strata_lookup_options, strata_lookup_request, strata_lookup_stats};
+use super::status::Status;
+use super::types::{pooling_of, strata_lookup_options, strata_lookup_request, strata_lookup_stats};
 use crate::error::Error;
 use crate::table::{BatchRequest, Call};
 use crate::error::Result;
-use crate::model::{LookupOptions, Request};
+use crate::model::Request;
 use dlpark::ManagedTensorBase;
 use dlpark::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLTensor};
 
@@ -49,8 +50,9 @@ unsafe fn run(
         (Err(_), Err(e)) | (Err(e), Ok(_)) => return Err(e),
     };
     let args = || -> Result<_> {
-        // SAFETY: `opts` is NULL or valid as this export's # Safety section requires.
-        let opts = LookupOptions::from(&unsafe { read_in(opts, "opts") }?);
+        // SAFETY: `opts` is NULL or valid, and its stream NULL or live, as this export's
+        // # Safety section requires.
+        let opts = unsafe { read_in(opts, "opts")?.core() };
         // SAFETY: `stats` is NULL or valid as this export's # Safety section requires.
         let stats = unsafe { out_struct(stats, "stats") }?;
         Ok((opts, stats))
@@ -243,8 +245,9 @@ pub unsafe extern "C" fn strata_lookup_pooled(
             let pooling = pooling_of(pooling, "pooling")?.ok_or_else(|| {
                 Error::invalid("pooling", "0 (STRATA_POOL_NONE); expected STRATA_POOL_SUM (1), STRATA_POOL_MEAN (2) or STRATA_POOL_SQRTN (3) (use strata_lookup for unpooled rows)")
             })?;
-            // SAFETY: `opts` is NULL or valid as this export's # Safety section requires.
-            let opts = LookupOptions::from(&unsafe { read_in(opts, "opts") }?);
+            // SAFETY: `opts` is NULL or valid, and its stream NULL or live, as this export's
+            // # Safety section requires.
+            let opts = unsafe { read_in(opts, "opts")?.core() };
             // SAFETY: `stats` is NULL or valid as this export's # Safety section requires.
             let stats = unsafe { out_struct(stats, "stats") }?;
             Ok((keys, out, pooling, opts, stats))
@@ -254,9 +257,11 @@ pub unsafe extern "C" fn strata_lookup_pooled(
         // SAFETY: `offsets` and `weights` are NULL or valid, as this export's # Safety section
         // requires.
         let (offsets, weights) = unsafe { (opt_ref(offsets), opt_ref(weights)) };
-        let r = Request { keys, offsets, weights, pooling: Some(pooling), out, want_stats: stats.is_some() };
+        // SAFETY: every tensor is NULL-checked and valid, as this export's # Safety section
+        // requires.
+        let r = unsafe { Request::new(keys, offsets, weights, Some(pooling), out, stats.is_some()) };
         // SAFETY: every tensor of `r` is valid as this export's # Safety section requires.
-        let found = unsafe { table.lookup_request(&r, &opts) }?;
+        let found = table.lookup_request(&r, &opts)?;
         if let Some(s) = stats {
             s.write(&found.into());
         }
@@ -311,8 +316,9 @@ pub unsafe extern "C" fn strata_lookup_batch(
             });
             crate::dist::refuse_batch(dist, e)
         };
-        // SAFETY: `opts` is NULL or valid as this export's # Safety section requires.
-        let opts = LookupOptions::from(&unsafe { read_in(opts, "opts") }.map_err(&refuse)?);
+        // SAFETY: `opts` is NULL or valid, and its stream NULL or live, as this export's
+        // # Safety section requires.
+        let opts = unsafe { read_in(opts, "opts").map_err(&refuse)?.core() };
         for i in 0..n {
             let in_request = |e: Error| refuse(e.within(format!("requests[{i}].")));
             let r = list.get(i).map_err(&refuse)?;
@@ -336,12 +342,13 @@ pub unsafe extern "C" fn strata_lookup_batch(
                     "given with pooling = STRATA_POOL_NONE; expected NULL for a plain lookup (or a pooling)",
                 )));
             }
-            let request = Request { keys, offsets, weights, pooling, out, want_stats: stats.is_some() };
+            // SAFETY: every tensor is valid, as this export's # Safety section requires.
+            let request = unsafe { Request::new(keys, offsets, weights, pooling, out, stats.is_some()) };
             batch.push(BatchRequest { table, request });
             outs.push(stats);
         }
         // SAFETY: every tensor is valid as this export's # Safety section requires.
-        let found = unsafe { crate::table::lookup_batch(&batch, &opts) }?;
+        let found = crate::table::lookup_batch(&batch, &opts)?;
         for (s, f) in outs.into_iter().zip(found) {
             if let Some(s) = s {
                 s.write(&f.into());

@@ -6,7 +6,8 @@ use super::partition_types::{
     OwnedPartitioned, description, strata_partition, strata_partition_location, strata_partitioned,
 };
 use super::table::{strata_table, table_arg, table_options};
-use super::types::{Status, strata_table_options};
+use super::status::Status;
+use super::types::{strata_table_options};
 use crate::partition::validate;
 use std::ffi::c_char;
 

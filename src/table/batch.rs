@@ -36,20 +36,16 @@ impl<'a> BatchRequest<'a> {
     /// Checks this request into `w`: CUDA tensors for their device, host tensors by the
     /// table's plan (on a distributed table, the checks each rank makes alone; the batch agrees
     /// on the outcome before any lookup). Nothing is written.
-    ///
-    /// # Safety
-    /// As for [`lookup_batch`].
-    unsafe fn check_into(&'a self, opts: &LookupOptions, w: &mut Work<'a>) -> Result<()> {
+    fn check_into(&'a self, opts: &LookupOptions, w: &mut Work<'a>) -> Result<()> {
         let (t, r) = (self.table, &self.request);
         #[cfg(feature = "cuda")]
         if let Some(source) = t.on_cuda(r) {
-            // SAFETY: the caller vouches for the tensors.
+            // SAFETY: a Request's tensors are valid (its constructor's contract).
             let v = unsafe { crate::exec::cuda::pooled::validate(source, &t.gpu, &t.resident, r, opts) }?;
             w.route = Route::Cuda(Box::new(v));
             return Ok(());
         }
-        // SAFETY: the caller vouches for the tensors.
-        unsafe { t.imp().plan(r, opts, &mut w.plan) }
+        t.imp().plan(r, opts, &mut w.plan)
     }
 }
 
@@ -68,16 +64,12 @@ const INLINE_BYTES: usize = 256 * 1024;
 /// Runs `requests` as one piece of work (see `strata_lookup_batch`): every request is checked
 /// first (an error names it: `requests[7].keys: ...`), then they run in order, a small batch
 /// wholly on the calling thread. Returns each request's stats.
-///
-/// # Safety
-/// Every request's tensors must describe memory valid as DLPack requires.
-pub unsafe fn lookup_batch(requests: &[BatchRequest], opts: &LookupOptions) -> Result<Vec<LookupStats>> {
+pub fn lookup_batch(requests: &[BatchRequest], opts: &LookupOptions) -> Result<Vec<LookupStats>> {
     // Each request is planned in its slot and run there.
     let mut work: Vec<Work> = requests.iter().map(|_| Work { route: Route::Host, plan: Planned::Empty }).collect();
     let mut invalid = Ok(());
     for (i, (r, w)) in requests.iter().zip(work.iter_mut()).enumerate() {
-        // SAFETY: forwarded from the caller.
-        if let Err(e) = unsafe { r.check_into(opts, w) } {
+        if let Err(e) = r.check_into(opts, w) {
             invalid = Err(e.within(format!("requests[{i}].")));
             break;
         }
@@ -107,7 +99,8 @@ pub unsafe fn lookup_batch(requests: &[BatchRequest], opts: &LookupOptions) -> R
             })
             .unzip();
         if !cuda.is_empty() {
-            // SAFETY: forwarded from the caller.
+            // SAFETY: the requests' tensors are valid (a Request's contract) and opts.stream is
+            // NULL or live (LookupOptions').
             match unsafe { crate::exec::cuda::pooled::run(&cuda, opts) } {
                 Ok(found) => at.into_iter().zip(found).for_each(|(i, s)| stats[i] = s),
                 Err((j, e)) => failed = Err(e.within(format!("requests[{}].", at[j]))),
@@ -150,8 +143,7 @@ pub unsafe fn lookup_batch(requests: &[BatchRequest], opts: &LookupOptions) -> R
         if failed.is_err() && imp.collective().is_none() {
             continue;
         }
-        // SAFETY: forwarded from the caller; the plan is what the table's plan made of it.
-        match unsafe { imp.run(&r.request, &mut w.plan, threads, opts) } {
+        match imp.run(&r.request, &mut w.plan, threads, opts) {
             Ok(s) => stats[i] = s,
             Err(e) if failed.is_ok() => failed = Err(e.within(format!("requests[{i}]."))),
             Err(_) => {}

@@ -33,13 +33,12 @@ impl TableImpl for StaticTable {
         Some(self)
     }
 
-    unsafe fn plan(&self, r: &Request, opts: &LookupOptions, plan: &mut Planned) -> Result<()> {
-        // SAFETY: the caller vouches for the request's tensors. `out` is kept clear of the
-        // table's own vectors.
-        unsafe { r.plan_into(StaticTable::dim(self), self.store().byte_range(), opts, plan) }
+    fn plan(&self, r: &Request, opts: &LookupOptions, plan: &mut Planned) -> Result<()> {
+        // (`out` is kept clear of the table's own vectors.)
+        r.plan_into(StaticTable::dim(self), self.store().byte_range(), opts, plan)
     }
 
-    unsafe fn run(&self, _r: &Request, plan: &mut Planned, threads: usize, _opts: &LookupOptions) -> Result<LookupStats> {
+    fn run(&self, _r: &Request, plan: &mut Planned, threads: usize, _opts: &LookupOptions) -> Result<LookupStats> {
         plan.cap_threads(threads);
         match plan {
             Planned::Empty => Ok(LookupStats::default()),
@@ -95,13 +94,13 @@ impl TableImpl for TieredTable {
         Some(self)
     }
 
-    unsafe fn plan(&self, r: &Request, opts: &LookupOptions, plan: &mut Planned) -> Result<()> {
-        // SAFETY: the caller vouches for the request's tensors. A tiered table's rows live in
-        // its tiers, not in caller memory, so there is no range to keep `out` clear of.
-        unsafe { r.plan_into(TieredTable::dim(self), (0, 0), opts, plan) }
+    fn plan(&self, r: &Request, opts: &LookupOptions, plan: &mut Planned) -> Result<()> {
+        // (A tiered table's rows live in its tiers, not in caller memory: there is no range to
+        // keep `out` clear of.)
+        r.plan_into(TieredTable::dim(self), (0, 0), opts, plan)
     }
 
-    unsafe fn run(&self, _r: &Request, plan: &mut Planned, threads: usize, _opts: &LookupOptions) -> Result<LookupStats> {
+    fn run(&self, _r: &Request, plan: &mut Planned, threads: usize, _opts: &LookupOptions) -> Result<LookupStats> {
         plan.cap_threads(threads);
         match plan {
             Planned::Empty => Ok(LookupStats::default()),

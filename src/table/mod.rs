@@ -83,29 +83,17 @@ pub(crate) trait TableImpl: Send + Sync + std::any::Any {
     /// Checks `r` against the table and plans it into `plan`: every tensor validated, nothing
     /// written. On a collective table these are the checks each rank makes alone (the call's
     /// own collective steps check the rest).
-    ///
-    /// # Safety
-    /// As for [`Table::lookup_request`].
-    unsafe fn plan(&self, r: &Request, opts: &LookupOptions, plan: &mut Planned) -> Result<()>;
+    fn plan(&self, r: &Request, opts: &LookupOptions, plan: &mut Planned) -> Result<()>;
 
-    /// Runs `r` as [`TableImpl::plan`] planned it, on at most `threads` threads.
-    ///
-    /// # Safety
-    /// As for [`Table::lookup_request`]; `plan` is what `plan` made of `r`.
-    unsafe fn run(&self, r: &Request, plan: &mut Planned, threads: usize, opts: &LookupOptions) -> Result<LookupStats>;
+    /// Runs `r` as [`TableImpl::plan`] planned it (`plan`), on at most `threads` threads.
+    fn run(&self, r: &Request, plan: &mut Planned, threads: usize, opts: &LookupOptions) -> Result<LookupStats>;
 
     /// One lookup on its own: plan, then run. Collective tables check inside their collective
     /// call instead.
-    ///
-    /// # Safety
-    /// As for [`Table::lookup_request`].
-    unsafe fn lookup(&self, r: &Request, opts: &LookupOptions) -> Result<LookupStats> {
+    fn lookup(&self, r: &Request, opts: &LookupOptions) -> Result<LookupStats> {
         let mut plan = Planned::Empty;
-        // SAFETY: the caller upholds Table::lookup_request's contract, which plan and run need.
-        unsafe {
-            self.plan(r, opts, &mut plan)?;
-            self.run(r, &mut plan, usize::MAX, opts)
-        }
+        self.plan(r, opts, &mut plan)?;
+        self.run(r, &mut plan, usize::MAX, opts)
     }
 
     /// The planned request as a job of a batch's shared work (`exec::batch`), where the kind
@@ -354,8 +342,8 @@ impl Table {
     /// so until `opts.stream` has run the lookup, and `opts.stream` must be NULL or a live
     /// stream of their device's primary context.
     pub unsafe fn lookup(&self, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions) -> Result<LookupStats> {
-        // SAFETY: lookup_request has this function's contract, which the caller upholds.
-        unsafe { self.lookup_request(&Request::plain(keys, out, true), opts) }
+        // SAFETY: the caller vouches for the tensors, as Request::plain requires.
+        self.lookup_request(&unsafe { Request::plain(keys, out, true) }, opts)
     }
 
     /// Runs one lookup, plain or pooled (see [`Request`]): what `strata_lookup` and
@@ -363,15 +351,11 @@ impl Table {
     /// [B, L]; `weights` NULL or float32 of the keys' shape; `out` [B, dim]; its stats count
     /// keys. On CUDA tensors, only `r.want_stats` (or a table whose missing keys are errors)
     /// makes the call wait for the stream. The tensors are borrowed for the call only.
-    ///
-    /// # Safety
-    /// As for [`Table::lookup`], with `offsets` and `weights` readable as `keys` is.
-    pub unsafe fn lookup_request(&self, r: &Request, opts: &LookupOptions) -> Result<LookupStats> {
+    pub fn lookup_request(&self, r: &Request, opts: &LookupOptions) -> Result<LookupStats> {
         #[cfg(feature = "cuda")]
         if let Some(source) = self.on_cuda(r) {
-            // SAFETY: the CUDA lookups need this function's contract, which the caller upholds:
-            // valid tensors (CUDA ones until the stream has run the lookup) and a live
-            // opts.stream.
+            // SAFETY: the CUDA lookups need valid tensors (CUDA ones until the stream has run
+            // the lookup: a Request's contract) and a NULL or live opts.stream (LookupOptions').
             return unsafe {
                 match r.pooling {
                     None => crate::exec::cuda::run::lookup(source, &self.gpu, &self.resident, r.keys, r.out, opts, r.want_stats),
@@ -379,8 +363,6 @@ impl Table {
                 }
             };
         }
-        // SAFETY: the caller upholds this function's contract, which the implementation's
-        // lookup has.
-        unsafe { self.imp.lookup(r, opts) }
+        self.imp.lookup(r, opts)
     }
 }
