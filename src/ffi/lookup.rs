@@ -10,7 +10,7 @@ use super::types::{pooling_of, strata_lookup_options, strata_lookup_request, str
 use crate::error::Error;
 use crate::table::{BatchRequest, Call};
 use crate::error::Result;
-use crate::model::Request;
+use crate::model::{LookupOptions, Request};
 use dlpark::ManagedTensorBase;
 use dlpark::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLTensor};
 
@@ -237,36 +237,72 @@ pub unsafe extern "C" fn strata_lookup_pooled(
     boundary(|| {
         // SAFETY: `table` is NULL or valid as this export's # Safety section requires.
         let table = unsafe { table_arg(table, "table") }?;
-        let args = || -> Result<_> {
-            // SAFETY: `keys` is NULL or valid as this export's # Safety section requires.
-            let keys = unsafe { arg_ref(keys, "keys") }?;
-            // SAFETY: `out` is NULL or valid as this export's # Safety section requires.
-            let out = unsafe { arg_ref(out, "out") }?;
-            let pooling = pooling_of(pooling, "pooling")?.ok_or_else(|| {
-                Error::invalid("pooling", "0 (STRATA_POOL_NONE); expected STRATA_POOL_SUM (1), STRATA_POOL_MEAN (2) or STRATA_POOL_SQRTN (3) (use strata_lookup for unpooled rows)")
-            })?;
-            // SAFETY: `opts` is NULL or valid, and its stream NULL or live, as this export's
-            // # Safety section requires.
-            let opts = unsafe { read_in(opts, "opts")?.core() };
-            // SAFETY: `stats` is NULL or valid as this export's # Safety section requires.
-            let stats = unsafe { out_struct(stats, "stats") }?;
-            Ok((keys, out, pooling, opts, stats))
-        };
         // (On a distributed table the other ranks learn of a bad argument here.)
-        let (keys, out, pooling, opts, stats) = args().map_err(|e| table.refuse(Call::Pooled, e))?;
-        // SAFETY: `offsets` and `weights` are NULL or valid, as this export's # Safety section
-        // requires.
-        let (offsets, weights) = unsafe { (opt_ref(offsets), opt_ref(weights)) };
-        // SAFETY: every tensor is NULL-checked and valid, as this export's # Safety section
-        // requires.
-        let r = unsafe { Request::new(keys, offsets, weights, Some(pooling), out, stats.is_some()) };
-        // SAFETY: every tensor of `r` is valid as this export's # Safety section requires.
+        // SAFETY: the pointers are NULL or valid, as this export's # Safety section requires.
+        let (r, opts, stats) = unsafe { pooled_args(keys, offsets, weights, pooling, out, opts, stats) }
+            .map_err(|e| table.refuse(Call::Pooled, e))?;
         let found = table.lookup_request(&r, &opts)?;
         if let Some(s) = stats {
             s.write(&found.into());
         }
         Ok(())
     })
+}
+
+/// The arguments of `strata_lookup_pooled` besides the table, checked in the order the errors
+/// are reported: the tensors' NULL checks, `pooling`, `opts`, `stats`.
+///
+/// # Safety
+/// As for `strata_lookup_pooled`, for `'a`.
+#[allow(clippy::type_complexity, clippy::too_many_arguments)] // the C call's arguments, one each
+unsafe fn pooled_args<'a>(
+    keys: *const DLTensor,
+    offsets: *const DLTensor,
+    weights: *const DLTensor,
+    pooling: i32,
+    out: *mut DLTensor,
+    opts: *const strata_lookup_options,
+    stats: *mut strata_lookup_stats,
+) -> Result<(Request<'a>, LookupOptions, Option<OutStruct<strata_lookup_stats>>)> {
+    // SAFETY: `keys` and `out` are NULL or valid, as the caller guarantees.
+    let (keys, out) = unsafe { (arg_ref(keys, "keys")?, arg_ref(out, "out")?) };
+    let pooling = pooling_of(pooling, "pooling")?.ok_or_else(|| {
+        Error::invalid("pooling", "0 (STRATA_POOL_NONE); expected STRATA_POOL_SUM (1), STRATA_POOL_MEAN (2) or STRATA_POOL_SQRTN (3) (use strata_lookup for unpooled rows)")
+    })?;
+    // SAFETY: `opts` is NULL or valid, and its stream NULL or live, as the caller guarantees.
+    let opts = unsafe { read_in(opts, "opts")?.core() };
+    // SAFETY: `stats` is NULL or valid, as the caller guarantees.
+    let stats = unsafe { out_struct(stats, "stats") }?;
+    // SAFETY: `offsets` and `weights` are NULL or valid, and every tensor valid for 'a, as the
+    // caller guarantees.
+    let r = unsafe { Request::new(keys, opt_ref(offsets), opt_ref(weights), Some(pooling), out, stats.is_some()) };
+    Ok((r, opts, stats))
+}
+
+impl strata_lookup_request {
+    /// This request as the core's, with its stats out-struct: the table and tensors NULL-checked,
+    /// `pooling` known, `offsets` and `weights` only with a pooling. An error names the field.
+    ///
+    /// # Safety
+    /// The request's pointers must be NULL or valid for `'a`, as `strata_lookup_batch` requires.
+    unsafe fn read<'a>(&self) -> Result<(BatchRequest<'a>, Option<OutStruct<strata_lookup_stats>>)> {
+        // SAFETY: the pointers are NULL or valid, as the caller guarantees.
+        let (table, keys, out, offsets, weights, stats) = unsafe {
+            (
+                table_arg(self.table, "table")?,
+                arg_ref(self.keys, "keys")?,
+                arg_ref(self.out, "out")?,
+                opt_ref(self.offsets),
+                opt_ref(self.weights),
+                out_struct(self.stats, "stats")?,
+            )
+        };
+        let pooling = pooling_of(self.pooling, "pooling")?;
+        // SAFETY: every tensor is NULL-checked and valid, as the caller guarantees.
+        let request = unsafe { Request::new(keys, offsets, weights, pooling, out, stats.is_some()) };
+        request.fields_agree()?;
+        Ok((BatchRequest { table, request }, stats))
+    }
 }
 
 /// Runs `n` lookups, plain or pooled, on tables of any dims and dtypes, as one piece of work:
@@ -321,33 +357,12 @@ pub unsafe extern "C" fn strata_lookup_batch(
         let opts = unsafe { read_in(opts, "opts").map_err(&refuse)?.core() };
         for i in 0..n {
             let in_request = |e: Error| refuse(e.within(format!("requests[{i}].")));
-            let r = list.get(i).map_err(&refuse)?;
-            // SAFETY: the request's pointers are NULL or valid, as this export's
-            // # Safety section requires.
-            let (table, keys, out, offsets, weights, stats) = unsafe {
-                (
-                    table_arg(r.table, "table").map_err(in_request)?,
-                    arg_ref(r.keys, "keys").map_err(in_request)?,
-                    arg_ref(r.out, "out").map_err(in_request)?,
-                    opt_ref(r.offsets),
-                    opt_ref(r.weights),
-                    out_struct(r.stats, "stats").map_err(in_request)?,
-                )
-            };
-            let pooling = pooling_of(r.pooling, "pooling").map_err(in_request)?;
-            if pooling.is_none() && (offsets.is_some() || weights.is_some()) {
-                let arg = if offsets.is_some() { "offsets" } else { "weights" };
-                return Err(in_request(Error::invalid(
-                    arg,
-                    "given with pooling = STRATA_POOL_NONE; expected NULL for a plain lookup (or a pooling)",
-                )));
-            }
-            // SAFETY: every tensor is valid, as this export's # Safety section requires.
-            let request = unsafe { Request::new(keys, offsets, weights, pooling, out, stats.is_some()) };
-            batch.push(BatchRequest { table, request });
+            // SAFETY: the request's pointers are NULL or valid, as this export's # Safety
+            // section requires.
+            let (request, stats) = unsafe { list.get(i).map_err(&refuse)?.read() }.map_err(in_request)?;
+            batch.push(request);
             outs.push(stats);
         }
-        // SAFETY: every tensor is valid as this export's # Safety section requires.
         let found = crate::table::lookup_batch(&batch, &opts)?;
         for (s, f) in outs.into_iter().zip(found) {
             if let Some(s) = s {

@@ -3,6 +3,7 @@
 //! (host tensors) or to the CUDA path (device tensors), held in one struct instead of one
 //! argument per tensor.
 
+use crate::error::{Error, Result};
 use dlpark::ffi::DLTensor;
 
 /// The tensors of one lookup: plain (one row per key) when `pooling` is `None`, else pooled
@@ -62,6 +63,15 @@ impl<'a> Request<'a> {
     /// As for [`Request::new`].
     pub unsafe fn plain(keys: &'a DLTensor, out: &'a DLTensor, want_stats: bool) -> Self {
         Request { keys, offsets: None, weights: None, pooling: None, out, want_stats, _vouched: () }
+    }
+
+    /// Whether the fields fit together: `offsets` and `weights` only with a pooling.
+    pub fn fields_agree(&self) -> Result<()> {
+        if self.pooling.is_none() && (self.offsets.is_some() || self.weights.is_some()) {
+            let arg = if self.offsets.is_some() { "offsets" } else { "weights" };
+            return Err(Error::invalid(arg, "given with pooling = STRATA_POOL_NONE; expected NULL for a plain lookup (or a pooling)"));
+        }
+        Ok(())
     }
 
     /// The tensors given, each with the argument name messages use: keys, offsets, weights, out.
