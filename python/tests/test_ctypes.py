@@ -2,9 +2,10 @@
 
 The library is loaded from ``$STRATA_LIB``, else the one inside the installed ``strata`` package
 (what scripts/py-tests.sh tests), else ``<repo>/target/release/libstrata.so``, else
-``<repo>/target/debug/libstrata.so``. Every struct of ``include/strata.h`` that a caller fills
-or reads has a ctypes mirror here (checked against the C compiler's layout in
-``test_struct_layouts_match_the_header``), and every exported function has argtypes/restype.
+``<repo>/target/debug/libstrata.so``. Every struct, constant and function prototype comes from
+the generated ``include/strata_cffi.h`` (parsed by ``strata/_cdecl.py``, checked against the C
+compiler's layout in ``test_struct_layouts_match_the_header``), and every function is bound with
+the header's argtypes/restype.
 
 Tensors reach strata the way a real host hands them over: ``arr.__dlpack__()`` (capsule
 "dltensor", a ``DLManagedTensor*``) or ``arr.__dlpack__(max_version=(1, 0))`` (capsule
@@ -78,240 +79,96 @@ LIB_PATH = _lib_path()
 lib = ctypes.CDLL(LIB_PATH)
 
 # ---------------------------------------------------------------------------------------------
-# DLPack ABI mirrors
+# The C declarations: nothing is declared by hand here. Every struct, constant and prototype
+# comes from the generated header (include/strata_cffi.h, derived by build.rs from strata.h)
+# through the package's parser, loaded by path so that the package itself is not imported;
+# test_struct_layouts_match_the_header checks them against the C compiler.
 # ---------------------------------------------------------------------------------------------
 
-kDLCPU, kDLCUDA, kDLCUDAHost, kDLOpenCL = 1, 2, 3, 4
-kDLInt, kDLUInt, kDLFloat, kDLBfloat = 0, 1, 2, 4
-DLPACK_FLAG_BITMASK_READ_ONLY = 1
+
+def _load_cdecl():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("strata_cdecl", REPO / "python" / "src" / "strata" / "_cdecl.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["strata_cdecl"] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
-class DLDevice(Structure):
-    _fields_ = [("device_type", c_int), ("device_id", c_int32)]
+HEADER = _load_cdecl().parse((REPO / "include" / "strata_cffi.h").read_text())
+globals().update(HEADER.constants)  # kDLCPU, STRATA_OK, STRATA_MISSING_FILL, ...
+DLDevice = HEADER.structs["DLDevice"]
+DLDataType = HEADER.structs["DLDataType"]
+DLTensor = HEADER.structs["DLTensor"]
+DLManagedTensor = HEADER.structs["DLManagedTensor"]
+DLPackVersion = HEADER.structs["DLPackVersion"]
+DLManagedTensorVersioned = HEADER.structs["DLManagedTensorVersioned"]
+DELETER = dict(DLManagedTensor._fields_)["deleter"]
+DELETER_V = dict(DLManagedTensorVersioned._fields_)["deleter"]
 
-
-class DLDataType(Structure):
-    _fields_ = [("code", c_uint8), ("bits", c_uint8), ("lanes", c_uint16)]
-
-
-class DLTensor(Structure):
-    _fields_ = [
-        ("data", c_void_p),
-        ("device", DLDevice),
-        ("ndim", c_int32),
-        ("dtype", DLDataType),
-        ("shape", POINTER(c_int64)),
-        ("strides", POINTER(c_int64)),
-        ("byte_offset", c_uint64),
-    ]
-
-
-class DLManagedTensor(Structure):
-    pass
-
-
-DELETER = ctypes.CFUNCTYPE(None, POINTER(DLManagedTensor))
-DLManagedTensor._fields_ = [("dl_tensor", DLTensor), ("manager_ctx", c_void_p), ("deleter", DELETER)]
-
-
-class DLPackVersion(Structure):
-    _fields_ = [("major", c_uint32), ("minor", c_uint32)]
-
-
-class DLManagedTensorVersioned(Structure):
-    pass
-
-
-DELETER_V = ctypes.CFUNCTYPE(None, POINTER(DLManagedTensorVersioned))
-DLManagedTensorVersioned._fields_ = [
-    ("version", DLPackVersion),
-    ("manager_ctx", c_void_p),
-    ("deleter", DELETER_V),
-    ("flags", c_uint64),
-    ("dl_tensor", DLTensor),
-]
-
-# ---------------------------------------------------------------------------------------------
-# strata ABI mirrors
-# ---------------------------------------------------------------------------------------------
-
-STATUS = {
-    "STRATA_OK": 0,
-    "STRATA_NULL_ARGUMENT": 1,
-    "STRATA_INVALID_ARGUMENT": 2,
-    "STRATA_UNSUPPORTED_DTYPE": 3,
-    "STRATA_UNSUPPORTED_DEVICE": 4,
-    "STRATA_INVALID_LAYOUT": 5,
-    "STRATA_READ_ONLY": 6,
-    "STRATA_KEY_NOT_FOUND": 7,
-    "STRATA_DUPLICATE_KEY": 8,
-    "STRATA_IO_ERROR": 9,
-    "STRATA_INVALID_FILE": 10,
-    "STRATA_OUT_OF_MEMORY": 11,
-    "STRATA_INTERNAL": 12,
-}
-globals().update(STATUS)
+STATUS = HEADER.enums["strata_status"]
 STATUS_NAME = {v: k for k, v in STATUS.items()}
-STRATA_MISSING_FILL, STRATA_MISSING_ERROR = 0, 1
 
-
-STRATA_GPU_STATIC, STRATA_GPU_UVM, STRATA_GPU_CACHE = 0, 1, 2
-STRATA_GPU_REPLICATE, STRATA_GPU_SHARD = 0, 1
-
-
-class _Sized(Structure):
-    """A struct that starts with ``size_t struct_size``: constructing one sets it to ``sizeof``,
-    as a C caller's ``strata_<name>_default()`` would; positional arguments start after it."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(ctypes.sizeof(type(self)), *args, **kwargs)
-
-
-class strata_table_options(_Sized):
-    """The 0.3 layout: strata reads only the prefix its struct_size covers."""
-
-    _fields_ = [
-        ("struct_size", c_size_t),
-        ("default_value", c_float),
-        ("missing_key", c_int32),
-        ("gpu_placement", c_int32),
-        ("gpu_cache_fraction", c_float),
-        ("hit_rate_threshold", c_float),
-        ("gpu_sharding", c_int32),
-    ]
-
+# Structs that start with size_t struct_size: constructing one sets it to sizeof, as a C caller's
+# strata_<name>_default() would; positional arguments start after it.
+strata_table_options = HEADER.structs["strata_table_options"]
+strata_lookup_options = HEADER.structs["strata_lookup_options"]
+strata_lookup_stats = HEADER.structs["strata_lookup_stats"]
+strata_table_info = HEADER.structs["strata_table_info"]
+strata_table = HEADER.structs["strata_table"]  # opaque
 
 TABLE_OPTION_DEFAULTS = dict(struct_size=ctypes.sizeof(strata_table_options), default_value=0.0, missing_key=STRATA_MISSING_FILL, gpu_placement=STRATA_GPU_STATIC,
                              gpu_cache_fraction=0.5, hit_rate_threshold=0.9, gpu_sharding=STRATA_GPU_REPLICATE)
 
 
 def _header_fields(struct: str) -> list:
-    """Field names of ``struct`` in include/strata.h, in order."""
+    """Field names of ``struct`` in include/strata.h, in order (read from the C header itself, a
+    second reading beside the parser's)."""
     text = (REPO / "include" / "strata.h").read_text()
     body = re.search(r"typedef struct %s \{(.*?)\} %s;" % (struct, struct), text, re.S).group(1)
     return re.findall(r"(\w+);", re.sub(r"//[^\n]*", "", body))
 
 
-# strata_table_options_default() returns the struct by value: bind it with exactly the fields of
-# the header this library was built with (a 24-byte restype over an 8-byte return reads garbage).
 HEADER_TABLE_OPTION_FIELDS = _header_fields("strata_table_options")
 
-
-class _returned_table_options(Structure):
-    _fields_ = [f for f in strata_table_options._fields_ if f[0] in HEADER_TABLE_OPTION_FIELDS]
-
-
-class strata_lookup_options(_Sized):
-    _fields_ = [("struct_size", c_size_t), ("stream", c_void_p), ("num_threads", c_int32)]
-
-
-class strata_lookup_stats(_Sized):
-    _fields_ = [
-        ("struct_size", c_size_t),
-        ("hits", c_uint64),
-        ("misses", c_uint64),
-        ("volatile_hits", c_uint64),
-        ("persistent_hits", c_uint64),
-    ]
-
-
-class strata_table_info(_Sized):
-    _fields_ = [
-        ("struct_size", c_size_t),
-        ("rows", c_int64),
-        ("dim", c_int64),
-        ("dtype", DLDataType),
-        ("keyed", c_bool),
-        ("mapped", c_bool),
-        ("adopted", c_bool),
-        ("index_bytes", c_uint64),
-        ("vector_bytes", c_uint64),
-    ]
-
-
-class strata_table(Structure):  # opaque
-    pass
-
-
 TABLE_P = POINTER(strata_table)
-STATUS_T = c_int32  # strata_status is int32_t in C11
+STATUS_T = HEADER.types["strata_status"]
 
 
 BOUND_FUNCTIONS = []
 
 
-def _fn(name, restype, *argtypes):
+def _fn(name):
+    """The library's function ``name``, with the header's restype and argtypes."""
     BOUND_FUNCTIONS.append(name)
+    restype, argtypes = HEADER.functions[name]
     f = getattr(lib, name)
     f.restype = restype
     f.argtypes = list(argtypes)
     return f
 
 
-strata_version = _fn("strata_version", c_char_p)
-strata_last_error = _fn("strata_last_error", c_char_p)
-strata_status_name = _fn("strata_status_name", c_char_p, c_int32)
-strata_default_num_threads = _fn("strata_default_num_threads", c_int32)
-strata_lookup_options_default = _fn("strata_lookup_options_default", strata_lookup_options)
-strata_table_options_default = _fn("strata_table_options_default", _returned_table_options)
-strata_lookup = _fn(
+for _name in (
+    "strata_version",
+    "strata_last_error",
+    "strata_status_name",
+    "strata_default_num_threads",
+    "strata_lookup_options_default",
+    "strata_table_options_default",
     "strata_lookup",
-    STATUS_T,
-    TABLE_P,
-    POINTER(DLTensor),
-    POINTER(DLTensor),
-    POINTER(strata_lookup_options),
-    POINTER(strata_lookup_stats),
-)
-strata_lookup_managed = _fn(
     "strata_lookup_managed",
-    STATUS_T,
-    TABLE_P,
-    POINTER(DLManagedTensor),
-    POINTER(DLManagedTensor),
-    POINTER(strata_lookup_options),
-    POINTER(strata_lookup_stats),
-)
-strata_lookup_managed_versioned = _fn(
     "strata_lookup_managed_versioned",
-    STATUS_T,
-    TABLE_P,
-    POINTER(DLManagedTensorVersioned),
-    POINTER(DLManagedTensorVersioned),
-    POINTER(strata_lookup_options),
-    POINTER(strata_lookup_stats),
-)
-strata_table_from_dlpack = _fn(
     "strata_table_from_dlpack",
-    STATUS_T,
-    POINTER(DLTensor),
-    POINTER(DLTensor),
-    POINTER(strata_table_options),
-    POINTER(TABLE_P),
-)
-strata_table_adopt_dlpack = _fn(
     "strata_table_adopt_dlpack",
-    STATUS_T,
-    POINTER(DLManagedTensor),
-    POINTER(DLTensor),
-    POINTER(strata_table_options),
-    POINTER(TABLE_P),
-)
-strata_table_adopt_dlpack_versioned = _fn(
     "strata_table_adopt_dlpack_versioned",
-    STATUS_T,
-    POINTER(DLManagedTensorVersioned),
-    POINTER(DLTensor),
-    POINTER(strata_table_options),
-    POINTER(TABLE_P),
-)
-strata_table_open = _fn(
-    "strata_table_open", STATUS_T, c_char_p, c_int64, POINTER(strata_table_options), POINTER(TABLE_P)
-)
-strata_table_free = _fn("strata_table_free", None, TABLE_P)
-strata_table_dim = _fn("strata_table_dim", c_int64, TABLE_P)
-strata_table_len = _fn("strata_table_len", c_int64, TABLE_P)
-strata_table_get_info = _fn("strata_table_get_info", STATUS_T, TABLE_P, POINTER(strata_table_info))
+    "strata_table_open",
+    "strata_table_free",
+    "strata_table_dim",
+    "strata_table_len",
+    "strata_table_get_info",
+):
+    globals()[_name] = _fn(_name)
 
 # ---------------------------------------------------------------------------------------------
 # PyCapsule access

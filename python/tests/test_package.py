@@ -89,6 +89,18 @@ def test_library_not_found_is_a_clear_import_error(tmp_path):
     assert "STRATA_LIBRARY is set but cannot be loaded" in r.stderr and "nope" in r.stderr
 
 
+def _copy_package(tmp_path):
+    """A copy of the package at tmp_path/strata, with the generated header it reads its
+    declarations from (an installed package has it; the source tree's is in include/)."""
+    import shutil
+
+    pkg = tmp_path / "strata"
+    shutil.copytree(pathlib.Path(strata.__file__).parent, pkg)
+    if not (pkg / "strata_cffi.h").exists():
+        shutil.copy(pathlib.Path(__file__).resolve().parents[2] / "include" / "strata_cffi.h", pkg)
+    return pkg
+
+
 def _run_copy(tmp_path, env_extra=None):
     env = {k: v for k, v in os.environ.items() if k not in ("STRATA_LIBRARY", "LD_LIBRARY_PATH")}
     env["PYTHONPATH"] = str(tmp_path)
@@ -104,8 +116,7 @@ def test_library_found_inside_the_package_without_the_variable(tmp_path):
     wheel ships (libstrata.abi3.so), else a libstrata.so put there by hand."""
     import shutil
 
-    pkg = tmp_path / "strata"
-    shutil.copytree(pathlib.Path(strata.__file__).parent, pkg)
+    pkg = _copy_package(tmp_path)
     shipped = pkg / "libstrata.abi3.so"
     if not shipped.exists():
         shutil.copy(strata.library_path(), shipped)
@@ -120,8 +131,7 @@ def test_strata_library_overrides_the_shipped_library(tmp_path):
     other = tmp_path / "elsewhere" / "libstrata.so"
     other.parent.mkdir()
     shutil.copy(strata.library_path(), other)
-    pkg = tmp_path / "strata"
-    shutil.copytree(pathlib.Path(strata.__file__).parent, pkg)
+    _copy_package(tmp_path)
     assert _run_copy(tmp_path, {"STRATA_LIBRARY": str(other)}) == [str(other), strata.version()]
 
 

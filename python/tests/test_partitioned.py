@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from test_ctypes import (  # noqa: F401  (rng is a fixture)
+    HEADER,
     REPO,
     _fn,
     STATUS_NAME,
@@ -57,58 +58,22 @@ from test_ctypes import (  # noqa: F401  (rng is a fixture)
 )
 
 # ---------------------------------------------------------------------------------------------
-# ABI mirrors of include/strata.h (checked against the C compiler in test_layouts_match_the_header)
+# The declarations of include/strata.h, from the generated header (see test_ctypes.HEADER).
+# Every struct starts with size_t struct_size (set to sizeof by its constructor, as
+# strata_<name>_default() does); arrays of them are strided by their elements' struct_size.
 # ---------------------------------------------------------------------------------------------
 
-
-# Every struct starts with size_t struct_size (set to sizeof by strata_<name>_default(), and by
-# the helpers below); arrays of them are strided by their elements' struct_size.
-
-
-class strata_partition_location(Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("rank", c_int32),
-        ("device_id", c_int32),
-        ("pid", c_int64),
-        ("host", c_char_p),
-    ]
-
-
-class strata_partition(Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("start", POINTER(c_int64)),
-        ("shape", POINTER(c_int64)),
-        ("data", POINTER(DLTensor)),
-        ("handle", c_void_p),
-        ("locations", POINTER(strata_partition_location)),
-        ("num_locations", c_int32),
-    ]
-
-
+strata_partition_location = HEADER.structs["strata_partition_location"]
+strata_partition = HEADER.structs["strata_partition"]
+strata_partitioned = HEADER.structs["strata_partitioned"]
 # const DLTensor *(*)(void *user, void *handle). ctypes callbacks may only return simple types,
 # so the result is a c_void_p (an address, or None for NULL).
-strata_partition_get_fn = CFUNCTYPE(c_void_p, c_void_p, c_void_p)
-
-
-class strata_partitioned(Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("ndim", c_int32),
-        ("shape", POINTER(c_int64)),
-        ("partition_tiling", POINTER(c_int64)),
-        ("partitions", POINTER(strata_partition)),
-        ("locals", POINTER(c_int64)),
-        ("num_locals", c_int32),
-        ("get", strata_partition_get_fn),
-        ("get_user", c_void_p),
-    ]
+strata_partition_get_fn = HEADER.types["strata_partition_get_fn"]
 
 
 def location(rank=-1, device_id=-1, pid=0, host=None):
     """A location as strata_partition_location_default() makes it, with the fields given."""
-    return strata_partition_location(ctypes.sizeof(strata_partition_location), rank, device_id, pid, host)
+    return strata_partition_location(rank, device_id, pid, host)
 
 
 def element(array, i):
@@ -118,20 +83,13 @@ def element(array, i):
 
 
 PARTITIONED_P = POINTER(strata_partitioned)
-strata_partitioned_validate = _fn("strata_partitioned_validate", STATUS_T, PARTITIONED_P)
-strata_table_from_partitioned = _fn(
-    "strata_table_from_partitioned",
-    STATUS_T,
-    PARTITIONED_P,
-    POINTER(c_int32),
-    POINTER(strata_table_options),
-    POINTER(TABLE_P),
-)
-strata_table_partitioned = _fn("strata_table_partitioned", STATUS_T, TABLE_P, POINTER(PARTITIONED_P))
-strata_partitioned_free = _fn("strata_partitioned_free", None, PARTITIONED_P)
-strata_partitioned_default = _fn("strata_partitioned_default", strata_partitioned)
-strata_partition_default = _fn("strata_partition_default", strata_partition)
-strata_partition_location_default = _fn("strata_partition_location_default", strata_partition_location)
+strata_partitioned_validate = _fn("strata_partitioned_validate")
+strata_table_from_partitioned = _fn("strata_table_from_partitioned")
+strata_table_partitioned = _fn("strata_table_partitioned")
+strata_partitioned_free = _fn("strata_partitioned_free")
+strata_partitioned_default = _fn("strata_partitioned_default")
+strata_partition_default = _fn("strata_partition_default")
+strata_partition_location_default = _fn("strata_partition_location_default")
 
 # ---------------------------------------------------------------------------------------------
 # __partitioned__ dicts as Heat produces them

@@ -751,26 +751,13 @@ def test_fast_paths_with_torch(rng, monkeypatch):
 import test_ctypes as C  # noqa: E402
 
 
-class strata_lookup_request(C._Sized):
-    _fields_ = [
-        ("struct_size", c_size_t),
-        ("table", C.TABLE_P),
-        ("keys", POINTER(C.DLTensor)),
-        ("offsets", POINTER(C.DLTensor)),
-        ("weights", POINTER(C.DLTensor)),
-        ("pooling", c_int32),
-        ("out", POINTER(C.DLTensor)),
-        ("stats", POINTER(C.strata_lookup_stats)),
-    ]
-
-
+strata_lookup_request = C.HEADER.structs["strata_lookup_request"]
 STATS_P = POINTER(C.strata_lookup_stats)
 OPTS_P = POINTER(C.strata_lookup_options)
 TENSOR_P = POINTER(C.DLTensor)
-c_lookup_pooled = C._fn("strata_lookup_pooled", C.STATUS_T, C.TABLE_P, TENSOR_P, TENSOR_P, TENSOR_P, c_int32,
-                        TENSOR_P, OPTS_P, STATS_P)
-c_lookup_batch = C._fn("strata_lookup_batch", C.STATUS_T, ctypes.c_void_p, c_size_t, OPTS_P)
-c_request_default = C._fn("strata_lookup_request_default", strata_lookup_request)
+c_lookup_pooled = C._fn("strata_lookup_pooled")
+c_lookup_batch = C._fn("strata_lookup_batch")
+c_request_default = C._fn("strata_lookup_request_default")
 
 
 def test_request_struct_matches_the_header(tmp_path):
@@ -836,7 +823,8 @@ def batch_array(reqs, stride=None):
     for i, r in enumerate(reqs):
         r.struct_size = stride
         ctypes.memmove(ctypes.addressof(buf) + i * stride, ctypes.addressof(r), size)
-    return buf
+    # (The pointer keeps the buffer alive.)
+    return ctypes.cast(buf, POINTER(strata_lookup_request))
 
 
 def test_c_lookup_batch(rng):
@@ -924,7 +912,7 @@ def test_c_lookup_batch(rng):
         reqs = requests()[0]
         big = ctypes.sizeof(strata_lookup_request) + 8
         arr = batch_array(reqs, big)
-        ctypes.c_uint8.from_address(ctypes.addressof(arr) + big + big - 1).value = 1  # requests[1]'s tail
+        ctypes.c_uint8.from_address(ctypes.addressof(arr.contents) + big + big - 1).value = 1  # requests[1]'s tail
         C.expect(c_lookup_batch(arr, 3, None), C.STRATA_INVALID_ARGUMENT, "non-zero tail")
         assert C.last_error().startswith("requests: requests[1].struct_size = 72, and byte 71 is not zero"), C.last_error()
         # NULL requests with n > 0 (strata 0.4 says STRATA_INVALID_ARGUMENT, "requests:  is NULL; ...")
@@ -937,5 +925,5 @@ def test_c_lookup_batch(rng):
 def _zero_size(reqs):
     arr = batch_array(reqs)
     for i in range(len(reqs)):
-        c_size_t.from_address(ctypes.addressof(arr) + i * ctypes.sizeof(strata_lookup_request)).value = 0
+        c_size_t.from_address(ctypes.addressof(arr.contents) + i * ctypes.sizeof(strata_lookup_request)).value = 0
     return arr

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import importlib.resources
 import os
 import weakref
 from ctypes import byref, c_char_p, c_int32, c_uint64
@@ -913,7 +912,7 @@ def cdef() -> str:
         ffi = cffi.FFI()
         ffi.cdef(strata.cdef())
         lib = ffi.dlopen(strata.library_path())  # ABI mode: no compiler"""
-    return (importlib.resources.files(__package__ or "strata") / "strata_cffi.h").read_text(encoding="utf-8")
+    return _ffi.header_text()
 
 
 def cuda_available() -> bool:

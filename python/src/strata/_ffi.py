@@ -1,8 +1,10 @@
-"""ctypes mirrors of ``include/strata.h`` and the loaded library.
+"""The loaded library and its declarations, taken from the generated header.
 
-Everything here is private: the public API lives in :mod:`strata`. Every struct mirrors the C
-layout field by field (the package tests compare them with the C compiler's offsets), and every
-function is bound with argtypes and restype before first use.
+Everything here is private: the public API lives in :mod:`strata`. Nothing is declared by hand:
+every struct, constant and function prototype comes from ``strata_cffi.h`` (the header build.rs
+derives from ``strata.h``, shipped in the package) through :mod:`strata._cdecl`; the package
+tests compare the layouts with the C compiler's offsets. Every function is bound with the
+header's argtypes and restype before first use.
 """
 
 from __future__ import annotations
@@ -11,268 +13,106 @@ import ctypes
 import ctypes.util
 import os
 import pathlib
-from ctypes import (
-    CFUNCTYPE,
-    POINTER,
-    Structure,
-    c_bool,
-    c_char_p,
-    c_float,
-    c_int,
-    c_int32,
-    c_int64,
-    c_size_t,
-    c_uint8,
-    c_uint16,
-    c_uint32,
-    c_uint64,
-    c_void_p,
-)
+from ctypes import CFUNCTYPE, POINTER, c_char_p, c_int, c_int32, c_void_p
 from typing import Any, Optional
 
-# ---- DLPack -----------------------------------------------------------------------------------
+from . import _cdecl
 
-kDLCPU, kDLCUDA, kDLCUDAHost, kDLROCM, kDLROCMHost, kDLCUDAManaged = 1, 2, 3, 10, 11, 13
-kDLInt, kDLUInt, kDLFloat, kDLBfloat = 0, 1, 2, 4
-DLPACK_FLAG_BITMASK_READ_ONLY = 1
+# ---- the header's declarations ----------------------------------------------------------------
+
+
+def header_text() -> str:
+    """``strata_cffi.h``: inside the package (``pip install`` puts it there), else the source
+    tree's ``include/`` (running from ``python/src``)."""
+    here = pathlib.Path(__file__).resolve().parent
+    for path in (here / "strata_cffi.h", here.parents[2] / "include" / "strata_cffi.h"):
+        if path.exists():
+            return path.read_text(encoding="utf-8")
+    raise ImportError("strata: strata_cffi.h is missing from the package (reinstall it with `pip install ./python`)")
+
+
+#: Every declaration of the generated header (structs, constants, function prototypes).
+header = _cdecl.parse(header_text())
+_s, _c = header.structs, header.constants
+
+DLDevice: Any = _s["DLDevice"]
+DLDataType: Any = _s["DLDataType"]
+DLTensor: Any = _s["DLTensor"]
+DLManagedTensor: Any = _s["DLManagedTensor"]
+DLManagedTensorVersioned: Any = _s["DLManagedTensorVersioned"]
+DLPackVersion: Any = _s["DLPackVersion"]
+DLPackExchangeAPIHeader: Any = _s["DLPackExchangeAPIHeader"]
+#: DLPack 1.3's ``__dlpack_c_exchange_api__`` table (a capsule "dlpack_exchange_api" on the
+#: producer's type); its functions take ``PyObject *`` as ``void *``.
+DLPackExchangeAPI: Any = _s["DLPackExchangeAPI"]
+DLManagedTensorDeleter: Any = dict(DLManagedTensor._fields_)["deleter"]
+DLManagedTensorVersionedDeleter: Any = dict(DLManagedTensorVersioned._fields_)["deleter"]
+
+kDLCPU: int = _c["kDLCPU"]
+kDLCUDA: int = _c["kDLCUDA"]
+kDLCUDAHost: int = _c["kDLCUDAHost"]
+kDLROCM: int = _c["kDLROCM"]
+kDLROCMHost: int = _c["kDLROCMHost"]
+kDLCUDAManaged: int = _c["kDLCUDAManaged"]
+kDLInt: int = _c["kDLInt"]
+kDLUInt: int = _c["kDLUInt"]
+kDLFloat: int = _c["kDLFloat"]
+kDLBfloat: int = _c["kDLBfloat"]
+DLPACK_FLAG_BITMASK_READ_ONLY: int = _c["DLPACK_FLAG_BITMASK_READ_ONLY"]
 #: The highest DLPack version this package asks producers for (``__dlpack__(max_version=...)``).
 DLPACK_MAX_VERSION = (1, 0)
 
+STRATA_OK: int = _c["STRATA_OK"]
+STRATA_NULL_ARGUMENT: int = _c["STRATA_NULL_ARGUMENT"]
+STRATA_INVALID_ARGUMENT: int = _c["STRATA_INVALID_ARGUMENT"]
+STRATA_UNSUPPORTED_DTYPE: int = _c["STRATA_UNSUPPORTED_DTYPE"]
+STRATA_UNSUPPORTED_DEVICE: int = _c["STRATA_UNSUPPORTED_DEVICE"]
+STRATA_INVALID_LAYOUT: int = _c["STRATA_INVALID_LAYOUT"]
+STRATA_READ_ONLY: int = _c["STRATA_READ_ONLY"]
+STRATA_KEY_NOT_FOUND: int = _c["STRATA_KEY_NOT_FOUND"]
+STRATA_DUPLICATE_KEY: int = _c["STRATA_DUPLICATE_KEY"]
+STRATA_IO_ERROR: int = _c["STRATA_IO_ERROR"]
+STRATA_INVALID_FILE: int = _c["STRATA_INVALID_FILE"]
+STRATA_OUT_OF_MEMORY: int = _c["STRATA_OUT_OF_MEMORY"]
+STRATA_INTERNAL: int = _c["STRATA_INTERNAL"]
+STRATA_CONFIG_ERROR: int = _c["STRATA_CONFIG_ERROR"]
+STRATA_STORE_ERROR: int = _c["STRATA_STORE_ERROR"]
+STRATA_CUDA_ERROR: int = _c["STRATA_CUDA_ERROR"]
+STRATA_MISSING_FILL: int = _c["STRATA_MISSING_FILL"]
+STRATA_MISSING_ERROR: int = _c["STRATA_MISSING_ERROR"]
+STRATA_GPU_STATIC: int = _c["STRATA_GPU_STATIC"]
+STRATA_GPU_UVM: int = _c["STRATA_GPU_UVM"]
+STRATA_GPU_CACHE: int = _c["STRATA_GPU_CACHE"]
+STRATA_GPU_REPLICATE: int = _c["STRATA_GPU_REPLICATE"]
+STRATA_GPU_SHARD: int = _c["STRATA_GPU_SHARD"]
+STRATA_FEATURE_CUDA: int = _c["STRATA_FEATURE_CUDA"]
+STRATA_FEATURE_MPI: int = _c["STRATA_FEATURE_MPI"]
+STRATA_POOL_NONE: int = _c["STRATA_POOL_NONE"]
+STRATA_POOL_SUM: int = _c["STRATA_POOL_SUM"]
+STRATA_POOL_MEAN: int = _c["STRATA_POOL_MEAN"]
+STRATA_POOL_SQRTN: int = _c["STRATA_POOL_SQRTN"]
 
-class DLDevice(Structure):
-    _fields_ = [("device_type", c_int32), ("device_id", c_int32)]
-
-
-class DLDataType(Structure):
-    _fields_ = [("code", c_uint8), ("bits", c_uint8), ("lanes", c_uint16)]
-
-
-class DLTensor(Structure):
-    _fields_ = [
-        ("data", c_void_p),
-        ("device", DLDevice),
-        ("ndim", c_int32),
-        ("dtype", DLDataType),
-        ("shape", POINTER(c_int64)),
-        ("strides", POINTER(c_int64)),
-        ("byte_offset", c_uint64),
-    ]
-
-
-class DLManagedTensor(Structure):
-    pass
-
-
-DLManagedTensorDeleter = CFUNCTYPE(None, POINTER(DLManagedTensor))
-DLManagedTensor._fields_ = [
-    ("dl_tensor", DLTensor),
-    ("manager_ctx", c_void_p),
-    ("deleter", DLManagedTensorDeleter),
-]
-
-
-class DLPackVersion(Structure):
-    _fields_ = [("major", c_uint32), ("minor", c_uint32)]
-
-
-class DLManagedTensorVersioned(Structure):
-    pass
-
-
-DLManagedTensorVersionedDeleter = CFUNCTYPE(None, POINTER(DLManagedTensorVersioned))
-DLManagedTensorVersioned._fields_ = [
-    ("version", DLPackVersion),
-    ("manager_ctx", c_void_p),
-    ("deleter", DLManagedTensorVersionedDeleter),
-    ("flags", c_uint64),
-    ("dl_tensor", DLTensor),
-]
-
-
-class DLPackExchangeAPIHeader(Structure):
-    _fields_ = [("version", DLPackVersion), ("prev_api", c_void_p)]
-
-
-class DLPackExchangeAPI(Structure):
-    """DLPack 1.3's ``__dlpack_c_exchange_api__`` table (a capsule "dlpack_exchange_api" on the
-    producer's type); the functions take ``PyObject *`` as ``void *``."""
-
-    _fields_ = [
-        ("header", DLPackExchangeAPIHeader),
-        ("managed_tensor_allocator", c_void_p),
-        ("managed_tensor_from_py_object_no_sync", c_void_p),
-        ("managed_tensor_to_py_object_no_sync", c_void_p),
-        ("dltensor_from_py_object_no_sync", c_void_p),
-        ("current_work_stream", c_void_p),
-    ]
-
-
-# ---- strata -----------------------------------------------------------------------------------
-
-STRATA_OK = 0
-STRATA_NULL_ARGUMENT = 1
-STRATA_INVALID_ARGUMENT = 2
-STRATA_UNSUPPORTED_DTYPE = 3
-STRATA_UNSUPPORTED_DEVICE = 4
-STRATA_INVALID_LAYOUT = 5
-STRATA_READ_ONLY = 6
-STRATA_KEY_NOT_FOUND = 7
-STRATA_DUPLICATE_KEY = 8
-STRATA_IO_ERROR = 9
-STRATA_INVALID_FILE = 10
-STRATA_OUT_OF_MEMORY = 11
-STRATA_INTERNAL = 12
-STRATA_CONFIG_ERROR = 13
-STRATA_STORE_ERROR = 14
-STRATA_CUDA_ERROR = 15
-
-STRATA_MISSING_FILL, STRATA_MISSING_ERROR = 0, 1
-STRATA_GPU_STATIC, STRATA_GPU_UVM, STRATA_GPU_CACHE = 0, 1, 2
-STRATA_GPU_REPLICATE, STRATA_GPU_SHARD = 0, 1
-STRATA_FEATURE_CUDA, STRATA_FEATURE_MPI = 1, 2
-STRATA_POOL_NONE, STRATA_POOL_SUM, STRATA_POOL_MEAN, STRATA_POOL_SQRTN = 0, 1, 2, 3
-
-
-class _Sized(Structure):
-    """A struct that starts with ``size_t struct_size`` (every struct strata's C ABI passes).
-    Constructing one sets ``struct_size`` to this layout's ``sizeof``, so strata reads and
-    writes only the fields this package knows; positional arguments start at the second field."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(ctypes.sizeof(type(self)), *args, **kwargs)
-
-
-class strata_table_options(_Sized):
-    """``strata_table_options``. Built here with the documented defaults rather than through
-    ``strata_table_options_default()``, which returns the library's own layout by value."""
-
-    _fields_ = [
-        ("struct_size", c_size_t),
-        ("default_value", c_float),
-        ("missing_key", c_int32),
-        ("gpu_placement", c_int32),
-        ("gpu_cache_fraction", c_float),
-        ("hit_rate_threshold", c_float),
-        ("gpu_sharding", c_int32),
-    ]
-
-
-class strata_lookup_options(_Sized):
-    _fields_ = [("struct_size", c_size_t), ("stream", c_void_p), ("num_threads", c_int32)]
-
-
-class strata_lookup_stats(_Sized):
-    _fields_ = [
-        ("struct_size", c_size_t),
-        ("hits", c_uint64),
-        ("misses", c_uint64),
-        ("volatile_hits", c_uint64),
-        ("persistent_hits", c_uint64),
-    ]
-
-
-class strata_table(Structure):  # opaque
-    pass
-
-
-class strata_lookup_request(_Sized):
-    """``strata_lookup_request``: one lookup of a ``strata_lookup_batch``. An array of them strides
-    by ``struct_size``: every element is built with this constructor (this package's sizeof)."""
-
-    _fields_ = [
-        ("struct_size", c_size_t),
-        ("table", POINTER(strata_table)),
-        ("keys", POINTER(DLTensor)),
-        ("offsets", POINTER(DLTensor)),
-        ("weights", POINTER(DLTensor)),
-        ("pooling", c_int32),
-        ("out", POINTER(DLTensor)),
-        ("stats", POINTER(strata_lookup_stats)),
-    ]
-
-
-class strata_table_info(_Sized):
-    _fields_ = [
-        ("struct_size", c_size_t),
-        ("rows", c_int64),
-        ("dim", c_int64),
-        ("dtype", DLDataType),
-        ("keyed", c_bool),
-        ("mapped", c_bool),
-        ("adopted", c_bool),
-        ("index_bytes", c_uint64),
-        ("vector_bytes", c_uint64),
-    ]
-
-
-class strata_table_stats(_Sized):
-    _fields_ = [("struct_size", c_size_t)] + [
-        (name, c_uint64)
-        for name in (
-            "lookups",
-            "keys",
-            "volatile_hits",
-            "persistent_hits",
-            "misses",
-            "evictions",
-            "volatile_rows",
-            "volatile_bytes",
-            "persistent_rows",
-            "upserts",
-            "erases",
-        )
-    ]
-
-
-# The __partitioned__ structs start with size_t struct_size, like every strata struct: the
-# package sets it to its own sizeof (through the constructors below), and reads the arrays the
-# library hands out with the elements' own struct_size as the stride (``sized_element``).
-
-
-class strata_partition_location(Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("rank", c_int32),
-        ("device_id", c_int32),
-        ("pid", c_int64),
-        ("host", c_char_p),
-    ]
-
-
-class strata_partition(Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("start", POINTER(c_int64)),
-        ("shape", POINTER(c_int64)),
-        ("data", POINTER(DLTensor)),
-        ("handle", c_void_p),
-        ("locations", POINTER(strata_partition_location)),
-        ("num_locations", c_int32),
-    ]
-
-
-# const DLTensor *(*)(void *user, void *handle); ctypes callbacks return simple types only.
-strata_partition_get_fn = CFUNCTYPE(c_void_p, c_void_p, c_void_p)
-
-
-class strata_partitioned(Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("ndim", c_int32),
-        ("shape", POINTER(c_int64)),
-        ("partition_tiling", POINTER(c_int64)),
-        ("partitions", POINTER(strata_partition)),
-        ("locals", POINTER(c_int64)),
-        ("num_locals", c_int32),
-        ("get", strata_partition_get_fn),
-        ("get_user", c_void_p),
-    ]
+# Every struct that starts with ``size_t struct_size`` is a ``_cdecl.Sized``: constructing one
+# sets ``struct_size`` to this layout's sizeof, so strata reads and writes only the fields this
+# package knows; positional arguments start at the second field.
+strata_table_options: Any = _s["strata_table_options"]
+strata_lookup_options: Any = _s["strata_lookup_options"]
+strata_lookup_stats: Any = _s["strata_lookup_stats"]
+strata_lookup_request: Any = _s["strata_lookup_request"]
+strata_table_info: Any = _s["strata_table_info"]
+strata_table_stats: Any = _s["strata_table_stats"]
+strata_partition_location: Any = _s["strata_partition_location"]
+strata_partition: Any = _s["strata_partition"]
+strata_partitioned: Any = _s["strata_partitioned"]
+strata_partition_get_fn: Any = header.types["strata_partition_get_fn"]
+strata_table: Any = _s["strata_table"]  # opaque
+strata_server: Any = _s["strata_server"]  # opaque
 
 
 def partition_location(rank: int = -1, device_id: int = -1, pid: int = 0, host: Optional[bytes] = None) -> Any:
     """A ``strata_partition_location`` as ``strata_partition_location_default()`` makes it
     (``struct_size`` = this package's sizeof, rank -1, host memory), with the fields given."""
-    return strata_partition_location(ctypes.sizeof(strata_partition_location), rank, device_id, pid, host)
+    return strata_partition_location(rank, device_id, pid, host)
 
 
 def partition_array(n: int) -> Any:
@@ -287,9 +127,7 @@ def partition_array(n: int) -> Any:
 def partitioned() -> Any:
     """A ``strata_partitioned`` with its ``struct_size`` set and every other field 0 or NULL
     (``strata_partitioned_default()``)."""
-    d = strata_partitioned()
-    d.struct_size = ctypes.sizeof(strata_partitioned)
-    return d
+    return strata_partitioned()
 
 
 def sized_element(array: Any, i: int) -> Any:
@@ -301,14 +139,11 @@ def sized_element(array: Any, i: int) -> Any:
     return array._type_.from_address(base + i * stride)
 
 
-class strata_server(Structure):  # opaque
-    pass
-
-
 TABLE_P = POINTER(strata_table)
 SERVER_P = POINTER(strata_server)
 PARTITIONED_P = POINTER(strata_partitioned)
 STATUS_T = c_int32
+
 
 # ---- loading ----------------------------------------------------------------------------------
 
@@ -357,92 +192,55 @@ def _load() -> ctypes.CDLL:
 lib: Any = _load()
 
 
-def _bind(name: str, restype: Any, *argtypes: Any) -> Any:
+def _bind(name: str) -> Any:
+    """The library's function ``name``, with the header's restype and argtypes."""
+    restype, argtypes = header.functions[name]
     f = getattr(lib, name)
     f.restype = restype
     f.argtypes = list(argtypes)
     return f
 
 
-strata_version = _bind("strata_version", c_char_p)
-strata_last_error = _bind("strata_last_error", c_char_p)
-strata_status_name = _bind("strata_status_name", c_char_p, c_int32)
-strata_cuda_available = _bind("strata_cuda_available", c_int32)
-strata_default_num_threads = _bind("strata_default_num_threads", c_int32)
-strata_build_features: Optional[Any] = (
-    _bind("strata_build_features", c_uint32) if hasattr(lib, "strata_build_features") else None
-)
+def _bind_if_present(name: str) -> Optional[Any]:
+    """:func:`_bind`, or None when the loaded library predates the function."""
+    return _bind(name) if hasattr(lib, name) else None
 
-_LOOKUP_ARGS = (POINTER(strata_lookup_options), POINTER(strata_lookup_stats))
-strata_lookup = _bind("strata_lookup", STATUS_T, TABLE_P, POINTER(DLTensor), POINTER(DLTensor), *_LOOKUP_ARGS)
-strata_lookup_managed_versioned = _bind(
-    "strata_lookup_managed_versioned",
-    STATUS_T,
-    TABLE_P,
-    POINTER(DLManagedTensorVersioned),
-    POINTER(DLManagedTensorVersioned),
-    *_LOOKUP_ARGS,
-)
-# Pooled and batched lookups (0.4): None when the loaded library predates them.
-strata_lookup_pooled: Optional[Any] = (
-    _bind(
-        "strata_lookup_pooled",
-        STATUS_T,
-        TABLE_P,
-        POINTER(DLTensor),
-        POINTER(DLTensor),
-        POINTER(DLTensor),
-        c_int32,
-        POINTER(DLTensor),
-        *_LOOKUP_ARGS,
-    )
-    if hasattr(lib, "strata_lookup_pooled")
-    else None
-)
-strata_lookup_batch: Optional[Any] = (
-    _bind(
-        "strata_lookup_batch", STATUS_T, POINTER(strata_lookup_request), c_size_t, POINTER(strata_lookup_options)
-    )
-    if hasattr(lib, "strata_lookup_batch")
-    else None
-)
-_OPTS_OUT = (POINTER(strata_table_options), POINTER(TABLE_P))
-strata_table_from_dlpack = _bind("strata_table_from_dlpack", STATUS_T, POINTER(DLTensor), POINTER(DLTensor), *_OPTS_OUT)
-strata_table_adopt_dlpack = _bind(
-    "strata_table_adopt_dlpack", STATUS_T, POINTER(DLManagedTensor), POINTER(DLTensor), *_OPTS_OUT
-)
-strata_table_adopt_dlpack_versioned = _bind(
-    "strata_table_adopt_dlpack_versioned", STATUS_T, POINTER(DLManagedTensorVersioned), POINTER(DLTensor), *_OPTS_OUT
-)
-strata_table_open = _bind("strata_table_open", STATUS_T, c_char_p, c_int64, *_OPTS_OUT)
-strata_table_free = _bind("strata_table_free", None, TABLE_P)
-strata_table_dim = _bind("strata_table_dim", c_int64, TABLE_P)
-strata_table_len = _bind("strata_table_len", c_int64, TABLE_P)
-strata_table_get_info = _bind("strata_table_get_info", STATUS_T, TABLE_P, POINTER(strata_table_info))
-strata_table_get_stats = _bind("strata_table_get_stats", STATUS_T, TABLE_P, POINTER(strata_table_stats))
-strata_table_upsert = _bind("strata_table_upsert", STATUS_T, TABLE_P, POINTER(DLTensor), POINTER(DLTensor))
-strata_table_erase = _bind("strata_table_erase", STATUS_T, TABLE_P, POINTER(DLTensor), POINTER(c_uint64))
 
-strata_server_open = _bind("strata_server_open", STATUS_T, c_char_p, POINTER(SERVER_P))
-strata_server_open_json = _bind("strata_server_open_json", STATUS_T, c_char_p, c_char_p, POINTER(SERVER_P))
-strata_server_free = _bind("strata_server_free", None, SERVER_P)
-strata_server_table = _bind("strata_server_table", STATUS_T, SERVER_P, c_char_p, c_int32, POINTER(TABLE_P))
-strata_server_num_models = _bind("strata_server_num_models", STATUS_T, SERVER_P, POINTER(c_int32))
-strata_server_model = _bind(
-    "strata_server_model", STATUS_T, SERVER_P, c_int32, POINTER(c_char_p), POINTER(c_int32)
-)
-strata_server_table_name = _bind(
-    "strata_server_table_name", STATUS_T, SERVER_P, c_char_p, c_int32, POINTER(c_char_p)
-)
-strata_server_num_warnings = _bind("strata_server_num_warnings", STATUS_T, SERVER_P, POINTER(c_int32))
-strata_server_warning = _bind("strata_server_warning", STATUS_T, SERVER_P, c_int32, POINTER(c_char_p))
-
-strata_partitioned_validate = _bind("strata_partitioned_validate", STATUS_T, PARTITIONED_P)
-strata_table_from_partitioned = _bind(
-    "strata_table_from_partitioned", STATUS_T, PARTITIONED_P, POINTER(c_int32), *_OPTS_OUT
-)
-strata_table_partitioned = _bind("strata_table_partitioned", STATUS_T, TABLE_P, POINTER(PARTITIONED_P))
-strata_partitioned_free = _bind("strata_partitioned_free", None, PARTITIONED_P)
+strata_version = _bind("strata_version")
+strata_last_error = _bind("strata_last_error")
+strata_status_name = _bind("strata_status_name")
+strata_cuda_available = _bind("strata_cuda_available")
+strata_default_num_threads = _bind("strata_default_num_threads")
+strata_lookup = _bind("strata_lookup")
+strata_lookup_managed_versioned = _bind("strata_lookup_managed_versioned")
+strata_table_from_dlpack = _bind("strata_table_from_dlpack")
+strata_table_adopt_dlpack = _bind("strata_table_adopt_dlpack")
+strata_table_adopt_dlpack_versioned = _bind("strata_table_adopt_dlpack_versioned")
+strata_table_open = _bind("strata_table_open")
+strata_table_free = _bind("strata_table_free")
+strata_table_dim = _bind("strata_table_dim")
+strata_table_len = _bind("strata_table_len")
+strata_table_get_info = _bind("strata_table_get_info")
+strata_table_get_stats = _bind("strata_table_get_stats")
+strata_table_upsert = _bind("strata_table_upsert")
+strata_table_erase = _bind("strata_table_erase")
+strata_server_open = _bind("strata_server_open")
+strata_server_open_json = _bind("strata_server_open_json")
+strata_server_free = _bind("strata_server_free")
+strata_server_table = _bind("strata_server_table")
+strata_server_num_models = _bind("strata_server_num_models")
+strata_server_model = _bind("strata_server_model")
+strata_server_table_name = _bind("strata_server_table_name")
+strata_server_num_warnings = _bind("strata_server_num_warnings")
+strata_server_warning = _bind("strata_server_warning")
+strata_partitioned_validate = _bind("strata_partitioned_validate")
+strata_table_from_partitioned = _bind("strata_table_from_partitioned")
+strata_table_partitioned = _bind("strata_table_partitioned")
+strata_partitioned_free = _bind("strata_partitioned_free")
+# Newer than the first published library (0.3): None when the loaded library predates them.
+strata_build_features: Optional[Any] = _bind_if_present("strata_build_features")
+strata_lookup_pooled: Optional[Any] = _bind_if_present("strata_lookup_pooled")
+strata_lookup_batch: Optional[Any] = _bind_if_present("strata_lookup_batch")
 
 # ---- PyCapsule --------------------------------------------------------------------------------
 
