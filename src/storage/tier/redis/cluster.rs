@@ -97,7 +97,7 @@ pub struct Cluster {
 enum Reply {
     Ok(Value),
     /// The cluster moved the slot (or is resharding): refresh and resend.
-    Redirect,
+    Redirect(String),
     Failed(Failure),
 }
 
@@ -247,10 +247,8 @@ impl Cluster {
         let redirected = self.run_once(cmds, &all, &mut out);
         if !redirected.is_empty() {
             self.refresh();
-            let again = self.run_once(cmds, &redirected, &mut out);
-            for i in again {
-                out[i] = Some(Err(Failure { node: format!("slot {}", cmds[i].0), msg: "is moving between nodes (MOVED/ASK/TRYAGAIN twice)".into() }));
-            }
+            // Those redirected twice keep their first reply's failure.
+            self.run_once(cmds, &redirected, &mut out);
         }
         out.into_iter()
             .map(|r| r.unwrap_or_else(|| Err(Failure { node: "?".into(), msg: "no reply".into() })))
@@ -305,7 +303,10 @@ impl Cluster {
                 }
                 match classify(conn.recv_response(), &node.addr) {
                     Ok(Reply::Ok(v)) => out[i] = Some(Ok(v)),
-                    Ok(Reply::Redirect) => redirected.push(i),
+                    Ok(Reply::Redirect(why)) => {
+                        out[i] = Some(Err(Failure { node: node.addr.clone(), msg: why }));
+                        redirected.push(i);
+                    }
                     Ok(Reply::Failed(f)) => out[i] = Some(Err(f)),
                     Err(e) => {
                         let f = self.fail(&node, &e);
@@ -351,7 +352,7 @@ fn classify(r: redis::RedisResult<Value>, addr: &str) -> redis::RedisResult<Repl
         Err(e) => {
             use redis::{ErrorKind as K, ServerErrorKind as S};
             match e.kind() {
-                K::Server(S::Moved | S::Ask | S::TryAgain | S::ClusterDown) => Ok(Reply::Redirect),
+                K::Server(S::Moved | S::Ask | S::TryAgain | S::ClusterDown) => Ok(Reply::Redirect(e.to_string())),
                 _ => Ok(Reply::Failed(Failure { node: addr.to_string(), msg: e.to_string() })),
             }
         }

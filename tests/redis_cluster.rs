@@ -1,0 +1,656 @@
+//! The Redis Cluster volatile tier against a real cluster: three `redis-server` nodes on
+//! 127.0.0.1 (free ports, a temporary folder, a password), made a cluster with
+//! `redis-cli --cluster create`. Skipped, with the reason, where `redis-server` is missing and
+//! cannot be installed (apt-get, as root).
+//!
+//! One test, in phases, so the cluster is made once:
+//! 1. open errors: a wrong password, unreachable seeds and a non-cluster Redis are
+//!    `STRATA_CONFIG_ERROR` naming the field;
+//! 2. HPS's layout: rows written the way HPS writes them are read, and strata's rows are where
+//!    HPS would look (partition hash, hash keys, raw little-endian fields and values);
+//! 3. two writer processes (this binary re-run) upsert, erase and look up all the time, each
+//!    checking its own keys against its reference and never seeing another key's row go back
+//!    to an older version; the parent checks a child's acknowledged write is seen at once;
+//! 4. mid-run, one node is killed with SIGKILL: lookups still answer every key right (from the
+//!    persistent tier), upserts of its keys fail with STRATA_STORE_ERROR naming it, others
+//!    succeed; one node stopped with SIGSTOP: calls return within the timeout;
+//! 5. the node is restarted: its keys are served from Redis again and writes to it succeed;
+//! 6. after the writers stop, every row equals the union of their references and the
+//!    parent's; the cluster is shut down, every process reaped.
+
+mod common;
+use common::*;
+use std::ffi::CString;
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::ptr::{null, null_mut};
+use std::time::{Duration, Instant};
+
+const CHILD_ENV: &str = "STRATA_REDIS_CHILD";
+const PASSWORD: &str = "strata-test-pw";
+const DIM: usize = 8;
+const KEYS: i64 = 3000;
+/// Keys `[w * OWN, (w + 1) * OWN)` belong to writer w (0, 1); the rest to the parent.
+const OWN: i64 = 1000;
+const DEFAULT: f32 = -1.0;
+const TIMEOUT_MS: u64 = 300;
+const PARTITIONS: usize = 12;
+const TEST: &str = "redis_cluster_serves_shares_and_survives_a_node";
+
+/// The row of `key` at `version`.
+fn row(key: i64, version: u32) -> [f32; DIM] {
+    let mut r = [0f32; DIM];
+    r[0] = key as f32;
+    r[1] = version as f32;
+    for (j, x) in r.iter_mut().enumerate().skip(2) {
+        *x = key as f32 * 0.5 + version as f32 + j as f32;
+    }
+    r
+}
+
+// ---------------------------------------------------------------------------------------------
+// The cluster.
+
+struct Node {
+    port: u16,
+    conf: PathBuf,
+    child: Option<Child>,
+}
+
+struct RedisCluster {
+    dir: PathBuf,
+    nodes: Vec<Node>,
+    extra: Vec<Child>,
+}
+
+/// `redis-server`, installed with apt-get when missing and possible; `Err(reason)` otherwise.
+fn redis_server() -> Result<(), String> {
+    let have = |c: &str| Command::new(c).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+    if have("redis-server") && have("redis-cli") {
+        return Ok(());
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("redis-server is not installed and this is not root (apt-get install redis-server)".into());
+    }
+    let _ = Command::new("apt-get").args(["update", "-qq"]).status();
+    let st = Command::new("apt-get").args(["install", "-y", "-qq", "redis-server", "redis-tools"]).env("DEBIAN_FRONTEND", "noninteractive").status();
+    if have("redis-server") && have("redis-cli") {
+        Ok(())
+    } else {
+        Err(format!("redis-server could not be installed (apt-get: {st:?})"))
+    }
+}
+
+/// A port that is free, and whose cluster bus port (+10000) is free too.
+fn free_port(taken: &[u16]) -> u16 {
+    loop {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let p = l.local_addr().unwrap().port();
+        if p < 55000 && !taken.contains(&p) && TcpListener::bind(("127.0.0.1", p + 10000)).is_ok() {
+            return p;
+        }
+    }
+}
+
+fn cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-a", PASSWORD, "--no-auth-warning"])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("redis-cli");
+    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+}
+
+fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + limit;
+    while !f() {
+        assert!(Instant::now() < end, "timed out after {limit:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+impl RedisCluster {
+    fn start(dir: &Path) -> RedisCluster {
+        let mut nodes: Vec<Node> = Vec::new();
+        for _ in 0..3 {
+            let taken: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+            let port = free_port(&taken);
+            let d = dir.join(format!("node{port}"));
+            std::fs::create_dir_all(&d).unwrap();
+            let conf = d.join("redis.conf");
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndir {}\ncluster-enabled yes\ncluster-config-file nodes.conf\n\
+                     cluster-node-timeout 2000\ncluster-require-full-coverage no\nrequirepass {PASSWORD}\nmasterauth {PASSWORD}\n\
+                     save \"\"\nappendonly no\nlogfile {}\n",
+                    d.display(),
+                    d.join("log").display()
+                ),
+            )
+            .unwrap();
+            nodes.push(Node { port, conf, child: None });
+        }
+        let mut c = RedisCluster { dir: dir.to_path_buf(), nodes, extra: Vec::new() };
+        for i in 0..3 {
+            c.run_node(i);
+        }
+        let addrs: Vec<String> = c.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let mut args = vec!["--cluster", "create"];
+        args.extend(addrs.iter().map(String::as_str));
+        args.push("--cluster-yes");
+        let out = cli(c.nodes[0].port, &args);
+        assert!(out.contains("All 16384 slots covered"), "redis-cli --cluster create: {out}");
+        c.wait_ok();
+        c
+    }
+
+    fn run_node(&mut self, i: usize) {
+        let n = &mut self.nodes[i];
+        let child = Command::new("redis-server").arg(&n.conf).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("redis-server");
+        n.child = Some(child);
+        let port = n.port;
+        wait_for("a node to answer PING", Duration::from_secs(10), || cli(port, &["ping"]).contains("PONG"));
+    }
+
+    /// Every live node reports the cluster ok.
+    fn wait_ok(&self) {
+        for n in self.nodes.iter().filter(|n| n.child.is_some()) {
+            wait_for("cluster_state:ok", Duration::from_secs(30), || cli(n.port, &["cluster", "info"]).contains("cluster_state:ok"));
+        }
+    }
+
+    fn seeds(&self) -> String {
+        self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect::<Vec<_>>().join(",")
+    }
+
+    fn signal(&mut self, i: usize, sig: i32) {
+        let pid = self.nodes[i].child.as_ref().unwrap().id() as i32;
+        // SAFETY: kill with a pid of our own child and a valid signal number.
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+        if sig == libc::SIGKILL {
+            let _ = self.nodes[i].child.take().unwrap().wait();
+        }
+    }
+
+    /// A plain (non-cluster) redis-server, for the open-error checks.
+    fn plain(&mut self) -> u16 {
+        let taken: Vec<u16> = self.nodes.iter().map(|n| n.port).collect();
+        let port = free_port(&taken);
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--requirepass", PASSWORD, "--dir"])
+            .arg(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.extra.push(child);
+        wait_for("the plain server", Duration::from_secs(10), || cli(port, &["ping"]).contains("PONG"));
+        port
+    }
+
+    /// SIGTERM to all, SIGKILL after 3 s; every process is reaped.
+    fn shutdown(&mut self) {
+        let mut all: Vec<Child> = self.nodes.iter_mut().filter_map(|n| n.child.take()).chain(self.extra.drain(..)).collect();
+        for c in &all {
+            // SAFETY: kill with a pid of our own (unreaped) child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGCONT) };
+            // SAFETY: as above.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        }
+        let end = Instant::now() + Duration::from_secs(3);
+        for c in &mut all {
+            while c.try_wait().unwrap().is_none() {
+                if Instant::now() > end {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        for c in &mut all {
+            assert!(c.try_wait().unwrap().is_some(), "redis-server {} still running", c.id());
+        }
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// HPS's layout, written here independently of the library.
+
+fn mix(mut x: u64) -> u64 {
+    x ^= x.rotate_right(25) ^ x.rotate_right(50);
+    x = x.wrapping_mul(0xA24BAED4963EE407);
+    x ^= x.rotate_right(24) ^ x.rotate_right(49);
+    x = x.wrapping_mul(0x9FB21C651E98DF25);
+    x ^ (x >> 28)
+}
+
+fn hkey(part: usize) -> String {
+    format!("hps_et{{hps_et.m.t/p{part}}}v")
+}
+
+fn part_of(key: i64) -> usize {
+    (mix(key as u64) % PARTITIONS as u64) as usize
+}
+
+/// The port of the node serving Redis key `h` (CLUSTER KEYSLOT and CLUSTER SLOTS, asked of a
+/// live node: a killed node still owns its slots).
+fn port_of_key(c: &RedisCluster, h: &str) -> u16 {
+    let live = c.nodes.iter().find(|n| n.child.is_some()).unwrap().port;
+    let mut conn = connection(live);
+    let slot: i64 = redis::cmd("CLUSTER").arg("KEYSLOT").arg(h).query(&mut conn).unwrap();
+    let ranges: Vec<redis::Value> = redis::cmd("CLUSTER").arg("SLOTS").query(&mut conn).unwrap();
+    let int = |v: &redis::Value| if let redis::Value::Int(i) = v { *i } else { panic!("{v:?}") };
+    for r in ranges {
+        let redis::Value::Array(a) = r else { panic!() };
+        let redis::Value::Array(p) = &a[2] else { panic!() };
+        if (int(&a[0])..=int(&a[1])).contains(&slot) {
+            return int(&p[1]) as u16;
+        }
+    }
+    panic!("no node serves slot {slot}");
+}
+
+fn port_of_part(c: &RedisCluster, part: usize) -> u16 {
+    port_of_key(c, &hkey(part))
+}
+
+fn connection(port: u16) -> redis::Connection {
+    let info = redis::IntoConnectionInfo::into_connection_info(format!("redis://:{PASSWORD}@127.0.0.1:{port}")).unwrap();
+    redis::Client::open(info).unwrap().get_connection().unwrap()
+}
+
+// ---------------------------------------------------------------------------------------------
+// strata through its C ABI.
+
+fn sparse(dir: &Path) {
+    let d = dir.join("sparse");
+    std::fs::create_dir_all(&d).unwrap();
+    let keys: Vec<u8> = (0..KEYS).flat_map(|k| k.to_le_bytes()).collect();
+    let rows: Vec<u8> = (0..KEYS).flat_map(|k| row(k, 0)).flat_map(|v| v.to_le_bytes()).collect();
+    std::fs::write(d.join("key"), keys).unwrap();
+    std::fs::write(d.join("emb_vector"), rows).unwrap();
+}
+
+/// The configuration all processes share: Redis in front of one LMDB store, persistent hits
+/// promoted, other processes' LMDB commits never polled (an hour), so what a process sees of
+/// another's writes comes through Redis.
+fn config(seeds: &str) -> String {
+    format!(
+        r#"{{"supportlonglong": true,
+            "volatile_db": {{"type": "redis_cluster", "address": "{seeds}", "user_name": "default", "password": "{PASSWORD}",
+                             "num_partitions": {PARTITIONS}, "max_get_batch_size": 700, "max_set_batch_size": 300,
+                             "initial_cache_rate": 0.5, "cache_missed_embeddings": true, "refresh_interval_ms": 3600000,
+                             "strata_redis_timeout_ms": {TIMEOUT_MS}}},
+            "persistent_db": {{"type": "rocks_db", "path": "db"}},
+            "models": [{{"model": "m", "sparse_files": ["sparse"], "embedding_table_names": ["t"],
+                         "embedding_vecsize_per_table": [{DIM}], "default_value_for_each_table": [{DEFAULT}],
+                         "maxnum_catfeature_query_per_table_per_sample": [1], "deployed_device_list": [0]}}]}}"#
+    )
+}
+
+/// Opens `json` with relative paths under `dir`; the status and the server.
+fn open_json(json: &str, dir: &Path) -> (Status, *mut Server) {
+    let j = CString::new(json).unwrap();
+    let b = CString::new(dir.to_str().unwrap()).unwrap();
+    let mut s = null_mut();
+    // SAFETY: j and b are NUL-terminated and outlive the call; s is a reference.
+    let st = unsafe { strata_server_open_json(j.as_ptr(), b.as_ptr(), &mut s) };
+    (st, s)
+}
+
+/// The table of a server opened with [`config`]; the server lives until the process exits.
+fn open(dir: &Path, seeds: &str) -> *mut Table {
+    let (st, s) = open_json(&config(seeds), dir);
+    ok(st);
+    let model = CString::new("m").unwrap();
+    let mut t = null_mut();
+    // SAFETY: s is a live server, never freed; model is NUL-terminated; t is a reference.
+    ok(unsafe { strata_server_table(s, model.as_ptr(), 0, &mut t) });
+    t
+}
+
+fn lookup(t: *mut Table, keys: &[i64]) -> (Vec<f32>, LookupStats) {
+    let mut out = vec![f32::NAN; keys.len() * DIM];
+    let k = Desc::compact(keys.as_ptr().cast(), I64, &[keys.len() as i64]);
+    let mut o = Desc::compact(out.as_mut_ptr().cast(), F32, &[keys.len() as i64, DIM as i64]);
+    let mut st = LookupStats::default();
+    // SAFETY: t is a live table; k and o describe buffers alive past the call; st is a reference.
+    ok(unsafe { strata_lookup(t, &k.t, &mut o.t, null(), &mut st) });
+    (out, st)
+}
+
+fn upsert(t: *mut Table, keys: &[i64], rows: &[f32]) -> Status {
+    let k = Desc::compact(keys.as_ptr().cast(), I64, &[keys.len() as i64]);
+    let v = Desc::compact(rows.as_ptr().cast(), F32, &[keys.len() as i64, DIM as i64]);
+    // SAFETY: t is a live table; k and v describe buffers alive past the call.
+    unsafe { strata_table_upsert(t, &k.t, &v.t) }
+}
+
+fn erase(t: *mut Table, keys: &[i64]) -> Status {
+    let k = Desc::compact(keys.as_ptr().cast(), I64, &[keys.len() as i64]);
+    let mut n = 0;
+    // SAFETY: t is a live table; k describes keys; n is a reference.
+    unsafe { strata_table_erase(t, &k.t, &mut n) }
+}
+
+/// The version a looked-up row holds (`None` for the default row); panics on a torn or foreign row.
+fn version_of(key: i64, r: &[f32]) -> Option<u32> {
+    if r.iter().all(|&x| x == DEFAULT) {
+        return None;
+    }
+    let v = r[1] as u32;
+    assert_eq!(r, row(key, v), "key {key}: a row that was never written");
+    Some(v)
+}
+
+// ---------------------------------------------------------------------------------------------
+// A writer process.
+
+/// Writer `w`: until `dir/stop` exists (or 60 s), upserts or erases a few of its keys, then
+/// looks up every key: its own must equal its reference, no other key's version may go down.
+/// Store errors must name a node and leave the reference as it was. Writes its reference and
+/// counts to `dir/writer<w>`.
+fn writer(dir: &Path, w: i64, seeds: &str) {
+    let t = open(dir, seeds);
+    let all: Vec<i64> = (0..KEYS).collect();
+    // Own keys: Some(version) or None (erased). Version 0 is the sparse file's.
+    let mut want: Vec<Option<u32>> = vec![Some(0); OWN as usize];
+    let mut seen: Vec<u32> = vec![0; KEYS as usize];
+    let mut rng = Rng(0x5EED + w as u64);
+    let (mut store_errors, mut ops, mut persistent_hits) = (0u64, 0u64, 0u64);
+    let start = Instant::now();
+    let mut version = 1u32;
+    while !dir.join("stop").exists() && start.elapsed() < Duration::from_secs(60) {
+        let keys: Vec<i64> = (0..8).map(|_| w * OWN + rng.below(OWN as u64) as i64).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+        version += 1;
+        let st = if rng.below(10) < 7 {
+            let rows: Vec<f32> = keys.iter().flat_map(|&k| row(k, version)).collect();
+            let st = upsert(t, &keys, &rows);
+            if st == Status::STRATA_OK {
+                for &k in &keys {
+                    want[(k - w * OWN) as usize] = Some(version);
+                }
+            }
+            st
+        } else {
+            let st = erase(t, &keys);
+            if st == Status::STRATA_OK {
+                for &k in &keys {
+                    want[(k - w * OWN) as usize] = None;
+                }
+            }
+            st
+        };
+        if st != Status::STRATA_OK {
+            let msg = last_error();
+            assert_eq!(st, Status::STRATA_STORE_ERROR, "{msg}");
+            assert!(msg.contains("Redis node 127.0.0.1:"), "a store error names the node: {msg}");
+            store_errors += 1;
+        }
+        ops += 1;
+        let (out, stats) = lookup(t, &all);
+        persistent_hits += stats.persistent_hits;
+        for k in 0..KEYS {
+            let got = version_of(k, &out[k as usize * DIM..(k as usize + 1) * DIM]);
+            if (w * OWN..(w + 1) * OWN).contains(&k) {
+                assert_eq!(got, want[(k - w * OWN) as usize], "writer {w}: own key {k} after {ops} writes");
+            } else if let Some(v) = got {
+                assert!(v >= seen[k as usize], "writer {w}: key {k} went back from version {} to {v}", seen[k as usize]);
+                seen[k as usize] = v;
+            }
+        }
+    }
+    let mut f = std::fs::File::create(dir.join(format!("writer{w}.tmp"))).unwrap();
+    writeln!(f, "{ops} {store_errors} {persistent_hits}").unwrap();
+    for (i, v) in want.iter().enumerate() {
+        writeln!(f, "{} {}", w * OWN + i as i64, v.map_or(-1, |v| v as i64)).unwrap();
+    }
+    drop(f);
+    std::fs::rename(dir.join(format!("writer{w}.tmp")), dir.join(format!("writer{w}"))).unwrap();
+}
+
+/// Writes the version of every key as the persistent tier alone serves it to `dir/lmdb`.
+fn lmdb_rows(dir: &Path, seeds: &str) {
+    let json = config(seeds).replace(r#""type": "redis_cluster""#, r#""type": "disabled""#);
+    let (st, s) = open_json(&json, dir);
+    ok(st);
+    let model = CString::new("m").unwrap();
+    let mut t = null_mut();
+    // SAFETY: s is a live server (never freed); model is NUL-terminated; t is a reference.
+    ok(unsafe { strata_server_table(s, model.as_ptr(), 0, &mut t) });
+    let all: Vec<i64> = (0..KEYS).collect();
+    let (out, _) = lookup(t, &all);
+    let text: String = (0..KEYS as usize).map(|k| format!("{}\n", version_of(k as i64, &out[k * DIM..(k + 1) * DIM]).map_or(-1, i64::from))).collect();
+    std::fs::write(dir.join("lmdb"), text).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn redis_cluster_serves_shares_and_survives_a_node() {
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        let mut it = spec.splitn(3, '|');
+        let (dir, w, seeds) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
+        if w == "lmdb" {
+            lmdb_rows(Path::new(dir), seeds);
+        } else {
+            writer(Path::new(dir), w.parse().unwrap(), seeds);
+        }
+        return;
+    }
+    if let Err(why) = redis_server() {
+        println!("skipped: {why}");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let mut c = RedisCluster::start(dir);
+    let seeds = c.seeds();
+    sparse(dir);
+
+    // 1. Open errors name the field.
+    let volatile_only = |addr: &str, pw: &str| {
+        config(addr).replace(&format!("\"password\": \"{PASSWORD}\""), &format!("\"password\": \"{pw}\"")).replace(
+            r#""persistent_db": {"type": "rocks_db", "path": "db"},"#,
+            "",
+        )
+    };
+    let (st, _) = open_json(&volatile_only(&seeds, "wrong"), dir);
+    fails(st, Status::STRATA_CONFIG_ERROR, &["volatile_db.password", "default"]);
+    let dead = free_port(&[]);
+    let t0 = Instant::now();
+    let (st, _) = open_json(&volatile_only(&format!("127.0.0.1:{dead}"), PASSWORD), dir);
+    fails(st, Status::STRATA_CONFIG_ERROR, &["volatile_db.address", &format!("127.0.0.1:{dead}")]);
+    assert!(t0.elapsed() < Duration::from_secs(10), "an unreachable seed list hung the open");
+    let plain = c.plain();
+    let (st, _) = open_json(&volatile_only(&format!("127.0.0.1:{plain}"), PASSWORD), dir);
+    fails(st, Status::STRATA_CONFIG_ERROR, &["volatile_db.address", "without cluster mode"]);
+
+    // 2. HPS's layout. Rows HPS wrote (raw LE key field, raw LE float32 value) are read, in a
+    // table served by Redis alone; strata's own rows land where HPS puts them.
+    {
+        let mut json = volatile_only(&seeds, PASSWORD).replace("\"model\": \"m\"", "\"model\": \"hps\"");
+        json = json.replace("\"initial_cache_rate\": 0.5", "\"initial_cache_rate\": 0.0");
+        let key = 987_654_321i64;
+        let part = (mix(key as u64) % PARTITIONS as u64) as usize;
+        let value: Vec<u8> = row(key, 7).iter().flat_map(|x| x.to_le_bytes()).collect();
+        let h = format!("hps_et{{hps_et.hps.t/p{part}}}v");
+        let _: i64 = redis::cmd("HSET").arg(&h).arg(&key.to_le_bytes()[..]).arg(&value[..]).query(&mut connection(port_of_key(&c, &h))).unwrap();
+        let (st, s) = open_json(&json, dir);
+        ok(st);
+        let model = CString::new("hps").unwrap();
+        let mut t = null_mut();
+        // SAFETY: s is a live server (never freed); model is NUL-terminated; t is a reference.
+        ok(unsafe { strata_server_table(s, model.as_ptr(), 0, &mut t) });
+        let (out, st) = lookup(t, &[key, 5]);
+        assert_eq!(&out[..DIM], row(key, 7), "a row HPS wrote is read");
+        assert_eq!(&out[DIM..], [DEFAULT; DIM], "a key in no tier gets the default row");
+        assert_eq!((st.volatile_hits, st.misses), (1, 1));
+        // strata writes where HPS reads.
+        ok(upsert(t, &[42], &row(42, 3)));
+        let h = format!("hps_et{{hps_et.hps.t/p{}}}v", part_of(42));
+        let port = port_of_key(&c, &h);
+        let got: Vec<u8> = redis::cmd("HGET").arg(&h).arg(&42i64.to_le_bytes()[..]).query(&mut connection(port)).unwrap();
+        assert_eq!(got, row(42, 3).iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
+    }
+
+    // 3. The shared table: warmed at open, then two writers.
+    let t = open(dir, &seeds);
+    let all: Vec<i64> = (0..KEYS).collect();
+    let (out, st) = lookup(t, &all);
+    for k in 0..KEYS {
+        assert_eq!(version_of(k, &out[k as usize * DIM..(k as usize + 1) * DIM]), Some(0));
+    }
+    assert_eq!(st.hits, KEYS as u64);
+    assert!(st.volatile_hits >= KEYS as u64 / 2, "initial_cache_rate 0.5 warmed half: {st:?}");
+    let (_, st) = lookup(t, &all);
+    assert_eq!(st.volatile_hits, KEYS as u64, "persistent hits were promoted: {st:?}");
+
+    let spawn = |w: i64| {
+        Command::new(std::env::current_exe().unwrap())
+            .args([TEST, "--exact", "--nocapture", "--test-threads", "1"])
+            .env(CHILD_ENV, format!("{}|{w}|{seeds}", dir.display()))
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut writers = [spawn(0), spawn(1)];
+    // The parent's keys: version 1 now; a writer process sees it at once (checked below by
+    // the writers' monotonic reads, and here by the parent's own).
+    let mine: Vec<i64> = (2 * OWN..KEYS).collect();
+    let mut parent_version: Vec<Option<u32>> = vec![Some(0); (KEYS - 2 * OWN) as usize];
+    ok(upsert(t, &mine, &mine.iter().flat_map(|&k| row(k, 1)).collect::<Vec<_>>()));
+    parent_version.fill(Some(1));
+    std::thread::sleep(Duration::from_millis(1500));
+    // A writer's acknowledged rows are seen here without polling LMDB (refresh is an hour):
+    // every writer key is at a version this process has no other way to know than Redis.
+    let (out, _) = lookup(t, &all);
+    let moved = (0..2 * OWN).filter(|&k| version_of(k, &out[k as usize * DIM..(k as usize + 1) * DIM]) != Some(0)).count();
+    assert!(moved > 100, "the writers' updates are visible to another process at once ({moved} keys moved)");
+
+    // 4. Kill the node that serves partition 0 with SIGKILL, mid-run.
+    let victim_port = port_of_part(&c, 0);
+    let victim = c.nodes.iter().position(|n| n.port == victim_port).unwrap();
+    c.signal(victim, libc::SIGKILL);
+    let dead_parts: Vec<usize> = (0..PARTITIONS).filter(|&p| port_of_part(&c, p) == victim_port).collect();
+    let on_dead: Vec<i64> = mine.iter().copied().filter(|&k| dead_parts.contains(&part_of(k))).collect();
+    let on_live: Vec<i64> = mine.iter().copied().filter(|&k| !dead_parts.contains(&part_of(k))).collect();
+    assert!(!on_dead.is_empty() && !on_live.is_empty());
+    let t0 = Instant::now();
+    let (out, st) = lookup(t, &mine);
+    assert!(t0.elapsed() < Duration::from_secs(10), "a lookup hung while a node was down");
+    for (i, &k) in mine.iter().enumerate() {
+        assert_eq!(version_of(k, &out[i * DIM..(i + 1) * DIM]), Some(1), "key {k} with a node down");
+    }
+    assert!(st.persistent_hits >= on_dead.len() as u64, "the dead node's keys come from the persistent tier: {st:?}");
+    let st = upsert(t, &on_dead[..3], &on_dead[..3].iter().flat_map(|&k| row(k, 2)).collect::<Vec<_>>());
+    fails(st, Status::STRATA_STORE_ERROR, &[&format!("Redis node 127.0.0.1:{victim_port}")]);
+    ok(upsert(t, &on_live[..3], &on_live[..3].iter().flat_map(|&k| row(k, 2)).collect::<Vec<_>>()));
+    for &k in &on_live[..3] {
+        parent_version[(k - 2 * OWN) as usize] = Some(2);
+    }
+    let st = erase(t, &on_dead[3..4]);
+    fails(st, Status::STRATA_STORE_ERROR, &[&format!("127.0.0.1:{victim_port}")]);
+
+    // A stopped (hung) node: calls give up after strata_redis_timeout_ms, they do not hang.
+    let hung = (0..3).find(|&i| i != victim).unwrap();
+    c.signal(hung, libc::SIGSTOP);
+    let t0 = Instant::now();
+    let (out, _) = lookup(t, &mine);
+    let took = t0.elapsed();
+    for (i, &k) in mine.iter().enumerate() {
+        assert_eq!(version_of(k, &out[i * DIM..(i + 1) * DIM]), parent_version[(k - 2 * OWN) as usize], "key {k}, a node hung");
+    }
+    assert!(took < Duration::from_secs(5), "a lookup with a hung node took {took:?} (timeout {TIMEOUT_MS} ms)");
+    c.signal(hung, libc::SIGCONT);
+
+    // 5. Restart the killed node: it rejoins empty; its keys come back into Redis.
+    c.run_node(victim);
+    c.wait_ok();
+    std::thread::sleep(Duration::from_millis(600)); // past the client's retry pause
+    let (out, _) = lookup(t, &mine);
+    for (i, &k) in mine.iter().enumerate() {
+        assert_eq!(version_of(k, &out[i * DIM..(i + 1) * DIM]), parent_version[(k - 2 * OWN) as usize]);
+    }
+    let (_, st) = lookup(t, &on_dead);
+    assert_eq!(st.volatile_hits, on_dead.len() as u64, "after the restart the node's keys are promoted again: {st:?}");
+    ok(upsert(t, &on_dead[..3], &on_dead[..3].iter().flat_map(|&k| row(k, 3)).collect::<Vec<_>>()));
+    for &k in &on_dead[..3] {
+        parent_version[(k - 2 * OWN) as usize] = Some(3);
+    }
+    ok(erase(t, &on_dead[3..4]));
+    parent_version[(on_dead[3] - 2 * OWN) as usize] = None;
+    std::thread::sleep(Duration::from_millis(1000));
+
+    // 6. Stop the writers and check every row.
+    std::fs::write(dir.join("stop"), b"").unwrap();
+    for (w, p) in writers.iter_mut().enumerate() {
+        let end = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(s) = p.try_wait().unwrap() {
+                break s;
+            }
+            if Instant::now() > end {
+                let _ = p.kill();
+                let _ = p.wait();
+                panic!("writer {w} did not stop");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(status.success(), "writer {w} failed: {status}");
+    }
+    let mut want: Vec<Option<u32>> = vec![None; KEYS as usize];
+    let mut store_errors = 0;
+    for w in 0..2 {
+        let text = std::fs::read_to_string(dir.join(format!("writer{w}"))).unwrap();
+        let mut lines = text.lines();
+        let counts: Vec<u64> = lines.next().unwrap().split(' ').map(|x| x.parse().unwrap()).collect();
+        println!("writer {w}: {} writes, {} store errors (node down), {} persistent hits", counts[0], counts[1], counts[2]);
+        assert!(counts[0] > 10, "writer {w} made only {} writes", counts[0]);
+        store_errors += counts[1];
+        for l in lines {
+            let (k, v) = l.split_once(' ').unwrap();
+            let v: i64 = v.parse().unwrap();
+            want[k.parse::<usize>().unwrap()] = (v >= 0).then_some(v as u32);
+        }
+    }
+    assert!(store_errors > 0, "the writers never met the dead node");
+    for (i, v) in parent_version.iter().enumerate() {
+        want[2 * OWN as usize + i] = *v;
+    }
+    let (out, _) = lookup(t, &all);
+    for k in 0..KEYS as usize {
+        assert_eq!(version_of(k as i64, &out[k * DIM..(k + 1) * DIM]), want[k], "key {k} at the end");
+    }
+    // The same through LMDB alone (another process: this one has the store open with the Redis
+    // configuration): what Redis serves is what is committed.
+    let status = Command::new(std::env::current_exe().unwrap())
+        .args([TEST, "--exact", "--nocapture", "--test-threads", "1"])
+        .env(CHILD_ENV, format!("{}|lmdb|{seeds}", dir.display()))
+        .stdin(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let text = std::fs::read_to_string(dir.join("lmdb")).unwrap();
+    for (k, l) in text.lines().enumerate() {
+        let v: i64 = l.parse().unwrap();
+        assert_eq!((v >= 0).then_some(v as u32), want[k], "key {k} in LMDB at the end");
+    }
+    let t0 = Instant::now();
+    c.shutdown();
+    assert!(t0.elapsed() < Duration::from_secs(10));
+}
+
