@@ -19,7 +19,7 @@
 //! slot, hence one node, and one `HMGET` per partition reads all its keys of a batch.
 
 /// Redis Cluster's hash slots.
-pub const SLOTS: usize = 16384;
+pub(crate) const SLOTS: usize = 16384;
 
 /// HPS's key mixer (`rrxmrrxmsx_0`, Pelle Evensen's): spreads keys over partitions.
 pub fn mix(mut x: u64) -> u64 {
