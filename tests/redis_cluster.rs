@@ -446,6 +446,8 @@ fn redis_cluster_serves_shares_and_survives_a_node() {
         let (dir, w, seeds) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
         if w == "lmdb" {
             lmdb_rows(Path::new(dir), seeds);
+        } else if let Some(round) = w.strip_prefix("crash") {
+            crash_writer(Path::new(dir), round.parse().unwrap(), seeds);
         } else {
             writer(Path::new(dir), w.parse().unwrap(), seeds);
         }
@@ -649,8 +651,145 @@ fn redis_cluster_serves_shares_and_survives_a_node() {
         let v: i64 = l.parse().unwrap();
         assert_eq!((v >= 0).then_some(v as u32), want[k], "key {k} in LMDB at the end");
     }
+    // 7. The write order, step by step (the library's own tier and store, a store of its own):
+    // a promotion that read the persistent tier before a write cannot put the older row back,
+    // and a writer that dies between its persistent commit and its Redis write leaves the keys
+    // absent from Redis, so lookups read the committed rows.
+    write_order(&seeds, &dir.join("db-order"));
+
+    // 8. A writer killed with SIGKILL at random moments: what Redis serves afterwards is what
+    // LMDB holds, the last acknowledged batch or the one after it, whole.
+    let hot: Vec<i64> = (2 * OWN..2 * OWN + 50).collect();
+    let mut rng = Rng(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1);
+    for round in 0..3u32 {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([TEST, "--exact", "--nocapture", "--test-threads", "1"])
+            .env(CHILD_ENV, format!("{}|crash{round}|{seeds}", dir.display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for l in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(v) = l.strip_prefix("ACK ") {
+                    let _ = tx.send(v.parse::<u32>().unwrap());
+                }
+            }
+        });
+        // Wait for the first acknowledgement, then kill at a random moment.
+        let first = rx.recv_timeout(Duration::from_secs(30)).expect("the crash writer acknowledged nothing");
+        std::thread::sleep(Duration::from_millis(50 + rng.below(400)));
+        c_kill(&mut child);
+        let acked = rx.try_iter().last().unwrap_or(first);
+        let (out, _) = lookup(t, &hot);
+        let v = version_of(hot[0], &out[..DIM]);
+        for (i, &k) in hot.iter().enumerate() {
+            assert_eq!(version_of(k, &out[i * DIM..(i + 1) * DIM]), v, "round {round}: a batch is whole (key {k})");
+        }
+        let v = v.unwrap();
+        assert!(v == acked || v == acked + 1, "round {round}: served version {v}, last acknowledged {acked}");
+        let status = Command::new(std::env::current_exe().unwrap())
+            .args([TEST, "--exact", "--nocapture", "--test-threads", "1"])
+            .env(CHILD_ENV, format!("{}|lmdb|{seeds}", dir.display()))
+            .stdin(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let text = std::fs::read_to_string(dir.join("lmdb")).unwrap();
+        let lmdb: Vec<i64> = text.lines().map(|l| l.parse().unwrap()).collect();
+        for &k in &hot {
+            assert_eq!(lmdb[k as usize], i64::from(v), "round {round}: Redis and LMDB agree on key {k}");
+        }
+        println!("crash round {round}: acknowledged {acked}, served {v}");
+    }
+
     let t0 = Instant::now();
     c.shutdown();
     assert!(t0.elapsed() < Duration::from_secs(10));
+}
+
+fn c_kill(child: &mut Child) {
+    // SAFETY: kill with the pid of our own unreaped child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let _ = child.wait();
+}
+
+/// The crash writer of round `round`: upserts the hot keys at versions 1000 * (round + 1) + i,
+/// printing `ACK <version>` after each returns, until killed.
+fn crash_writer(dir: &Path, round: u32, seeds: &str) {
+    let t = open(dir, seeds);
+    let hot: Vec<i64> = (2 * OWN..2 * OWN + 50).collect();
+    let mut out = std::io::stdout();
+    for i in 0.. {
+        let v = 1000 * (round + 1) + i;
+        ok(upsert(t, &hot, &hot.iter().flat_map(|&k| row(k, v)).collect::<Vec<_>>()));
+        writeln!(out, "ACK {v}").unwrap();
+        out.flush().unwrap();
+    }
+}
+
+/// Phase 7: the write protocol of `storage::tier::redis`, step by step.
+fn write_order(seeds: &str, store_dir: &Path) {
+    use strata::storage::tier::persistent::PersistentStore;
+    use strata::storage::tier::redis::{Cluster, ClusterOptions, Eviction, RedisTableOptions, RedisTier};
+    let cluster = Cluster::open(ClusterOptions {
+        seeds: seeds.split(',').map(String::from).collect(),
+        user_name: "default".into(),
+        password: PASSWORD.into(),
+        connections_per_node: 2,
+        timeout: Duration::from_millis(TIMEOUT_MS),
+    })
+    .unwrap();
+    let opts = RedisTableOptions {
+        num_partitions: PARTITIONS,
+        max_get_batch_size: 100,
+        max_set_batch_size: 100,
+        overflow_margin: usize::MAX,
+        eviction: Eviction::Random,
+        resolution_target: 0.8,
+        refresh_after_fetch: false,
+        key_width: 8,
+    };
+    let r = RedisTier::new(std::sync::Arc::new(cluster), "order", "t", DIM, opts);
+    let store = PersistentStore::open(store_dir, false).unwrap();
+    let p = store.table("order/t", DIM, None).unwrap();
+    let keys: Vec<u64> = (0..40).collect();
+    let rows = |v: u32| keys.iter().flat_map(|&k| row(k as i64, v)).collect::<Vec<f32>>();
+    let get = |r: &RedisTier| {
+        let mut out = vec![0f32; keys.len() * DIM];
+        let mut found = vec![false; keys.len()];
+        let (hits, unavailable) = r.get_many(&keys, &mut out, &mut found);
+        assert_eq!(unavailable, 0);
+        (hits, out)
+    };
+    // Version 1 committed and in Redis.
+    p.upsert(&keys, &rows(1)).unwrap();
+    r.write(&keys, &rows(1)).unwrap();
+    assert_eq!(get(&r), (keys.len() as u64, rows(1)));
+    // A promoter reads the counters and then the committed row (version 1) ...
+    let gens = r.generations(&keys);
+    let mut old = vec![0f32; keys.len() * DIM];
+    let mut found = vec![false; keys.len()];
+    p.get_many(&keys, &mut old, &mut found).unwrap();
+    // ... a writer deletes the Redis rows (step 1), commits version 2, and dies before step 3.
+    assert_eq!(r.invalidate(&keys).unwrap(), keys.len() as u64);
+    p.upsert(&keys, &rows(2)).unwrap();
+    // The late promotion writes nothing: the counters moved.
+    assert_eq!(r.promote(&keys, &old, &gens), 0, "a promotion older than a write was refused");
+    // The dead writer left the keys absent from Redis: lookups read version 2 from the store.
+    assert_eq!(get(&r).0, 0);
+    let mut now = vec![0f32; keys.len() * DIM];
+    p.get_many(&keys, &mut now, &mut found).unwrap();
+    assert_eq!(now, rows(2));
+    // A promotion that read the counters after the write goes in.
+    let gens = r.generations(&keys);
+    assert_eq!(r.promote(&keys, &now, &gens), keys.len() as u64);
+    assert_eq!(get(&r), (keys.len() as u64, rows(2)));
+    // And one that finds the rows present leaves them (HSETNX).
+    assert_eq!(r.promote(&keys, &rows(9), &r.generations(&keys)), 0);
+    assert_eq!(get(&r).1, rows(2));
 }
 
