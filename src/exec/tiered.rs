@@ -18,6 +18,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Keys per chunk of the volatile phase.
 const CHUNK: usize = 512;
+/// Fewest keys per Redis batch when a round is split over participants.
+const REDIS_MIN: usize = 2048;
 /// Distinct keys per persistent read (one read transaction).
 const RUN: usize = 1024;
 /// Most keys per round: bounds the memory of the miss list (24 bytes a miss).
@@ -83,7 +85,12 @@ impl TieredTable {
         // A Redis tier's chunk is a pipelined batch (one round trip per node): one per
         // participant at a time, so batches of several participants overlap.
         let (chunk, per_thread) = match self.redis_batch() {
-            Some(b) => (b.min(n).max(1), b.min(n).max(1)),
+            Some(b) => {
+                // Split a round over the participants (batches of at least REDIS_MIN keys), so
+                // one parses replies while the nodes answer another.
+                let c = b.min(n.div_ceil(p.threads.max(1)).max(REDIS_MIN)).min(n).max(1);
+                (c, c)
+            }
             None => (CHUNK, CHUNK * 4),
         };
         let threads = p.threads.min(n.div_ceil(per_thread)).max(1);
