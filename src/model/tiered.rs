@@ -63,7 +63,8 @@ pub struct TableStats {
 /// A table's volatile tier: in this process, or in a Redis cluster shared with others.
 pub(crate) enum Volatile {
     Local(VolatileTier),
-    Redis(RedisTier),
+    /// Boxed: its connection state would double the size of every tiered table.
+    Redis(Box<RedisTier>),
 }
 
 impl Volatile {

@@ -76,7 +76,7 @@ impl Server {
                     (VolatileDbKind::Disabled, _, _) => None,
                     (VolatileDbKind::RedisCluster, Some(c), Some(r)) => {
                         redis_names(&cfg, m, &table_name)?;
-                        Some(Volatile::Redis(RedisTier::new(c.clone(), &m.model, &table_name, dim, redis_table_options(&cfg, r))))
+                        Some(Volatile::Redis(Box::new(RedisTier::new(c.clone(), &m.model, &table_name, dim, redis_table_options(&cfg, r)))))
                     }
                     _ => Some(Volatile::Local(VolatileTier::new(
                         dim,

@@ -74,7 +74,7 @@ pub fn slot(key: &[u8]) -> u16 {
         },
         None => key,
     };
-    (crc16(hashed) % SLOTS as u16) as u16
+    crc16(hashed) % SLOTS as u16
 }
 
 /// CRC16-CCITT (XMODEM: polynomial 0x1021, initial value 0), as Redis Cluster uses it.
@@ -100,7 +100,7 @@ mod tests {
         assert_eq!(slot(b"foo"), 12182);
         assert_eq!(slot(b"{user1000}.following"), slot(b"{user1000}.followers"));
         assert_eq!(slot(b"foo{}{bar}"), slot(b"foo{}{bar}"));
-        assert_eq!(slot(b"foo{}{bar}"), (crc16(b"foo{}{bar}") % 16384) as u16);
+        assert_eq!(slot(b"foo{}{bar}"), crc16(b"foo{}{bar}") % 16384);
         // (tests/redis_cluster.rs checks more against a live server's CLUSTER KEYSLOT.)
     }
 
