@@ -344,8 +344,24 @@ fn redis_cluster_serves_shares_and_survives_a_node() {
     }
     assert_eq!(st.hits, KEYS as u64);
     assert!(st.volatile_hits >= KEYS as u64 / 2, "initial_cache_rate 0.5 warmed half: {st:?}");
+    // One HMGET per partition per batch, never one per key: 3000 keys in batches of 700 are
+    // at most 5 batches x 12 partitions, counted by the nodes themselves.
+    for n in c.nodes.iter() {
+        let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(&mut connection(n.port)).unwrap();
+    }
     let (_, st) = lookup(t, &all);
     assert_eq!(st.volatile_hits, KEYS as u64, "persistent hits were promoted: {st:?}");
+    let hmgets: u64 = c
+        .nodes
+        .iter()
+        .map(|n| {
+            let info: String = redis::cmd("INFO").arg("commandstats").query(&mut connection(n.port)).unwrap();
+            info.lines()
+                .find_map(|l| l.strip_prefix("cmdstat_hmget:calls="))
+                .map_or(0, |rest| rest.split(',').next().unwrap().parse::<u64>().unwrap())
+        })
+        .sum();
+    assert!((1..=5 * PARTITIONS as u64).contains(&hmgets), "{hmgets} HMGET calls for one lookup of {KEYS} keys");
 
     let spawn = |w: i64| {
         Command::new(std::env::current_exe().unwrap())
