@@ -875,6 +875,7 @@ fn redis_cluster_fields_have_hps_meanings_and_defaults() {
     for t in ["redis_cluster", "redis"] {
         let c = ok(d, &set(base(), "/volatile_db", json!({"type": t, "max_batch_size": 1000})));
         assert_eq!(c.volatile_db.kind, VolatileDbKind::RedisCluster);
+        assert_eq!(c.volatile_db.num_partitions, 16, "HPS's 16, whatever this machine's CPUs");
         let r = c.volatile_db.redis.unwrap();
         assert_eq!(r.seeds, ["127.0.0.1:7000"]);
         assert_eq!((r.user_name.as_str(), r.password.0.as_str()), ("default", ""));

@@ -113,7 +113,9 @@ impl Default for ModelJson {
 pub(super) struct VolatileDbJson {
     #[serde(rename = "type")]
     pub kind: Choice<DatabaseType>,
-    pub num_partitions: Uint,
+    /// `None` when absent: its default depends on the type (the validation pass's).
+    #[serde(deserialize_with = "present")]
+    pub num_partitions: Option<Uint>,
     pub overflow_margin: Uint,
     pub overflow_policy: Choice<OverflowPolicy>,
     pub overflow_resolution_target: Float,
@@ -155,10 +157,9 @@ pub(super) struct VolatileDbJson {
 
 impl Default for VolatileDbJson {
     fn default() -> Self {
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         VolatileDbJson {
             kind: Choice::known("parallel_hash_map", DatabaseType::ParallelHashMap),
-            num_partitions: Uint(cpus.min(16) as u64),
+            num_partitions: None,
             overflow_margin: Uint(usize::MAX as u64),
             overflow_policy: Choice::known("evict_random", OverflowPolicy::EvictRandom),
             overflow_resolution_target: Float::from(0.8),

@@ -227,7 +227,9 @@ pub struct VolatileDbConfig {
     /// source marks as a wart). Also accepted: HPS's aliases (`hashmap`, `parallel_hashmap`,
     /// `none`, ...), and `redis_cluster` (alias `redis`). `multi_process_hash_map` is refused.
     pub kind: VolatileDbKind,
-    /// Shards per table (`num_partitions`); default min(16, CPUs available), >= 1.
+    /// Shards per table (`num_partitions`); default min(16, CPUs available), >= 1; for
+    /// `redis_cluster` the partitions of each table in Redis, default 16 (HPS's), the same in
+    /// every process sharing the cluster.
     pub num_partitions: usize,
     /// Most rows a partition holds before its overflow policy runs (`overflow_margin`);
     /// default `usize::MAX` (no limit), >= 1.

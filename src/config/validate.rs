@@ -326,7 +326,13 @@ pub(super) fn volatile_db(v: &VolatileDbJson) -> Checked<VolatileDbConfig> {
     Ok(VolatileDbConfig {
         kind,
         redis,
-        num_partitions: uint(&v.num_partitions, "volatile_db.num_partitions", 1)?,
+        num_partitions: match &v.num_partitions {
+            Some(n) => uint(n, "volatile_db.num_partitions", 1)?,
+            // Every process sharing a cluster must split tables alike: HPS's fixed 16, not a
+            // number that depends on each machine's CPUs.
+            None if kind == VolatileDbKind::RedisCluster => 16,
+            None => std::thread::available_parallelism().map_or(1, |n| n.get()).min(16),
+        },
         overflow_margin: uint(&v.overflow_margin, "volatile_db.overflow_margin", 1)?,
         overflow_policy,
         overflow_resolution_target: float(
