@@ -200,7 +200,8 @@ fn writer(dir: &Path, w: i64, seeds: &str) {
     let start = Instant::now();
     let mut version = 1u32;
     while !dir.join("stop").exists() && start.elapsed() < Duration::from_secs(60) {
-        let keys: Vec<i64> = (0..8).map(|_| w * OWN + rng.below(OWN as u64) as i64).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+        let keys: Vec<i64> =
+            (0..8).map(|_| w * OWN + rng.below(OWN as u64) as i64).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
         version += 1;
         let st = if rng.below(10) < 7 {
             let rows: Vec<f32> = keys.iter().flat_map(|&k| row(k, version)).collect();
@@ -259,7 +260,8 @@ fn lmdb_rows(dir: &Path, seeds: &str) {
     ok(unsafe { strata_server_table(s, model.as_ptr(), 0, &mut t) });
     let all: Vec<i64> = (0..KEYS).collect();
     let (out, _) = lookup(t, &all);
-    let text: String = (0..KEYS as usize).map(|k| format!("{}\n", version_of(k as i64, &out[k * DIM..(k + 1) * DIM]).map_or(-1, i64::from))).collect();
+    let text: String =
+        (0..KEYS as usize).map(|k| format!("{}\n", version_of(k as i64, &out[k * DIM..(k + 1) * DIM]).map_or(-1, i64::from))).collect();
     std::fs::write(dir.join("lmdb"), text).unwrap();
 }
 
@@ -291,10 +293,9 @@ fn redis_cluster_serves_shares_and_survives_a_node() {
 
     // 1. Open errors name the field.
     let volatile_only = |addr: &str, pw: &str| {
-        config(addr).replace(&format!("\"password\": \"{PASSWORD}\""), &format!("\"password\": \"{pw}\"")).replace(
-            r#""persistent_db": {"type": "rocks_db", "path": "db"},"#,
-            "",
-        )
+        config(addr)
+            .replace(&format!("\"password\": \"{PASSWORD}\""), &format!("\"password\": \"{pw}\""))
+            .replace(r#""persistent_db": {"type": "rocks_db", "path": "db"},"#, "")
     };
     let (st, _) = open_json(&volatile_only(&seeds, "wrong"), dir);
     fails(st, Status::STRATA_CONFIG_ERROR, &["volatile_db.password", "default"]);
@@ -316,7 +317,8 @@ fn redis_cluster_serves_shares_and_survives_a_node() {
         let part = (mix(key as u64) % PARTITIONS as u64) as usize;
         let value: Vec<u8> = row(key, 7).iter().flat_map(|x| x.to_le_bytes()).collect();
         let h = format!("hps_et{{hps_et.hps.t/p{part}}}v");
-        let _: i64 = redis::cmd("HSET").arg(&h).arg(&key.to_le_bytes()[..]).arg(&value[..]).query(&mut connection(port_of_key(&c, &h))).unwrap();
+        let _: i64 =
+            redis::cmd("HSET").arg(&h).arg(&key.to_le_bytes()[..]).arg(&value[..]).query(&mut connection(port_of_key(&c, &h))).unwrap();
         let (st, s) = open_json(&json, dir);
         ok(st);
         let model = CString::new("hps").unwrap();
@@ -649,7 +651,14 @@ fn write_order(seeds: &str, store_dir: &Path) {
 
     // Overflow: partitions over overflow_margin shrink to overflow_resolution_target of it.
     let small = |table: &str, eviction, parts| {
-        let o = RedisTableOptions { num_partitions: parts, overflow_margin: 10, eviction, resolution_target: 0.5, refresh_after_fetch: true, ..opts.clone() };
+        let o = RedisTableOptions {
+            num_partitions: parts,
+            overflow_margin: 10,
+            eviction,
+            resolution_target: 0.5,
+            refresh_after_fetch: true,
+            ..opts.clone()
+        };
         RedisTier::new(r.cluster().clone(), "order", table, DIM, o)
     };
     let random = small("random", Eviction::Random, 2);
@@ -676,4 +685,3 @@ fn write_order(seeds: &str, store_dir: &Path) {
     lfu.get_many(&all12, &mut out, &mut found);
     assert_eq!(found, [[true; 5].as_slice(), &[false; 7]].concat(), "the least used rows were evicted");
 }
-

@@ -35,12 +35,11 @@ pub fn redis_server() -> Result<(), String> {
         return Err("redis-server is not installed and this is not root (apt-get install redis-server)".into());
     }
     let _ = Command::new("apt-get").args(["update", "-qq"]).status();
-    let st = Command::new("apt-get").args(["install", "-y", "-qq", "redis-server", "redis-tools"]).env("DEBIAN_FRONTEND", "noninteractive").status();
-    if have("redis-server") && have("redis-cli") {
-        Ok(())
-    } else {
-        Err(format!("redis-server could not be installed (apt-get: {st:?})"))
-    }
+    let st = Command::new("apt-get")
+        .args(["install", "-y", "-qq", "redis-server", "redis-tools"])
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .status();
+    if have("redis-server") && have("redis-cli") { Ok(()) } else { Err(format!("redis-server could not be installed (apt-get: {st:?})")) }
 }
 
 /// A port that is free, and whose cluster bus port (+10000) is free too.
@@ -110,7 +109,13 @@ impl RedisCluster {
 
     pub fn run_node(&mut self, i: usize) {
         let n = &mut self.nodes[i];
-        let child = Command::new("redis-server").arg(&n.conf).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("redis-server");
+        let child = Command::new("redis-server")
+            .arg(&n.conf)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server");
         n.child = Some(child);
         let port = n.port;
         wait_for("a node to answer PING", Duration::from_secs(10), || cli(port, &["ping"]).contains("PONG"));
@@ -184,4 +189,3 @@ impl Drop for RedisCluster {
         self.shutdown();
     }
 }
-

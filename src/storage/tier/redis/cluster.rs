@@ -138,7 +138,9 @@ impl Cluster {
                     if covered < SLOTS {
                         return Err(OpenProblem {
                             field: "address",
-                            msg: format!("the cluster of {seed} serves {covered} of the {SLOTS} hash slots; expected a cluster whose slots are all assigned"),
+                            msg: format!(
+                                "the cluster of {seed} serves {covered} of the {SLOTS} hash slots; expected a cluster whose slots are all assigned"
+                            ),
                         });
                     }
                     *c.topo.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(t);
@@ -148,11 +150,18 @@ impl Cluster {
                 Err(e) if e.to_lowercase().contains("cluster support disabled") => {
                     return Err(OpenProblem {
                         field: "address",
-                        msg: format!("{seed} is a Redis server without cluster mode ({e}); expected the nodes of a Redis Cluster (cluster-enabled yes)"),
+                        msg: format!(
+                            "{seed} is a Redis server without cluster mode ({e}); expected the nodes of a Redis Cluster (cluster-enabled yes)"
+                        ),
                     });
                 }
                 Err(e) if e.contains("NOAUTH") || e.contains("NOPERM") => {
-                    return Err(OpenProblem { field: "password", msg: format!("Redis node {seed}: {e}; expected the credentials of a Redis ACL user allowed to run CLUSTER SLOTS, HMGET, HSET, HDEL, INCR and EVAL") });
+                    return Err(OpenProblem {
+                        field: "password",
+                        msg: format!(
+                            "Redis node {seed}: {e}; expected the credentials of a Redis ACL user allowed to run CLUSTER SLOTS, HMGET, HSET, HDEL, INCR and EVAL"
+                        ),
+                    });
                 }
                 Err(e) => why.push(format!("{seed}: {e}")),
             }
@@ -250,9 +259,7 @@ impl Cluster {
             // Those redirected twice keep their first reply's failure.
             self.run_once(cmds, &redirected, &mut out);
         }
-        out.into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(Failure { node: "?".into(), msg: "no reply".into() })))
-            .collect()
+        out.into_iter().map(|r| r.unwrap_or_else(|| Err(Failure { node: "?".into(), msg: "no reply".into() }))).collect()
     }
 
     /// One pass of [`run`](Self::run) over the commands `which`; returns those redirected.
@@ -362,7 +369,10 @@ fn classify(r: redis::RedisResult<Value>, addr: &str) -> redis::RedisResult<Repl
 /// Whether a connection error is a refused AUTH.
 fn is_auth_error(e: &redis::RedisError) -> bool {
     let s = e.to_string();
-    matches!(e.kind(), redis::ErrorKind::AuthenticationFailed) || s.contains("WRONGPASS") || s.contains("NOAUTH") || s.contains("invalid password")
+    matches!(e.kind(), redis::ErrorKind::AuthenticationFailed)
+        || s.contains("WRONGPASS")
+        || s.contains("NOAUTH")
+        || s.contains("invalid password")
 }
 
 fn connection_info(addr: &str, opts: &ClusterOptions) -> redis::RedisResult<ConnectionInfo> {

@@ -500,7 +500,8 @@ impl RedisTier {
                 let mut c = redis::cmd("HKEYS");
                 c.arg(&part.v[..]);
                 let Some(Value::Array(fields)) = run1(c) else { return };
-                let mut f: Vec<Vec<u8>> = fields.into_iter().filter_map(|v| if let Value::BulkString(b) = v { Some(b) } else { None }).collect();
+                let mut f: Vec<Vec<u8>> =
+                    fields.into_iter().filter_map(|v| if let Value::BulkString(b) = v { Some(b) } else { None }).collect();
                 shuffle(&mut f);
                 f
             }
