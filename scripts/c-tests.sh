@@ -6,7 +6,9 @@
 #   - compiles the header tests in tests/c/ as C11 and C++17 (and C17 / C++11 / C++20) with
 #     -Wall -Wextra -Werror -pedantic, and links and runs the ones with a main();
 #   - checks the version macros against strata_version() and Cargo.toml;
-#   - runs the examples under valgrind when valgrind is installed.
+#   - runs the examples under valgrind when valgrind is installed;
+#   - starts a throwaway 3-node Redis Cluster (scripts/redis-cluster.sh) for
+#     c_examples/redis_cluster.c when redis-server is installed, and stops it on exit.
 # Ends with `c-tests: N passed, M failed` and a non-zero exit status if anything failed.
 set -euo pipefail
 
@@ -121,6 +123,19 @@ if [ "$cmake_ok" -eq 1 ]; then
     fi
 else
     echo "note: the CMake build failed; skipping the ctest runs"
+fi
+# A throwaway Redis Cluster for c_examples/redis_cluster.c (ctest and valgrind), stopped on exit.
+REDIS_DIR="$WORK/redis-cluster"
+if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1; then
+    trap 'bash "$ROOT/scripts/redis-cluster.sh" stop "$REDIS_DIR"' EXIT
+    rm -rf "$REDIS_DIR"
+    if redis_env="$(bash "$ROOT/scripts/redis-cluster.sh" start "$REDIS_DIR")"; then
+        eval "$redis_env"
+    else
+        check "a local Redis Cluster for the redis_cluster example starts" false
+    fi
+else
+    echo "note: redis-server is not installed; the redis_cluster example is skipped (apt-get install -y redis-server)"
 fi
 for t in ${ctests[@]+"${ctests[@]}"}; do
     check "ctest $t (ASan+UBSan)" run_ctest --output-on-failure -R "^${t}\$"
@@ -277,6 +292,9 @@ if command -v valgrind >/dev/null 2>&1; then
     check "valgrind adopt" valgrind_example adopt
     check "valgrind server" valgrind_example server
     check "valgrind pooled 300 12" valgrind_example pooled 300 12
+    if [ -n "${STRATA_REDIS_ADDRESS:-}" ]; then
+        check "valgrind redis_cluster" valgrind_example redis_cluster
+    fi
     check "valgrind tests/abi/struct_size.c" valgrind_program tests/abi/struct_size.c "$ROOT/include"
     check "valgrind tests/abi/old_host.c (built against the frozen 0.3 header)" \
         valgrind_program tests/abi/old_host.c "$ROOT/tests/abi"

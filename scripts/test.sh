@@ -2,7 +2,8 @@
 # Runs every strata test, from any folder. On a fresh Debian machine with Rust it first installs
 # what the tests need (cmake, valgrind, libabsl-dev for the baseline benchmark smoke run, and
 # NumPy/pytest from PyPI) when run as root, and says what to install otherwise.
-#   1. cargo test: unit tests, integration tests through the C ABI, the header freshness check,
+#   1. cargo test: unit tests, integration tests through the C ABI (tests/redis_cluster.rs against
+#      a local 3-node Redis Cluster it starts and stops), the header freshness check,
 #      the header's names and the exported symbols (tests/abi_surface.rs), the module layers and
 #      the cycles inside folders (tests/layers.rs), the thread affinity (tests/affinity.rs), and
 #      the bounded property tests (tests/fuzz.rs, tests/fuzz_pooled.rs; PROPTEST_CASES, default
@@ -30,6 +31,18 @@ command -v mpicc >/dev/null 2>&1 || missing+=(libopenmpi-dev openmpi-bin libclan
 # shellcheck source=scripts/lib.sh
 . "$ROOT/scripts/lib.sh"
 need_debs "${missing[@]}"
+# tests/redis_cluster.rs, benches/redis.rs and c_examples/redis_cluster.c start a local Redis
+# Cluster; without redis-server they say so and skip (the Rust test also tries apt-get itself).
+if ! { command -v redis-server && command -v redis-cli; } >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "== installing redis-server redis-tools"
+        { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+          DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server redis-tools >/dev/null; } ||
+            echo "note: redis-server could not be installed; the Redis cluster tests will be skipped"
+    else
+        echo "note: redis-server is not installed; the Redis cluster tests will be skipped (apt-get install -y redis-server redis-tools)"
+    fi
+fi
 if ! python3 -c 'import numpy, pytest, sys; sys.exit(0 if tuple(map(int, numpy.__version__.split(".")[:2])) >= (2, 1) else 1)' 2>/dev/null; then
     echo "== installing numpy>=2.1 and pytest"
     python3 -m pip install -q --disable-pip-version-check 'numpy>=2.1' pytest
@@ -108,4 +121,5 @@ fi
 cargo bench --bench lookup -- 20000 64 5000 2
 cargo bench --bench tiered -- 20000 16 2000 3
 cargo bench --bench pooled -- 20000 32 500 8
+cargo bench --bench redis -- 20000 16 3
 echo "all test suites passed"

@@ -292,6 +292,7 @@ fn two_models_with_database_sections_like_the_hps_docs() {
             max_batch_size: 100_000,
             initialize_after_startup: false,
             refresh_interval_ms: 1000,
+            redis: None,
         }
     );
     assert_eq!(
@@ -304,7 +305,7 @@ fn two_models_with_database_sections_like_the_hps_docs() {
             initialize_after_startup: true,
         }
     );
-    let redis = "only used by redis_cluster, which strata does not support";
+    let redis = "only used when volatile_db.type is redis_cluster";
     let kafka = "only used with a Kafka update source, which strata does not support";
     let dense = "the dense network is not served by strata";
     assert_eq!(
@@ -511,7 +512,7 @@ fn ignored_gpu_and_dense_fields_are_reported_not_dropped() {
         "models[0].use_algorithm_search: ignored (the dense network is not served by strata)",
         "models[0].use_cuda_graph: ignored (the dense network is not served by strata)",
         "models[0].use_mixed_precision: ignored (the dense network is not served by strata)",
-        "volatile_db.enable_tls: ignored (only used by redis_cluster, which strata does not support)",
+        "volatile_db.enable_tls: ignored (only used when volatile_db.type is redis_cluster)",
         "volatile_db.max_get_batch_size: ignored (HPS 3.x name; strata reads max_batch_size)",
         "volatile_db.shared_memory_size: ignored (only used by multi_process_hash_map, which strata does not support)",
     ];
@@ -838,7 +839,7 @@ fn unknown_enum_strings_list_the_accepted_ones() {
         d,
         &set(base(), "/volatile_db", json!({"type": "memcached"})),
         "volatile_db.type",
-        "unknown volatile database type \"memcached\"; expected one of \"parallel_hash_map\", \"hash_map\" or \"disabled\"",
+        "unknown volatile database type \"memcached\"; expected one of \"parallel_hash_map\", \"hash_map\", \"redis_cluster\" or \"disabled\"",
     );
     refused(
         d,
@@ -868,18 +869,66 @@ fn unknown_enum_strings_list_the_accepted_ones() {
 }
 
 #[test]
-fn unsupported_hps_features_are_config_errors() {
+fn redis_cluster_fields_have_hps_meanings_and_defaults() {
     let dir = workdir();
     let d = dir.path();
     for t in ["redis_cluster", "redis"] {
-        let msg = refused(
-            d,
-            &set(base(), "/volatile_db", json!({"type": t, "address": "127.0.0.1:7000"})),
-            "volatile_db.type",
-            "is not supported: strata has no distributed (Redis) volatile tier",
-        );
-        assert!(msg.contains(&format!("\"{t}\"")) && msg.contains("\"parallel_hash_map\""), "{msg}");
+        let c = ok(d, &set(base(), "/volatile_db", json!({"type": t, "max_batch_size": 1000})));
+        assert_eq!(c.volatile_db.kind, VolatileDbKind::RedisCluster);
+        assert_eq!(c.volatile_db.num_partitions, 16, "HPS's 16, whatever this machine's CPUs");
+        let r = c.volatile_db.redis.unwrap();
+        assert_eq!(r.seeds, ["127.0.0.1:7000"]);
+        assert_eq!((r.user_name.as_str(), r.password.0.as_str()), ("default", ""));
+        assert_eq!((r.num_node_connections, r.max_get_batch_size, r.max_set_batch_size), (5, 1000, 1000));
+        assert!(r.refresh_time_after_fetch);
+        assert_eq!(r.timeout_ms, 1000);
     }
+    let v = json!({"type": "redis_cluster", "address": "10.0.0.1:7000, 10.0.0.2:7001", "user_name": "hps",
+                   "password": "secret", "num_node_connections": 2, "max_get_batch_size": 512, "max_set_batch_size": 64,
+                   "refresh_time_after_fetch": false, "strata_redis_timeout_ms": 250, "enable_tls": false,
+                   "tls_ca_certificate": "ca.crt"});
+    let c = ok(d, &set(base(), "/volatile_db", v));
+    let r = c.volatile_db.redis.clone().unwrap();
+    assert_eq!(r.seeds, ["10.0.0.1:7000", "10.0.0.2:7001"]);
+    assert_eq!((r.user_name.as_str(), r.password.0.as_str()), ("hps", "secret"));
+    assert_eq!((r.num_node_connections, r.max_get_batch_size, r.max_set_batch_size, r.timeout_ms), (2, 512, 64, 250));
+    assert!(!r.refresh_time_after_fetch);
+    assert!(!format!("{c:?}").contains("secret"), "the password is not printed");
+    assert_eq!(
+        c.warnings,
+        ["volatile_db.tls_ca_certificate: ignored (enable_tls is false; strata connects to Redis without TLS)"]
+    );
+    for (v, path, needle) in [
+        (json!({"type": "redis_cluster", "address": "host"}), "volatile_db.address", "has no port"),
+        (json!({"type": "redis_cluster", "address": "h:1,,h:2"}), "volatile_db.address", "empty entry"),
+        (json!({"type": "redis_cluster", "address": "h:99999"}), "volatile_db.address", "is not a number"),
+        (json!({"type": "redis_cluster", "address": 7000}), "volatile_db.address", "expected a string"),
+        (json!({"type": "redis_cluster", "enable_tls": true}), "volatile_db.enable_tls", "true is not supported"),
+        (json!({"type": "redis_cluster", "strata_redis_timeout_ms": 0}), "volatile_db.strata_redis_timeout_ms", "too small"),
+        (json!({"type": "redis_cluster", "max_get_batch_size": 0}), "volatile_db.max_get_batch_size", "too small"),
+        (json!({"type": "redis_cluster", "num_node_connections": 0}), "volatile_db.num_node_connections", "too small"),
+        (json!({"type": "redis_cluster", "user_name": ""}), "volatile_db.user_name", "empty string"),
+    ] {
+        refused(d, &set(base(), "/volatile_db", v), path, needle);
+    }
+    // Redis fields given to an in-process tier are listed, not used.
+    let c = ok(d, &set(base(), "/volatile_db", json!({"type": "hash_map", "address": "h:1", "strata_redis_timeout_ms": 5, "tls_client_key": "k"})));
+    assert_eq!(c.volatile_db.redis, None);
+    let redis = "only used when volatile_db.type is redis_cluster";
+    assert_eq!(
+        c.warnings,
+        [
+            format!("volatile_db.address: ignored ({redis})"),
+            format!("volatile_db.strata_redis_timeout_ms: ignored ({redis})"),
+            format!("volatile_db.tls_client_key: ignored ({redis})"),
+        ]
+    );
+}
+
+#[test]
+fn unsupported_hps_features_are_config_errors() {
+    let dir = workdir();
+    let d = dir.path();
     refused(
         d,
         &set(base(), "/volatile_db", json!({"type": "multi_process_hash_map"})),

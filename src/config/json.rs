@@ -113,7 +113,9 @@ impl Default for ModelJson {
 pub(super) struct VolatileDbJson {
     #[serde(rename = "type")]
     pub kind: Choice<DatabaseType>,
-    pub num_partitions: Uint,
+    /// `None` when absent: its default depends on the type (the validation pass's).
+    #[serde(deserialize_with = "present")]
+    pub num_partitions: Option<Uint>,
     pub overflow_margin: Uint,
     pub overflow_policy: Choice<OverflowPolicy>,
     pub overflow_resolution_target: Float,
@@ -122,14 +124,42 @@ pub(super) struct VolatileDbJson {
     pub max_batch_size: Uint,
     pub initialize_after_startup: Flag,
     pub refresh_interval_ms: Uint,
+    // The redis_cluster fields; `None` when absent (the validation pass warns about those given
+    // to another type).
+    #[serde(deserialize_with = "present")]
+    pub address: Option<Text>,
+    #[serde(deserialize_with = "present")]
+    pub user_name: Option<Text>,
+    #[serde(deserialize_with = "present")]
+    pub password: Option<Text>,
+    #[serde(deserialize_with = "present")]
+    pub num_node_connections: Option<Uint>,
+    #[serde(deserialize_with = "present")]
+    pub max_get_batch_size: Option<Uint>,
+    #[serde(deserialize_with = "present")]
+    pub max_set_batch_size: Option<Uint>,
+    #[serde(deserialize_with = "present")]
+    pub refresh_time_after_fetch: Option<Flag>,
+    #[serde(deserialize_with = "present")]
+    pub enable_tls: Option<Flag>,
+    #[serde(deserialize_with = "present")]
+    pub tls_ca_certificate: Option<Text>,
+    #[serde(deserialize_with = "present")]
+    pub tls_client_certificate: Option<Text>,
+    #[serde(deserialize_with = "present")]
+    pub tls_client_key: Option<Text>,
+    #[serde(deserialize_with = "present")]
+    pub tls_server_name_identification: Option<Text>,
+    /// strata's extension: the bound on each Redis connect, write and reply.
+    #[serde(deserialize_with = "present")]
+    pub strata_redis_timeout_ms: Option<Uint>,
 }
 
 impl Default for VolatileDbJson {
     fn default() -> Self {
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         VolatileDbJson {
             kind: Choice::known("parallel_hash_map", DatabaseType::ParallelHashMap),
-            num_partitions: Uint(cpus.min(16) as u64),
+            num_partitions: None,
             overflow_margin: Uint(usize::MAX as u64),
             overflow_policy: Choice::known("evict_random", OverflowPolicy::EvictRandom),
             overflow_resolution_target: Float::from(0.8),
@@ -138,6 +168,19 @@ impl Default for VolatileDbJson {
             max_batch_size: Uint(65536),
             initialize_after_startup: Flag(true),
             refresh_interval_ms: Uint(1000),
+            address: None,
+            user_name: None,
+            password: None,
+            num_node_connections: None,
+            max_get_batch_size: None,
+            max_set_batch_size: None,
+            refresh_time_after_fetch: None,
+            enable_tls: None,
+            tls_ca_certificate: None,
+            tls_client_certificate: None,
+            tls_client_key: None,
+            tls_server_name_identification: None,
+            strata_redis_timeout_ms: None,
         }
     }
 }

@@ -19,8 +19,8 @@
 //!   expected: a wrong JSON type, an out-of-range value, an unknown enum string (listing the
 //!   accepted ones), a missing required field, per-table lists of different lengths, duplicate
 //!   model or table names, a sparse model folder that is missing or incomplete, invalid JSON
-//!   (with line and column), or a value strata does not support (`redis_cluster`,
-//!   `multi_process_hash_map`, a Kafka update source, remote file systems). A file with several
+//!   (with line and column), or a value strata does not support (`multi_process_hash_map`,
+//!   a Kafka update source, remote file systems, TLS to Redis). A file with several
 //!   problems reports one: invalid JSON first, then the first value of a wrong type (in the
 //!   order of the document, keys sorted), then the first failed check of the validation pass;
 //! - a field strata does not know, or knows but does not use, is reported in
@@ -159,6 +159,9 @@ pub enum VolatileDbKind {
     /// `"parallel_hash_map"`: a host hash map split into `num_partitions` concurrently used
     /// shards (HPS's documented default).
     ParallelHashMap,
+    /// `"redis_cluster"` (alias `"redis"`): the rows in a Redis Cluster shared by every process
+    /// that opens it ([`VolatileDbConfig::redis`]).
+    RedisCluster,
 }
 
 /// HPS `persistent_db.type`.
@@ -189,6 +192,7 @@ impl VolatileDbKind {
             VolatileDbKind::Disabled => "disabled",
             VolatileDbKind::HashMap => "hash_map",
             VolatileDbKind::ParallelHashMap => "parallel_hash_map",
+            VolatileDbKind::RedisCluster => "redis_cluster",
         }
     }
 }
@@ -221,9 +225,11 @@ pub struct VolatileDbConfig {
     /// `type`: default `parallel_hash_map` (HPS's documented default; HugeCTR 23.x's parser
     /// instead disables the tier when a `volatile_db` section lacks `type`, which its own
     /// source marks as a wart). Also accepted: HPS's aliases (`hashmap`, `parallel_hashmap`,
-    /// `none`, ...). `redis_cluster` and `multi_process_hash_map` are refused.
+    /// `none`, ...), and `redis_cluster` (alias `redis`). `multi_process_hash_map` is refused.
     pub kind: VolatileDbKind,
-    /// Shards per table (`num_partitions`); default min(16, CPUs available), >= 1.
+    /// Shards per table (`num_partitions`); default min(16, CPUs available), >= 1; for
+    /// `redis_cluster` the partitions of each table in Redis, default 16 (HPS's), the same in
+    /// every process sharing the cluster.
     pub num_partitions: usize,
     /// Most rows a partition holds before its overflow policy runs (`overflow_margin`);
     /// default `usize::MAX` (no limit), >= 1.
@@ -252,6 +258,44 @@ pub struct VolatileDbConfig {
     /// upsert or erase is seen by every lookup that starts `refresh_interval_ms` or more after
     /// it committed: within the interval plus one lookup. A process's own writes never count.
     pub refresh_interval_ms: u64,
+    /// The Redis fields, for `type = "redis_cluster"` only (`None` otherwise).
+    pub redis: Option<RedisConfig>,
+}
+
+/// HPS's `volatile_db` fields of a `redis_cluster` (HugeCTR's `RedisClusterBackendParams`),
+/// with HPS's defaults, and strata's timeout.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RedisConfig {
+    /// `address`: comma-separated `host:port` seeds, any node of the cluster; default
+    /// `127.0.0.1:7000`. strata tries each in turn at open (HPS used only the first).
+    pub seeds: Vec<String>,
+    /// `user_name`: the Redis ACL user; default `default`.
+    pub user_name: String,
+    /// `password`: the user's password in plain text; default empty (no AUTH).
+    pub password: Secret,
+    /// `num_node_connections`: most connections kept open to one node; default 5, >= 1.
+    pub num_node_connections: usize,
+    /// `max_get_batch_size`: keys per pipelined lookup batch; default `max_batch_size`, >= 1.
+    pub max_get_batch_size: usize,
+    /// `max_set_batch_size`: keys per pipelined write batch; default `max_batch_size`, >= 1.
+    pub max_set_batch_size: usize,
+    /// `refresh_time_after_fetch`: whether lookups refresh the overflow metadata (time for
+    /// `evict_oldest`, use count for `evict_least_used`) of the rows they read; default `true`
+    /// (what HugeCTR 23.x always did; HPS 3.x's flag defaulted to false).
+    pub refresh_time_after_fetch: bool,
+    /// `strata_redis_timeout_ms` (strata's extension): the bound on each connect, pipeline
+    /// write and reply; default 1000, >= 1. A node that misses it is treated as down.
+    pub timeout_ms: u64,
+}
+
+/// A password: compared and cloned like a string, never printed by `Debug`.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_empty() { "\"\"" } else { "\"***\"" })
+    }
 }
 
 impl Default for VolatileDbConfig {

@@ -125,6 +125,7 @@ fn defaults_are_hps_defaults() {
             max_batch_size: 65536,
             initialize_after_startup: true,
             refresh_interval_ms: 1000,
+            redis: None,
         }
     );
     assert_eq!(

@@ -12,8 +12,8 @@ use super::json::{
     UpdateSourceJson, UpdateSourceType, VolatileDbJson,
 };
 use super::{
-    EmbeddingCacheType, ModelConfig, PersistentDbConfig, PersistentDbKind, Problem, PsConfig, ROOT, VolatileDbConfig,
-    VolatileDbKind, index, join,
+    EmbeddingCacheType, ModelConfig, PersistentDbConfig, PersistentDbKind, Problem, PsConfig, ROOT, RedisConfig, Secret,
+    VolatileDbConfig, VolatileDbKind, index, join,
 };
 use crate::storage::hugectr::{self, FolderProblem, SizeMismatch};
 use crate::limits::MAX_DIM;
@@ -26,7 +26,10 @@ pub(super) fn validate(doc: &PsJson, ignored: Vec<IgnoredField>, file: &str, bas
     let mut pass = Pass { base_dir, ignored, warnings: Vec::new() };
     pass.report(ROOT, TOP_IGNORED);
     let volatile_db = volatile_db(&doc.volatile_db)?;
+    let from = pass.warnings.len();
     pass.report("volatile_db", VOLATILE_IGNORED);
+    pass.warnings.extend(redis_unused(&doc.volatile_db, volatile_db.kind));
+    pass.warnings[from..].sort();
     let persistent_db = persistent_db(&doc.persistent_db, base_dir)?;
     pass.report("persistent_db", PERSISTENT_IGNORED);
     update_source(&doc.update_source)?;
@@ -75,29 +78,92 @@ const MODEL_IGNORED: &[(&str, &str)] = &[
     ("fp8_quant", "strata keeps the vectors as stored (no quantisation)"),
 ];
 
-const REDIS: &str = "only used by redis_cluster, which strata does not support";
+const REDIS: &str = "only used when volatile_db.type is redis_cluster";
 const SHM: &str = "only used by multi_process_hash_map, which strata does not support";
 const KAFKA: &str = "only used with a Kafka update source, which strata does not support";
 const OLD_BATCH: &str = "HPS 3.x name; strata reads max_batch_size";
 const VOLATILE_IGNORED: &[(&str, &str)] = &[
-    ("address", REDIS),
-    ("user_name", REDIS),
-    ("password", REDIS),
-    ("num_node_connections", REDIS),
-    ("enable_tls", REDIS),
-    ("tls_ca_certificate", REDIS),
-    ("tls_client_certificate", REDIS),
-    ("tls_client_key", REDIS),
-    ("tls_server_name_identification", REDIS),
     ("shared_memory_size", SHM),
     ("shared_memory_name", SHM),
     ("shared_memory_auto_remove", SHM),
     ("allocation_rate", "strata allocates the volatile tier itself"),
-    ("refresh_time_after_fetch", "HPS 3.x option; the overflow policy decides what is tracked"),
-    ("max_get_batch_size", OLD_BATCH),
-    ("max_set_batch_size", OLD_BATCH),
     ("update_filters", KAFKA),
 ];
+
+/// The warnings for the `redis_cluster` fields a `volatile_db` of another `kind` holds, and for
+/// the TLS files of a cluster without `enable_tls`.
+fn redis_unused(v: &VolatileDbJson, kind: VolatileDbKind) -> Vec<String> {
+    let given = |name: &str, present: bool| present.then(|| name.to_string());
+    let tls_files = [
+        given("tls_ca_certificate", v.tls_ca_certificate.is_some()),
+        given("tls_client_certificate", v.tls_client_certificate.is_some()),
+        given("tls_client_key", v.tls_client_key.is_some()),
+        given("tls_server_name_identification", v.tls_server_name_identification.is_some()),
+    ];
+    let mut out = Vec::new();
+    if kind == VolatileDbKind::RedisCluster {
+        for f in tls_files.into_iter().flatten() {
+            out.push(format!("volatile_db.{f}: ignored (enable_tls is false; strata connects to Redis without TLS)"));
+        }
+        return out;
+    }
+    let fields = [
+        (given("address", v.address.is_some()), REDIS),
+        (given("user_name", v.user_name.is_some()), REDIS),
+        (given("password", v.password.is_some()), REDIS),
+        (given("num_node_connections", v.num_node_connections.is_some()), REDIS),
+        (given("enable_tls", v.enable_tls.is_some()), REDIS),
+        (given("strata_redis_timeout_ms", v.strata_redis_timeout_ms.is_some()), REDIS),
+        (given("refresh_time_after_fetch", v.refresh_time_after_fetch.is_some()), "HPS 3.x option, used by redis_cluster only; the overflow policy decides what is tracked"),
+        (given("max_get_batch_size", v.max_get_batch_size.is_some()), OLD_BATCH),
+        (given("max_set_batch_size", v.max_set_batch_size.is_some()), OLD_BATCH),
+    ];
+    for (f, why) in fields {
+        if let Some(f) = f {
+            out.push(format!("volatile_db.{f}: ignored ({why})"));
+        }
+    }
+    for f in tls_files.into_iter().flatten() {
+        out.push(format!("volatile_db.{f}: ignored ({REDIS})"));
+    }
+    out
+}
+
+/// The `redis_cluster` fields, with HPS's defaults (HugeCTR's `RedisClusterBackendParams`).
+fn redis(v: &VolatileDbJson, max_batch_size: usize) -> Checked<RedisConfig> {
+    let text = |t: &Option<Text>, default: &str| t.as_ref().map_or(default.to_string(), |t| t.0.clone());
+    let at = "volatile_db.address";
+    let address = text(&v.address, "127.0.0.1:7000");
+    let mut seeds = Vec::new();
+    for a in address.split(',').map(str::trim) {
+        if a.is_empty() {
+            return Err(Problem::new(at, format!("\"{address}\" has an empty entry; expected host:port seeds, comma-separated")));
+        }
+        crate::storage::tier::redis::cluster::split_addr(a).map_err(|m| Problem::new(at, format!("{m} (in \"{address}\")")))?;
+        seeds.push(a.to_string());
+    }
+    if v.enable_tls.as_ref().is_some_and(|f| f.0) {
+        return Err(Problem::new(
+            "volatile_db.enable_tls",
+            "true is not supported: strata connects to Redis without TLS; expected false (use a private network, or a TLS tunnel to each node)",
+        ));
+    }
+    let user_name = text(&v.user_name, "default");
+    if user_name.is_empty() {
+        return Err(Problem::new("volatile_db.user_name", "is an empty string; expected a Redis ACL user name (default \"default\")"));
+    }
+    let batch = |u: &Option<Uint>, at: &str| u.as_ref().map_or(Ok(max_batch_size), |u| uint(u, at, 1));
+    Ok(RedisConfig {
+        seeds,
+        user_name,
+        password: Secret(text(&v.password, "")),
+        num_node_connections: v.num_node_connections.as_ref().map_or(Ok(5), |u| uint(u, "volatile_db.num_node_connections", 1))?,
+        max_get_batch_size: batch(&v.max_get_batch_size, "volatile_db.max_get_batch_size")?,
+        max_set_batch_size: batch(&v.max_set_batch_size, "volatile_db.max_set_batch_size")?,
+        refresh_time_after_fetch: v.refresh_time_after_fetch.as_ref().is_none_or(|f| f.0),
+        timeout_ms: v.strata_redis_timeout_ms.as_ref().map_or(Ok(1000), |u| uint(u, "volatile_db.strata_redis_timeout_ms", 1))? as u64,
+    })
+}
 
 const PERSISTENT_IGNORED: &[(&str, &str)] = &[
     ("num_threads", "a RocksDB driver setting; strata's store needs no threads of its own"),
@@ -214,21 +280,13 @@ fn resolve(base_dir: &Path, p: &str) -> PathBuf {
 // Sections.
 
 pub(super) fn volatile_db(v: &VolatileDbJson) -> Checked<VolatileDbConfig> {
-    const ACCEPTED: &[&str] = &["parallel_hash_map", "hash_map", "disabled"];
+    const ACCEPTED: &[&str] = &["parallel_hash_map", "hash_map", "redis_cluster", "disabled"];
     let (at, s) = ("volatile_db.type", &v.kind.name);
     let kind = match v.kind.value {
         Some(DatabaseType::ParallelHashMap) => VolatileDbKind::ParallelHashMap,
         Some(DatabaseType::HashMap) => VolatileDbKind::HashMap,
         Some(DatabaseType::Disabled) => VolatileDbKind::Disabled,
-        Some(DatabaseType::RedisCluster) => {
-            return Err(Problem::new(
-                at,
-                format!(
-                    "\"{s}\" is not supported: strata has no distributed (Redis) volatile tier; expected {} (each process keeps its own host tier)",
-                    one_of(ACCEPTED)
-                ),
-            ));
-        }
+        Some(DatabaseType::RedisCluster) => VolatileDbKind::RedisCluster,
         Some(DatabaseType::MultiProcessHashMap) => {
             return Err(Problem::new(
                 at,
@@ -260,9 +318,21 @@ pub(super) fn volatile_db(v: &VolatileDbJson) -> Checked<VolatileDbConfig> {
         "overflow policy",
         &["evict_random", "evict_least_used", "evict_oldest"],
     )?;
+    let max_batch_size = uint(&v.max_batch_size, "volatile_db.max_batch_size", 1)?;
+    let redis = match kind {
+        VolatileDbKind::RedisCluster => Some(redis(v, max_batch_size)?),
+        _ => None,
+    };
     Ok(VolatileDbConfig {
         kind,
-        num_partitions: uint(&v.num_partitions, "volatile_db.num_partitions", 1)?,
+        redis,
+        num_partitions: match &v.num_partitions {
+            Some(n) => uint(n, "volatile_db.num_partitions", 1)?,
+            // Every process sharing a cluster must split tables alike: HPS's fixed 16, not a
+            // number that depends on each machine's CPUs.
+            None if kind == VolatileDbKind::RedisCluster => 16,
+            None => std::thread::available_parallelism().map_or(1, |n| n.get()).min(16),
+        },
         overflow_margin: uint(&v.overflow_margin, "volatile_db.overflow_margin", 1)?,
         overflow_policy,
         overflow_resolution_target: float(
@@ -272,7 +342,7 @@ pub(super) fn volatile_db(v: &VolatileDbJson) -> Checked<VolatileDbConfig> {
         )?,
         initial_cache_rate: float(&v.initial_cache_rate, "volatile_db.initial_cache_rate", Range::Fraction)?,
         cache_missed_embeddings: v.cache_missed_embeddings.0,
-        max_batch_size: uint(&v.max_batch_size, "volatile_db.max_batch_size", 1)?,
+        max_batch_size,
         initialize_after_startup: v.initialize_after_startup.0,
         refresh_interval_ms: v.refresh_interval_ms.0,
     })

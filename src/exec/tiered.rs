@@ -1,6 +1,7 @@
 //! Lookups on a parameter server's tiered table, in rounds of at most [`ROUND`] keys, each in two
 //! phases over the calling thread and pool workers:
-//! 1. the volatile tier: keys in chunks of [`CHUNK`]; hits are written into `out`, the other
+//! 1. the volatile tier: keys in chunks of [`CHUNK`] (a Redis tier: of its `max_get_batch_size`,
+//!    each one pipelined batch); hits are written into `out`, the other
 //!    keys get the default row for now and are listed (key, flat index);
 //! 2. the persistent tier: the listed keys of the whole round, sorted and deduplicated, read in
 //!    runs of [`RUN`] keys (one LMDB read transaction each) and written over their default rows.
@@ -17,6 +18,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Keys per chunk of the volatile phase.
 const CHUNK: usize = 512;
+/// Fewest keys per Redis batch when a round is split over participants.
+const REDIS_MIN: usize = 2048;
 /// Distinct keys per persistent read (one read transaction).
 const RUN: usize = 1024;
 /// Most keys per round: bounds the memory of the miss list (24 bytes a miss).
@@ -79,19 +82,30 @@ impl TieredTable {
     fn round(&self, p: &Plan, lo: usize, hi: usize, misses: &mut Vec<(u64, usize)>) -> Result<Found> {
         let dim = self.dim();
         let n = hi - lo;
-        let threads = p.threads.min(n.div_ceil(CHUNK * 4)).max(1);
+        // A Redis tier's chunk is a pipelined batch (one round trip per node): one per
+        // participant at a time, so batches of several participants overlap.
+        let (chunk, per_thread) = match self.redis_batch() {
+            Some(b) => {
+                // Split a round over the participants (batches of at least REDIS_MIN keys), so
+                // one parses replies while the nodes answer another.
+                let c = b.min(n.div_ceil(p.threads.max(1)).max(REDIS_MIN)).min(n).max(1);
+                (c, c)
+            }
+            None => (CHUNK, CHUNK * 4),
+        };
+        let threads = p.threads.min(n.div_ceil(per_thread)).max(1);
         // Phase 1: the volatile tier.
         let next = AtomicUsize::new(lo);
         let parts = pool::run(threads, || {
-            let mut s = Scratch::new(dim, CHUNK);
+            let mut s = Scratch::new(dim, chunk);
             let mut listed = Vec::new();
             let mut hits = 0;
             loop {
-                let a = next.fetch_add(CHUNK, Ordering::Relaxed);
+                let a = next.fetch_add(chunk, Ordering::Relaxed);
                 if a >= hi {
                     break;
                 }
-                let b = (a + CHUNK).min(hi);
+                let b = (a + chunk).min(hi);
                 let m = b - a;
                 p.keys.read(a, &mut s.keys[..m], &mut s.offs[..m]);
                 hits += self.fetch_volatile(&s.keys[..m], &mut s.rows[..m * dim], &mut s.present[..m]);

@@ -36,6 +36,7 @@ pub(crate) use plan::{Checked, check};
 pub(crate) use static_table::{Rows, read_keys, read_rows};
 pub use static_table::{StaticTable, TableInfo};
 pub use tiered::{TableStats, TieredTable};
+pub(crate) use tiered::Volatile;
 pub(crate) use tiered::{Promote, TierScratch};
 #[cfg(test)]
 pub(crate) use tiered::race;

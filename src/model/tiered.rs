@@ -23,6 +23,7 @@ use crate::util::lock;
 use crate::error::{Error, Result};
 use super::options::MissingKey;
 use crate::storage::tier::persistent::PersistentTable;
+use crate::storage::tier::redis::{Failure, RedisTier};
 use crate::storage::tier::volatile::VolatileTier;
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -53,6 +54,31 @@ pub struct TableStats {
     pub upserts: u64,
     /// Keys removed by `strata_table_erase`.
     pub erases: u64,
+    /// Keys a Redis volatile tier could not be asked for because their node failed (they were
+    /// read from the persistent tier or given the default row, and are counted there too). Not
+    /// in `strata_table_stats`.
+    pub volatile_unavailable: u64,
+}
+
+/// A table's volatile tier: in this process, or in a Redis cluster shared with others.
+pub(crate) enum Volatile {
+    Local(VolatileTier),
+    /// Boxed: its connection state would double the size of every tiered table.
+    Redis(Box<RedisTier>),
+}
+
+impl Volatile {
+    fn get_many(&self, keys: &[u64], rows: &mut [f32], present: &mut [bool]) -> u64 {
+        match self {
+            Volatile::Local(v) => v.get_many(keys, rows, present).0,
+            Volatile::Redis(r) => r.get_many(keys, rows, present).0,
+        }
+    }
+}
+
+/// A Redis node's failure as a store error.
+fn store_error(table: &str, f: Failure) -> Error {
+    Error::Store { what: format!("table {table}: Redis node {}", f.node), msg: f.msg }
 }
 
 /// A table of a parameter server: see the module docs.
@@ -60,7 +86,7 @@ pub struct TieredTable {
     /// `model/table`, for messages.
     pub(crate) name: String,
     dim: usize,
-    volatile: Option<VolatileTier>,
+    volatile: Option<Volatile>,
     persistent: Option<PersistentTable>,
     /// Promote persistent-tier hits into the volatile tier (`cache_missed_embeddings`).
     cache_missed: bool,
@@ -110,7 +136,7 @@ impl TieredTable {
     pub(crate) fn new(
         name: String,
         dim: usize,
-        volatile: Option<VolatileTier>,
+        volatile: Option<Volatile>,
         persistent: Option<PersistentTable>,
         cache_missed: bool,
         read_only: bool,
@@ -178,7 +204,8 @@ impl TieredTable {
 
     /// Empties the volatile tier for another process's commits (`writes` held exclusively).
     fn invalidate(&self, writes: &mut u64) {
-        if let Some(v) = &self.volatile {
+        // A Redis tier is shared and kept current by every writer: nothing to drop.
+        if let Some(Volatile::Local(v)) = &self.volatile {
             v.clear();
         }
         *writes += 1;
@@ -205,7 +232,8 @@ impl TieredTable {
     pub fn len(&self) -> usize {
         match (&self.persistent, &self.volatile) {
             (Some(p), _) => p.len().unwrap_or(0) as usize,
-            (None, Some(v)) => v.len(),
+            (None, Some(Volatile::Local(v))) => v.len(),
+            (None, Some(Volatile::Redis(r))) => r.len().unwrap_or(0) as usize,
             (None, None) => 0,
         }
     }
@@ -218,8 +246,23 @@ impl TieredTable {
     /// Cumulative counters.
     pub fn stats(&self) -> TableStats {
         let c = &self.counters;
-        let v = self.volatile.as_ref().map(|v| v.stats());
+        let (v, unavailable) = match &self.volatile {
+            Some(Volatile::Local(v)) => (Some(v.stats()), 0),
+            Some(Volatile::Redis(r)) => {
+                let rows = r.len().unwrap_or(0);
+                let s = r.stats();
+                let v = crate::storage::tier::volatile::VolatileStats {
+                    evictions: s.evictions,
+                    rows,
+                    bytes: rows * (self.dim as u64) * 4,
+                    ..Default::default()
+                };
+                (Some(v), s.unavailable)
+            }
+            None => (None, 0),
+        };
         TableStats {
+            volatile_unavailable: unavailable,
             lookups: c.lookups.load(Ordering::Relaxed),
             keys: c.keys.load(Ordering::Relaxed),
             volatile_hits: c.volatile_hits.load(Ordering::Relaxed),
@@ -245,8 +288,7 @@ impl TieredTable {
         present.fill(false);
         self.refresh()?;
         if let Some(v) = &self.volatile {
-            let (h, _) = v.get_many(keys, rows, present);
-            vh = h;
+            vh = v.get_many(keys, rows, present);
         }
         if self.persistent.is_some() {
             s.missing.clear();
@@ -275,11 +317,20 @@ impl TieredTable {
         self.persistent.is_some()
     }
 
+    /// With a Redis volatile tier, its keys per lookup batch (`max_get_batch_size`, one round
+    /// trip per node); `None` for an in-process tier or none.
+    pub(crate) fn redis_batch(&self) -> Option<usize> {
+        match &self.volatile {
+            Some(Volatile::Redis(r)) => Some(r.get_batch().max(1)),
+            _ => None,
+        }
+    }
+
     /// Looks `keys` up in the volatile tier only (see [`VolatileTier::get_many`]); returns the
     /// hits. Without a volatile tier, finds nothing.
     pub(crate) fn fetch_volatile(&self, keys: &[u64], rows: &mut [f32], present: &mut [bool]) -> u64 {
         match &self.volatile {
-            Some(v) => v.get_many(keys, rows, present).0,
+            Some(v) => v.get_many(keys, rows, present),
             None => {
                 present.fill(false);
                 0
@@ -299,6 +350,12 @@ impl TieredTable {
         };
         let dim = self.dim;
         let before = *lock::read(&self.writes);
+        // A Redis promotion is guarded by the partitions' write counters, read before the
+        // persistent read (see storage::tier::redis).
+        let gens = match &self.volatile {
+            Some(Volatile::Redis(r)) if self.cache_missed => Some(r.generations(keys)),
+            _ => None,
+        };
         let (h, _) = t.get_many(keys, rows, found)?;
         #[cfg(test)]
         race::after_persistent_read(self);
@@ -312,9 +369,18 @@ impl TieredTable {
                         s.rows.extend_from_slice(&rows[j * dim..(j + 1) * dim]);
                     }
                 }
-                let writes = lock::read(&self.writes);
-                if *writes == before {
-                    v.insert_many(&s.keys, &s.rows);
+                match v {
+                    Volatile::Local(v) => {
+                        let writes = lock::read(&self.writes);
+                        if *writes == before {
+                            v.insert_many(&s.keys, &s.rows);
+                        }
+                    }
+                    Volatile::Redis(r) => {
+                        if let Some(g) = &gens {
+                            r.promote(&s.keys, &s.rows, g);
+                        }
+                    }
                 }
             }
         Ok(h)
@@ -352,15 +418,34 @@ impl TieredTable {
 
     /// Inserts or overwrites rows (`rows.len() == keys.len() * dim`): the persistent tier first
     /// (durable on return), then the volatile tier.
+    ///
+    /// With a Redis tier (see `storage::tier::redis`): the keys' Redis rows are deleted first
+    /// (a failed node fails the upsert here, naming the node, before anything is committed),
+    /// then the persistent commit, then the rows are written to Redis. A failure of that last
+    /// step leaves the keys absent from Redis (lookups read the committed rows from the
+    /// persistent tier) and the upsert succeeds; without a persistent tier it is the error.
     pub(crate) fn upsert(&self, keys: &[u64], rows: &[f32]) -> Result<()> {
         self.writable()?;
         let mut writes = lock::write(&self.writes);
+        if let (Some(Volatile::Redis(r)), Some(_)) = (&self.volatile, &self.persistent) {
+            r.invalidate(keys).map_err(|f| store_error(&self.name, f))?;
+        }
         if let Some(p) = &self.persistent {
             let c = p.upsert_counted(keys, rows)?;
             self.after_own_commit(&mut writes, c);
         }
-        if let Some(v) = &self.volatile {
-            v.insert_many(keys, rows);
+        match &self.volatile {
+            Some(Volatile::Local(v)) => {
+                v.insert_many(keys, rows);
+            }
+            Some(Volatile::Redis(r)) => {
+                if let Err(f) = r.write(keys, rows)
+                    && self.persistent.is_none()
+                {
+                    return Err(store_error(&self.name, f));
+                }
+            }
+            None => {}
         }
         *writes += 1;
         drop(writes);
@@ -368,10 +453,16 @@ impl TieredTable {
         Ok(())
     }
 
-    /// Removes keys from every tier; returns how many the table held.
+    /// Removes keys from every tier; returns how many the table held. With a Redis tier the
+    /// keys are deleted from Redis before (a failed node fails the erase there, naming it) and
+    /// again after the persistent commit (a failure then is only counted).
     pub(crate) fn erase(&self, keys: &[u64]) -> Result<u64> {
         self.writable()?;
         let mut writes = lock::write(&self.writes);
+        let mut from_redis = 0;
+        if let Some(Volatile::Redis(r)) = &self.volatile {
+            from_redis = r.invalidate(keys).map_err(|f| store_error(&self.name, f))?;
+        }
         let from_persistent = match &self.persistent {
             Some(p) => {
                 let (n, c) = p.erase_counted(keys)?;
@@ -380,7 +471,16 @@ impl TieredTable {
             }
             None => None,
         };
-        let from_volatile = self.volatile.as_ref().map_or(0, |v| v.erase_many(keys));
+        let from_volatile = match &self.volatile {
+            Some(Volatile::Local(v)) => v.erase_many(keys),
+            Some(Volatile::Redis(r)) => {
+                if self.persistent.is_some() && r.invalidate(keys).is_err() {
+                    r.note_late_failure();
+                }
+                from_redis
+            }
+            None => 0,
+        };
         *writes += 1;
         drop(writes);
         let erased = from_persistent.unwrap_or(from_volatile);

@@ -15,8 +15,10 @@ use crate::error::{Error, Result};
 use crate::table::Table;
 use crate::model::{GpuOptions, MissingKey, StaticTable, TableOptions};
 use crate::storage::tier::persistent::PersistentStore;
-use crate::storage::tier::volatile::VolatileTier;
-use crate::model::TieredTable;
+use crate::storage::tier::redis::{self as redis_tier, Cluster, ClusterOptions, RedisTableOptions, RedisTier};
+use crate::storage::tier::volatile::{OverflowPolicy, VolatileTier};
+use crate::model::{TieredTable, Volatile};
+use std::sync::Arc;
 use std::ffi::CString;
 use std::path::Path;
 
@@ -56,6 +58,10 @@ impl Server {
             _ => Some(PersistentStore::open(&cfg.persistent_db.path, cfg.persistent_db.read_only)?),
         };
         let v = &cfg.volatile_db;
+        let cluster = match &v.redis {
+            Some(r) if v.kind == VolatileDbKind::RedisCluster => Some(Arc::new(open_cluster(&cfg, r)?)),
+            _ => None,
+        };
         let mut models = Vec::with_capacity(cfg.models.len());
         for m in &cfg.models {
             let mut tables = Vec::with_capacity(m.sparse_files.len());
@@ -66,15 +72,19 @@ impl Server {
                 let table_name = m.embedding_table_names.get(i).cloned().unwrap_or_else(|| format!("table{i}"));
                 let name = format!("{}/{}", m.model, table_name);
                 let options = TableOptions { default_value, ..gpu_options(m) };
-                let volatile = match v.kind {
-                    VolatileDbKind::Disabled => None,
-                    _ => Some(VolatileTier::new(
+                let volatile = match (v.kind, &cluster, &v.redis) {
+                    (VolatileDbKind::Disabled, _, _) => None,
+                    (VolatileDbKind::RedisCluster, Some(c), Some(r)) => {
+                        redis_names(&cfg, m, &table_name)?;
+                        Some(Volatile::Redis(Box::new(RedisTier::new(c.clone(), &m.model, &table_name, dim, redis_table_options(&cfg, r)))))
+                    }
+                    _ => Some(Volatile::Local(VolatileTier::new(
                         dim,
                         v.num_partitions,
                         v.overflow_margin,
                         v.overflow_policy,
                         v.overflow_resolution_target,
-                    )?),
+                    )?)),
                 };
                 let table = match (&store, volatile) {
                     (None, None) => StaticTable::open(sparse, dim as i64, options)?.into(),
@@ -89,8 +99,10 @@ impl Server {
                             Some(p) => p.commits()?,
                             None => 0,
                         };
-                        if let Some(vt) = &volatile {
-                            warm(vt, persistent.as_ref(), sparse, dim, v.initial_cache_rate)?;
+                        match &volatile {
+                            Some(Volatile::Local(vt)) => warm(vt, persistent.as_ref(), sparse, dim, v.initial_cache_rate)?,
+                            Some(Volatile::Redis(rt)) => warm_redis(rt, persistent.as_ref(), sparse, dim, v.initial_cache_rate)?,
+                            None => {}
                         }
                         let read_only = persistent.is_some() && cfg.persistent_db.read_only;
                         Table::new(
@@ -146,6 +158,101 @@ impl Server {
     pub fn warnings(&self) -> &[CString] {
         &self.warnings
     }
+}
+
+/// Connects to the cluster of a `redis_cluster` configuration; a problem is a configuration
+/// error naming its `volatile_db` field.
+fn open_cluster(cfg: &PsConfig, r: &config::RedisConfig) -> Result<Cluster> {
+    Cluster::open(ClusterOptions {
+        seeds: r.seeds.clone(),
+        user_name: r.user_name.clone(),
+        password: r.password.0.clone(),
+        connections_per_node: r.num_node_connections,
+        timeout: std::time::Duration::from_millis(r.timeout_ms),
+    })
+    .map_err(|p| Error::Config { file: cfg.file.clone(), path: format!("volatile_db.{}", p.field), msg: p.msg })
+}
+
+/// A table's Redis settings from the configuration.
+fn redis_table_options(cfg: &PsConfig, r: &config::RedisConfig) -> RedisTableOptions {
+    let v = &cfg.volatile_db;
+    RedisTableOptions {
+        num_partitions: v.num_partitions,
+        max_get_batch_size: r.max_get_batch_size,
+        max_set_batch_size: r.max_set_batch_size,
+        overflow_margin: v.overflow_margin,
+        eviction: match v.overflow_policy {
+            OverflowPolicy::EvictRandom => redis_tier::Eviction::Random,
+            OverflowPolicy::EvictLeastUsed => redis_tier::Eviction::LeastUsed,
+            OverflowPolicy::EvictOldest => redis_tier::Eviction::Oldest,
+        },
+        resolution_target: v.overflow_resolution_target,
+        refresh_after_fetch: r.refresh_time_after_fetch,
+        key_width: if cfg.supportlonglong { 8 } else { 4 },
+    }
+}
+
+/// Model and table names end up inside Redis hash tags (`hps_et{hps_et.<model>.<table>/p0}v`):
+/// braces there would split a partition's keys over slots.
+fn redis_names(cfg: &PsConfig, m: &crate::config::ModelConfig, table: &str) -> Result<()> {
+    let i = cfg.models.iter().position(|x| x.model == m.model).unwrap_or(0);
+    let bad = |s: &str| s.contains('{') || s.contains('}');
+    let (path, name) = if bad(&m.model) {
+        (format!("models[{i}].model"), m.model.as_str())
+    } else if bad(table) {
+        (format!("models[{i}].embedding_table_names"), table)
+    } else {
+        return Ok(());
+    };
+    Err(Error::Config {
+        file: cfg.file.clone(),
+        path,
+        msg: format!("\"{name}\" contains a brace; with volatile_db.type redis_cluster names must not contain {{ or }} (HPS allows [a-zA-Z0-9_-])"),
+    })
+}
+
+/// Warms a Redis tier at open (`initial_cache_rate`), unless the cluster already holds that
+/// many rows of the table (another process, or HPS, filled it). Rows go in as promotions: only
+/// where absent, and not into a partition another process wrote meanwhile.
+fn warm_redis(r: &RedisTier, persistent: Option<&crate::storage::tier::persistent::PersistentTable>, sparse: &Path, dim: usize, rate: f64) -> Result<()> {
+    const BATCH: usize = 4096;
+    let total = match persistent {
+        Some(p) => p.len()? as usize,
+        None => StaticTable::open(sparse, dim as i64, TableOptions::default())?.len(),
+    };
+    let limit = (total as f64 * rate).ceil() as usize;
+    if limit == 0 || r.len().is_ok_and(|n| n as usize >= limit) {
+        return Ok(());
+    }
+    let gens = r.all_generations();
+    let mut keys = Vec::with_capacity(BATCH);
+    let mut rows = Vec::with_capacity(BATCH * dim);
+    let flush = |keys: &mut Vec<u64>, rows: &mut Vec<f32>| {
+        r.promote(keys, rows, &gens);
+        keys.clear();
+        rows.clear();
+    };
+    match persistent {
+        Some(p) => p.scan(limit, |k, row| {
+            keys.push(k);
+            rows.extend_from_slice(row);
+            if keys.len() == BATCH {
+                flush(&mut keys, &mut rows);
+            }
+        })?,
+        None => {
+            let t = StaticTable::open(sparse, dim as i64, TableOptions::default())?;
+            for (k, row) in t.rows_in_file_order().take(limit) {
+                keys.push(k);
+                rows.extend_from_slice(row);
+                if keys.len() == BATCH {
+                    flush(&mut keys, &mut rows);
+                }
+            }
+        }
+    }
+    flush(&mut keys, &mut rows);
+    Ok(())
 }
 
 fn cstring(s: &str, what: &'static str) -> Result<CString> {
