@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.resources
+import itertools
 import os
 import weakref
 from ctypes import byref, c_char_p, c_int32, c_uint64
@@ -110,6 +111,11 @@ def _stats_of(st: _ffi.strata_lookup_stats) -> LookupStats:
 
 _C = TypeVar("_C", bound="_Closeable")
 
+#: Every Table by its serial number (never reused), for integrations that carry tables as ints
+#: (strata.torch, strata.jax): a closed or collected table's number finds nothing.
+_serials = itertools.count(1)
+live_tables: "weakref.WeakValueDictionary[int, Table]" = weakref.WeakValueDictionary()
+
 
 class _Closeable:
     """``with`` blocks and garbage collection both end in :meth:`close`."""
@@ -153,6 +159,8 @@ class Table(_Closeable):
         self._keepalive = list(keepalive)  # producers and capsules the table borrows
         self._owner = owner  # the server owning a server table
         self._views: "weakref.WeakSet[TableViewOwner]" = weakref.WeakSet()
+        self.serial: int = next(_serials)  # the int handle of strata.torch and strata.jax
+        live_tables[self.serial] = self
 
     # ---- construction ------------------------------------------------------------------------
 
