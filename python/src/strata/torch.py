@@ -38,6 +38,12 @@ from . import _core
 from ._core import Request, Table
 from .errors import InvalidArgument, NullArgument, UnsupportedDtype
 
+if hasattr(torch.ops.strata, "lookup"):
+    raise ImportError(
+        "strata.torch: torch.ops.strata is already defined in this process (libstrata_torch.so was loaded); "
+        "use its tables (torch.ops.strata.table_from_tensors, table_open) or import strata.torch without it"
+    )
+
 __all__ = ["handle", "table_of", "lookup", "lookup_pooled", "lookup_batch"]
 
 _OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
