@@ -42,6 +42,9 @@ from . import _core, _ffi
 from ._core import Table
 from .errors import InvalidArgument, NullArgument
 
+_jffi: Any = jax.ffi  # (untyped in jax's stubs: mypy --strict)
+_Shape: Any = jax.ShapeDtypeStruct
+
 __all__ = ["load_library", "lookup", "lookup_pooled", "cuda_registered"]
 
 _lock = threading.Lock()
@@ -76,12 +79,12 @@ def load_library(path: Optional[Union[str, "os.PathLike[str]"]] = None) -> ctype
         lib.strata_jax_register.argtypes = [ctypes.c_int64, ctypes.c_void_p]
         lib.strata_jax_forget.argtypes = [ctypes.c_int64]
         for name in ("lookup", "lookup_pooled"):
-            jax.ffi.register_ffi_target(f"strata_{name}", jax.ffi.pycapsule(getattr(lib, f"strata_jax_{name}_cpu")),
+            _jffi.register_ffi_target(f"strata_{name}", _jffi.pycapsule(getattr(lib, f"strata_jax_{name}_cpu")),
                                         platform="cpu")
         try:
             for name in ("lookup", "lookup_pooled"):
-                jax.ffi.register_ffi_target(f"strata_{name}",
-                                            jax.ffi.pycapsule(getattr(lib, f"strata_jax_{name}_cuda")), platform="CUDA")
+                _jffi.register_ffi_target(f"strata_{name}",
+                                            _jffi.pycapsule(getattr(lib, f"strata_jax_{name}_cuda")), platform="CUDA")
             cuda_registered = True
         except Exception:  # a jaxlib without the CUDA platform
             cuda_registered = False
@@ -131,8 +134,8 @@ def lookup(table: Union[Table, int], keys: Any, dtype: Any = jnp.float32) -> Any
     t = _table(table)
     h = _handle(t)
     k = _keys(keys)
-    out = jax.ShapeDtypeStruct((*k.shape, t.dim), dtype)
-    return jax.ffi.ffi_call("strata_lookup", out, vmap_method="broadcast_all")(k, table=np.int64(h))
+    out = _Shape((*k.shape, t.dim), dtype)
+    return _jffi.ffi_call("strata_lookup", out, vmap_method="broadcast_all")(k, table=np.int64(h))
 
 
 def lookup_pooled(
@@ -158,7 +161,7 @@ def lookup_pooled(
         rows = max(off.shape[0] - 1, 0) if off.ndim == 1 else 0
     else:
         rows = k.shape[0] if k.ndim == 2 else 0  # strata names the argument at fault
-    out = jax.ShapeDtypeStruct((rows, t.dim), dtype)
-    call = jax.ffi.ffi_call("strata_lookup_pooled", out, vmap_method="sequential")
+    out = _Shape((rows, t.dim), dtype)
+    call = _jffi.ffi_call("strata_lookup_pooled", out, vmap_method="sequential")
     return call(k, off, w, table=np.int64(h), pooling=np.int32(_POOLING[pooling]),
                 has_offsets=offsets is not None, has_weights=weights is not None)
