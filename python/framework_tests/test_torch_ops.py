@@ -215,3 +215,15 @@ def test_import_error_names_the_extra():
     code = "import sys; sys.modules['torch'] = None\ntry:\n import strata.torch\nexcept ImportError as e: print(e)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "pip install 'strata[torch]'" in out
+
+
+def test_no_gradients_into_tables(rng):
+    vec, t = dense(rng, 20, 4)
+    keys, offsets = torch.tensor([1, 2, 3]), torch.tensor([0, 1, 3])
+    assert not st.lookup(t, keys).requires_grad
+    w = torch.rand(3, requires_grad=True)
+    pooled = st.lookup_pooled(t, keys, offsets, w, "sum")
+    torch.testing.assert_close(pooled.detach(), F.embedding_bag(keys, vec, offsets, mode="sum", include_last_offset=True,
+                                                                per_sample_weights=w.detach()))
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        pooled.sum().backward()

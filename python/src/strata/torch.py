@@ -101,14 +101,16 @@ def _dim(h: int) -> int:
 # ---- the ops -------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op(
-    "strata::lookup", mutates_args=(), schema="(int table, Tensor keys, ScalarType? dtype=None) -> Tensor"
-)
-def _lookup_op(table: int, keys: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+def _lookup_impl(table: int, keys: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     t = table_of(table)
     out = torch.empty((*keys.shape, t.dim), dtype=_out_dtype(dtype), device=keys.device)
     _core.lookup(t, keys, out, _stream(keys))
     return out
+
+
+_lookup_op = torch.library.custom_op(
+    "strata::lookup", mutates_args=(), schema="(int table, Tensor keys, ScalarType? dtype=None) -> Tensor"
+)(_lookup_impl)
 
 
 @_lookup_op.register_fake
@@ -116,13 +118,7 @@ def _(table: int, keys: torch.Tensor, dtype: Optional[torch.dtype] = None) -> to
     return keys.new_empty((*keys.shape, _dim(table)), dtype=_out_dtype(dtype))
 
 
-@torch.library.custom_op(
-    "strata::lookup_pooled",
-    mutates_args=(),
-    schema="(int table, Tensor keys, Tensor? offsets=None, Tensor? weights=None, str pooling=\"sum\", "
-    "ScalarType? dtype=None) -> Tensor",
-)
-def _lookup_pooled_op(
+def _lookup_pooled_impl(
     table: int,
     keys: torch.Tensor,
     offsets: Optional[torch.Tensor] = None,
@@ -134,6 +130,14 @@ def _lookup_pooled_op(
     out = torch.empty((_pooled_rows(keys, offsets), t.dim), dtype=_out_dtype(dtype), device=keys.device)
     _core.lookup_pooled(t, keys, offsets, weights, pooling, out, _stream(keys))
     return out
+
+
+_lookup_pooled_op = torch.library.custom_op(
+    "strata::lookup_pooled",
+    mutates_args=(),
+    schema="(int table, Tensor keys, Tensor? offsets=None, Tensor? weights=None, str pooling=\"sum\", "
+    "ScalarType? dtype=None) -> Tensor",
+)(_lookup_pooled_impl)
 
 
 @_lookup_pooled_op.register_fake
@@ -148,13 +152,7 @@ def _(
     return keys.new_empty((_pooled_rows(keys, offsets), _dim(table)), dtype=_out_dtype(dtype))
 
 
-@torch.library.custom_op(
-    "strata::lookup_batch",
-    mutates_args=(),
-    schema="(int[] tables, Tensor[] keys, Tensor?[] offsets, Tensor?[] weights, str[] poolings, "
-    "ScalarType? dtype=None) -> Tensor[]",
-)
-def _lookup_batch_op(
+def _lookup_batch_impl(
     tables: Sequence[int],
     keys: Sequence[torch.Tensor],
     offsets: Sequence[Optional[torch.Tensor]],
@@ -171,6 +169,14 @@ def _lookup_batch_op(
         reqs.append(Request(t, k, torch.empty(shape, dtype=d, device=k.device), off, w, p))
     stream = _stream(keys[0]) if keys else None
     return list(_core.lookup_batch(reqs, stream))
+
+
+_lookup_batch_op = torch.library.custom_op(
+    "strata::lookup_batch",
+    mutates_args=(),
+    schema="(int[] tables, Tensor[] keys, Tensor?[] offsets, Tensor?[] weights, str[] poolings, "
+    "ScalarType? dtype=None) -> Tensor[]",
+)(_lookup_batch_impl)
 
 
 @_lookup_batch_op.register_fake
@@ -198,6 +204,20 @@ def _check_batch(tables: Sequence[int], keys: Sequence[Any], offsets: Sequence[A
     for name, seq in (("keys", keys), ("offsets", offsets), ("weights", weights), ("poolings", poolings)):
         if len(seq) != n:
             raise InvalidArgument(f"{name}: {len(seq)} entries; expected one per table ({n})")
+
+
+# ---- direct kernels ------------------------------------------------------------------------------
+# custom_op's own CompositeExplicitAutograd and Autograd kernels are Python wrappers of several
+# microseconds a call (python/bench/small_calls.py). The same bodies registered at the CPU and
+# CUDA keys take precedence over the first; `lookup` also skips the Autograd key (its only tensor
+# is integer keys: nothing can require grad). custom_op keeps the schemas, the fake kernels and
+# the autograd kernels of lookup_pooled and lookup_batch, whose weights could require grad.
+_direct: Any = getattr(torch.library, "Library")("strata", "IMPL")  # (untyped in torch: mypy --strict)
+for _key in ("CPU", "CUDA"):
+    _direct.impl("lookup", _lookup_impl, _key)
+    _direct.impl("lookup_pooled", _lookup_pooled_impl, _key)
+    _direct.impl("lookup_batch", _lookup_batch_impl, _key)
+    _direct.impl("lookup", torch.library.fallthrough_kernel, "Autograd" + _key)
 
 
 # ---- Python wrappers (tables or handles) ----------------------------------------------------------
