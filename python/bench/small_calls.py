@@ -24,6 +24,8 @@ strata's default threads, which run a call this small on the calling thread):
   ops.lookup_pooled  torch.ops.strata.lookup_pooled(h, keys, offsets, None, "sum"), 8 bags (eager, compiled)
   embedding_bag      F.embedding_bag(keys, vectors, offsets, mode="sum", include_last_offset=True)
 
+``--ops-library libstrata_torch.so`` times the C++ op library's ops (c_examples/torch) instead.
+
 Rounds are interleaved (every case once per round, ``--budget`` seconds each); each round gives
 per-call times and the ratios strata / anchor. The small calls run on the calling thread alone,
 so they are timed by its CPU time (``time.thread_time``), which other processes sharing the
@@ -109,6 +111,7 @@ def main() -> None:
     p.add_argument("--clock", choices=("auto", "wall", "thread"), default="auto",
                    help="auto: the calling thread's CPU time for the one-thread small calls, wall time for the rest")
     p.add_argument("--no-ops", dest="ops", action="store_false", help="leave out the torch.ops.strata section")
+    p.add_argument("--ops-library", help="time the ops of this libstrata_torch.so instead of strata.torch's")
     a = p.parse_args()
 
     import strata
@@ -167,12 +170,18 @@ def ops_section(table, vt, rng, a) -> None:
     import torch
     import torch.nn.functional as F
 
-    try:
-        import strata.torch as st
-    except ImportError as e:
-        print(f"\ntorch.ops.strata: not timed ({e})")
-        return
-    h = st.handle(table)
+    if a.ops_library:  # libstrata_torch.so instead of strata.torch (never both in one process)
+        torch.ops.load_library(a.ops_library)
+        h = torch.ops.strata.table_from_tensors(vt)
+        which = f"libstrata_torch.so ({a.ops_library})"
+    else:
+        try:
+            import strata.torch as st
+        except ImportError as e:
+            print(f"\ntorch.ops.strata: not timed ({e})")
+            return
+        h = st.handle(table)
+        which = "strata.torch (Python custom ops)"
     n = a.small
     kt = torch.from_numpy(rng.integers(0, a.rows, n, dtype=np.int64))
     offsets = torch.from_numpy(np.linspace(0, n, 9).astype(np.int64))  # 8 bags
@@ -203,7 +212,7 @@ def ops_section(table, vt, rng, a) -> None:
         "ops.lookup_pooled / embedding_bag": ("ops.lookup_pooled", "embedding_bag"),
         "compiled ops.pooled / embedding_bag": ("ops.pooled (compiled)", "embedding_bag"),
     }
-    run(f"torch.ops.strata, {n} keys (8 bags for the pooled ones), outputs allocated, torch threads "
+    run(f"torch.ops.strata from {which}, {n} keys (8 bags for the pooled ones), outputs allocated, torch threads "
         f"{torch.get_num_threads()}; wall time", cases, ratios, a.rounds, a.budget, time.perf_counter)
 
 
