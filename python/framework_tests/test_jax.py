@@ -149,3 +149,18 @@ def test_import_error_names_the_extra():
     code = "import sys; sys.modules['jax'] = None\ntry:\n import strata.jax\nexcept ImportError as e: print(e)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "pip install 'strata[jax]'" in out
+
+
+def test_handlers_built_on_first_use(tmp_path):
+    """Without STRATA_JAX_LIBRARY, strata.jax compiles the shipped handler source against this
+    jaxlib's headers into STRATA_JAX_BUILD_DIR once, and reuses it."""
+    code = ("import numpy as np, jax.numpy as jnp, strata, strata.jax as sj\n"
+            "t = strata.Table.from_array(np.arange(6, dtype=np.float32).reshape(3, 2))\n"
+            "print(sj.lookup(t, jnp.array([2, 0])).tolist())")
+    env = {k: v for k, v in os.environ.items() if k != "STRATA_JAX_LIBRARY"}
+    env["STRATA_JAX_BUILD_DIR"] = str(tmp_path / "build")
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == "[[4.0, 5.0], [0.0, 1.0]]"
+    assert (tmp_path / "build" / "libstrata_jax.so").exists()

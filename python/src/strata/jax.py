@@ -2,9 +2,9 @@
 ``jax.jit`` and under ``jax.vmap``.
 
 The handlers live in ``libstrata_jax.so``, a small C++ library built against the installed
-jaxlib's FFI headers (``jax.ffi.include_dir()``; ``c_examples/jax/strata_jax.cc``, built by
-``scripts/framework-tests.sh``). :func:`load_library` loads it (``$STRATA_JAX_LIBRARY``, or the
-path given) and registers ``strata_lookup`` and ``strata_lookup_pooled`` for the CPU platform
+jaxlib's FFI headers (``jax.ffi.include_dir()``; ``c_examples/jax/strata_jax.cc``, shipped in the
+package). :func:`load_library` loads it (the path given, ``$STRATA_JAX_LIBRARY``, or one
+:func:`build_library` compiles once with the C++ compiler) and registers ``strata_lookup`` and ``strata_lookup_pooled`` for the CPU platform
 and for CUDA (on XLA's stream), handing it the entry points of the libstrata this package
 loaded. :func:`lookup` and :func:`lookup_pooled` load it on first use.
 
@@ -45,7 +45,7 @@ from .errors import InvalidArgument, NullArgument
 _jffi: Any = jax.ffi  # (untyped in jax's stubs: mypy --strict)
 _Shape: Any = jax.ShapeDtypeStruct
 
-__all__ = ["load_library", "lookup", "lookup_pooled", "cuda_registered"]
+__all__ = ["build_library", "load_library", "lookup", "lookup_pooled", "cuda_registered"]
 
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
@@ -60,19 +60,63 @@ def _address(name: str) -> Optional[int]:
     return ctypes.cast(_ffi.lib[name], ctypes.c_void_p).value
 
 
+def _sources() -> Optional[pathlib.Path]:
+    """The folder holding strata_jax.cc and strata.h: the package's ``native/`` (a wheel), else
+    the source checkout's (python/src/strata used from the tree)."""
+    here = pathlib.Path(__file__).resolve().parent
+    for folder in (here / "native", here.parents[2] / "c_examples" / "jax"):
+        if (folder / "strata_jax.cc").exists():
+            return folder
+    return None
+
+
+def build_library(out_dir: Optional[Union[str, "os.PathLike[str]"]] = None) -> pathlib.Path:
+    """Compiles ``libstrata_jax.so`` from the sources the package ships, against this jaxlib's
+    ``jax.ffi.include_dir()``, with ``$CXX`` (default ``c++``), into ``out_dir`` (default
+    ``$STRATA_JAX_BUILD_DIR``, else ``~/.cache/strata/jax-<jaxlib version>-<sources hash>``), as
+    ``torch.utils.cpp_extension.load`` does for PyTorch; an up-to-date library is reused."""
+    import hashlib
+    import subprocess
+
+    src = _sources()
+    if src is None:
+        raise ImportError("strata.jax: the handler sources (strata_jax.cc) are not in this installation")
+    header = src / "strata.h"
+    if not header.exists():
+        header = src.parents[1] / "include" / "strata.h"
+    digest = hashlib.sha256((src / "strata_jax.cc").read_bytes() + header.read_bytes()).hexdigest()[:12]
+    from importlib.metadata import version as dist_version
+
+    folder = pathlib.Path(out_dir or os.environ.get("STRATA_JAX_BUILD_DIR") or
+                          pathlib.Path.home() / ".cache" / "strata" / f"jax-{dist_version('jaxlib')}-{digest}")
+    target = folder / "libstrata_jax.so"
+    if target.exists():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f"libstrata_jax.so.{os.getpid()}.tmp"
+    cmd = [os.environ.get("CXX", "c++"), "-std=c++17", "-shared", "-fPIC", "-O2", str(src / "strata_jax.cc"),
+           "-o", str(tmp), "-isystem", _jffi.include_dir(), "-I", str(header.parent)]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as e:
+        raise ImportError(f"strata.jax: no C++ compiler to build the handlers ({e}); set CXX") from e
+    if r.returncode != 0:
+        raise ImportError(f"strata.jax: building the handlers failed: {' '.join(cmd)}\n{r.stderr[-2000:]}")
+    os.replace(tmp, target)
+    return target
+
+
 def load_library(path: Optional[Union[str, "os.PathLike[str]"]] = None) -> ctypes.CDLL:
-    """Loads ``libstrata_jax.so`` (``path``, else ``$STRATA_JAX_LIBRARY``, else the one beside this
-    module) and registers its handlers with XLA, once per process."""
+    """Loads ``libstrata_jax.so`` (``path``, else ``$STRATA_JAX_LIBRARY``, else one
+    :func:`build_library` compiles on first use) and registers its handlers with XLA, once per
+    process."""
     global _lib, cuda_registered
     with _lock:
         if _lib is not None:
             return _lib
-        where = path or os.environ.get("STRATA_JAX_LIBRARY") or pathlib.Path(__file__).with_name("libstrata_jax.so")
+        where = path or os.environ.get("STRATA_JAX_LIBRARY") or build_library()
         if not os.path.exists(where):
-            raise ImportError(
-                f"strata.jax: no handler library at {where}; build c_examples/jax/strata_jax.cc against "
-                "jax.ffi.include_dir() (scripts/framework-tests.sh does) and set STRATA_JAX_LIBRARY"
-            )
+            raise ImportError(f"strata.jax: no handler library at {where}")
         lib = ctypes.CDLL(os.fspath(where))
         lib.strata_jax_init.argtypes = [ctypes.c_void_p] * 3
         lib.strata_jax_init(_address("strata_lookup"), _address("strata_lookup_pooled"), _address("strata_last_error"))
