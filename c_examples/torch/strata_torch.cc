@@ -148,6 +148,23 @@ int64_t pooled_rows(const at::Tensor &keys, const std::optional<at::Tensor> &off
     return keys.dim() == 2 ? keys.size(0) : 0;
 }
 
+// The Meta kernels' shapes, symbolic where the keys' are (torch.export, dynamic torch.compile).
+c10::SymInt pooled_rows_sym(const at::Tensor &keys, const std::optional<at::Tensor> &offsets) {
+    if (offsets.has_value()) {
+        if (offsets->dim() != 1) return 0;
+        c10::SymInt n = offsets->sym_size(0);
+        if (auto c = n.maybe_as_int(); c.has_value()) return std::max<int64_t>(*c - 1, 0);
+        return n - 1;
+    }
+    return keys.dim() == 2 ? keys.sym_size(0) : c10::SymInt(0);
+}
+
+std::vector<c10::SymInt> plain_shape_sym(const at::Tensor &keys, int64_t dim) {
+    std::vector<c10::SymInt> s(keys.sym_sizes().begin(), keys.sym_sizes().end());
+    s.emplace_back(dim);
+    return s;
+}
+
 std::vector<int64_t> plain_shape(const at::Tensor &keys, int64_t dim) {
     std::vector<int64_t> s(keys.sizes().begin(), keys.sizes().end());
     s.push_back(dim);
@@ -217,7 +234,7 @@ at::Tensor lookup(int64_t table, const at::Tensor &keys, std::optional<at::Scala
 }
 
 at::Tensor lookup_meta(int64_t table, const at::Tensor &keys, std::optional<at::ScalarType> dtype) {
-    return at::empty(plain_shape(keys, get(table)->dim), keys.options().dtype(out_dtype(dtype)));
+    return at::empty_symint(plain_shape_sym(keys, get(table)->dim), keys.options().dtype(out_dtype(dtype)));
 }
 
 at::Tensor lookup_pooled(int64_t table, const at::Tensor &keys, const std::optional<at::Tensor> &offsets,
@@ -241,7 +258,8 @@ at::Tensor lookup_pooled_meta(int64_t table, const at::Tensor &keys, const std::
                               const std::optional<at::Tensor> &, const std::string &pooling,
                               std::optional<at::ScalarType> dtype) {
     pooling_of(pooling, "pooling", false);
-    return at::empty({pooled_rows(keys, offsets), get(table)->dim}, keys.options().dtype(out_dtype(dtype)));
+    return at::empty_symint({pooled_rows_sym(keys, offsets), c10::SymInt(get(table)->dim)},
+                            keys.options().dtype(out_dtype(dtype)));
 }
 
 void check_batch(const std::vector<int64_t> &tables, size_t keys, size_t offsets, size_t weights, size_t poolings) {
@@ -303,9 +321,10 @@ std::vector<at::Tensor> lookup_batch_meta(const std::vector<int64_t> &tables, co
     for (size_t i = 0; i < tables.size(); i++) {
         int64_t dim = get(tables[i])->dim;
         int32_t p = pooling_of(poolings[i], "poolings", true);
-        std::vector<int64_t> shape = p == STRATA_POOL_NONE ? plain_shape(keys[i], dim)
-                                                           : std::vector<int64_t>{pooled_rows(keys[i], offsets[i]), dim};
-        outs.push_back(at::empty(shape, keys[i].options().dtype(d)));
+        std::vector<c10::SymInt> shape =
+            p == STRATA_POOL_NONE ? plain_shape_sym(keys[i], dim)
+                                  : std::vector<c10::SymInt>{pooled_rows_sym(keys[i], offsets[i]), c10::SymInt(dim)};
+        outs.push_back(at::empty_symint(shape, keys[i].options().dtype(d)));
     }
     return outs;
 }

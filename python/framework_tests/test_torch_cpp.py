@@ -2,7 +2,8 @@
 ``torch.ops.load_library`` in a fresh process (the Python ops of strata.torch define the same
 names, so the two never share a process), a TorchScript model calling it scripted, saved, loaded
 back and run, against ``index_select`` / ``embedding_bag``; opcheck and torch.compile over its
-Meta kernels; errors and freed handles. ``STRATA_TORCH_OP`` names the library
+Meta kernels; an AOTInductor package built from torch.export and run in another process; errors
+and freed handles. ``STRATA_TORCH_OP`` names the library
 (scripts/framework-tests.sh builds it)."""
 
 from __future__ import annotations
@@ -137,6 +138,39 @@ def test_errors_and_freed_tables(tmp_path):
         torch.ops.strata.table_free(h)
     with pytest.raises(ImportError, match="already defined in this process"):
         import strata.torch
+    print("ok")
+    """, tmp_path)
+    assert out.strip().endswith("ok")
+
+
+def test_aotinductor_package_runs_in_a_fresh_process(tmp_path):
+    """torch.export of a model calling the C++ ops (a dynamic batch), compiled by AOTInductor into
+    a .pt2 package, then loaded and run in another process that made its table first (handles
+    count from 1 in each process, so the baked-in handle names that process's first table)."""
+    run("""
+    vec = torch.from_numpy(rng.standard_normal((100, 8)).astype(np.float32))
+    np.save(TMP + "/vec.npy", vec.numpy())
+    h = torch.ops.strata.table_from_tensors(vec)
+    assert h == 1
+
+    class M(torch.nn.Module):
+        def forward(self, k: torch.Tensor, bags: torch.Tensor) -> torch.Tensor:
+            return torch.ops.strata.lookup(h, k).sum(1) + torch.ops.strata.lookup_pooled(h, bags, None, None, "mean")
+
+    k, bags = torch.randint(0, 100, (5, 3)), torch.randint(0, 100, (5, 4))
+    b = torch.export.Dim("b")
+    ep = torch.export.export(M(), (k, bags), dynamic_shapes={"k": {0: b}, "bags": {0: b}})
+    assert "strata.lookup" in ep.graph_module.code
+    torch._inductor.aoti_compile_and_package(ep, package_path=TMP + "/model.pt2")
+    print("ok")
+    """, tmp_path)
+    out = run("""
+    vec = torch.from_numpy(np.load(TMP + "/vec.npy"))
+    assert torch.ops.strata.table_from_tensors(vec) == 1
+    m = torch._inductor.aoti_load_package(TMP + "/model.pt2")
+    for n in (7, 2):
+        k, bags = torch.randint(0, 100, (n, 3)), torch.randint(0, 100, (n, 4))
+        torch.testing.assert_close(m(k, bags), vec[k].sum(1) + vec[bags].mean(1), rtol=1e-5, atol=1e-5)
     print("ok")
     """, tmp_path)
     assert out.strip().endswith("ok")
