@@ -5,15 +5,16 @@
 #   test_torch_ops.py    strata.torch: torch.library custom ops, opcheck, torch.compile;
 #   test_torch_cpp.py    libstrata_torch.so (c_examples/torch/strata_torch.cc, TORCH_LIBRARY) built
 #                        here with g++ against the venv's torch headers, in fresh processes, from a
-#                        TorchScript model;
+#                        TorchScript model and an AOTInductor package;
 #   test_pyg.py          strata.pyg.FeatureStore under NeighborLoader (static and server tables);
 #   test_jax.py          strata.jax: XLA FFI handlers (c_examples/jax/strata_jax.cc, built here
-#                        against jax.ffi.include_dir()) under jit and vmap.
+#                        against jax.ffi.include_dir()) under jit and vmap;
+#   test_readme.py       the README's torch, pyg and jax snippets, as written.
 # strata is the library this checkout builds (cargo build --release), loaded by the package in
 # python/src through STRATA_LIBRARY. Where the venv cannot be built, this says why and skips
 # (exit 0), as the TensorFlow tests do. Arguments go to pytest.
-# Measured on the 2-core dev machine: installing into an existing peer-venv about 1 min (once);
-# both op libraries build in about 30 s; the tests about 1 min.
+# Measured on the 2-core dev machine (loaded): installing into an existing peer-venv about 1 min
+# (once); both op libraries build in about 30 s; the tests about 80 s (40 s of it AOTInductor).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

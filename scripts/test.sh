@@ -104,7 +104,7 @@ else
     STRATA_PEERS_SMOKE=1 bash scripts/bench-peers.sh
 fi
 # PyTorch custom ops and libstrata_torch.so, the PyG feature store and the JAX FFI call, in the same
-# build/peer-venv (torch-geometric and jax added: about 1 minute once; build and tests about 1.5 min).
+# build/peer-venv (torch-geometric and jax added: about 1 minute once; build and tests about 2 min).
 if [ -n "${STRATA_SKIP_FRAMEWORKS:-}" ]; then
     echo "== framework tests: SKIPPED (STRATA_SKIP_FRAMEWORKS is set)"
 else
