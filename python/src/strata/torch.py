@@ -3,7 +3,8 @@
 
 The ops are ``torch.library.custom_op`` operators with fake (meta) implementations, so they pass
 ``torch.library.opcheck`` and run inside ``torch.compile(fullgraph=True)`` without a graph break,
-on CPU tensors and on CUDA tensors (on PyTorch's current stream of the keys' device).
+on CPU tensors and on CUDA tensors (on PyTorch's current stream of the keys' device; written, and
+untested where there is no GPU).
 
 Tables travel as **int handles with a registry** (:func:`handle`: the table's serial number,
 looked up in a weak registry): an int is a type every schema, ``torch.compile``, ``opcheck`` and
