@@ -356,6 +356,9 @@ TORCH_LIBRARY_IMPL(strata, Meta, m) {
     m.impl("lookup_batch", &lookup_batch_meta);
 }
 
+// An empty batch has no tensor to dispatch on: it lands here (and returns no outputs).
+TORCH_LIBRARY_IMPL(strata, CompositeExplicitAutograd, m) { m.impl("lookup_batch", &lookup_batch); }
+
 #ifdef STRATA_TORCH_CUDA
 TORCH_LIBRARY_IMPL(strata, CUDA, m) {
     m.impl("lookup", &lookup);

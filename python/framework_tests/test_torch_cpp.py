@@ -125,6 +125,9 @@ def test_errors_and_freed_tables(tmp_path):
         torch.ops.strata.table_from_tensors(torch.ones(4, 2, dtype=torch.int32))
     with pytest.raises(RuntimeError, match="table_open"):
         torch.ops.strata.table_open(TMP + "/absent", 4)
+    assert torch.ops.strata.lookup_batch([], [], [], [], []) == []
+    with pytest.raises(ValueError, match="expected one per table"):
+        torch.ops.strata.lookup_batch([h, h], [torch.tensor([1])], [None], [None], ["none"])
     strict = torch.ops.strata.table_from_tensors(torch.ones(3, 2), torch.tensor([5, 6, 7]), 0.0, True)
     with pytest.raises(IndexError, match="8"):
         torch.ops.strata.lookup(strict, torch.tensor([5, 8]))
