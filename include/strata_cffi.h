@@ -433,8 +433,10 @@ uint32_t strata_build_features(void);
 // 0. Never fails, and never calls MPI.
 int32_t strata_mpi_available(void);
 
-// The number of threads a lookup with `num_threads = 0` may use: `STRATA_NUM_THREADS` if
-// set, else the CPUs in the process's affinity mask (read once, at first use).
+// The number of threads a lookup with `num_threads = 0` made from the calling thread may use:
+// `STRATA_NUM_THREADS` if set, else the CPUs in the calling thread's affinity mask (read once
+// per thread). A thread pinned to one core gets 1; the worker pool is sized from the process's
+// mask whichever thread creates it, and its workers run on the process's CPUs.
 int32_t strata_default_num_threads(void);
 
 // Default lookup options (`struct_size = sizeof(strata_lookup_options)`): no stream, the
@@ -564,7 +566,12 @@ strata_status strata_lookup_pooled(struct strata_table *table,
 // `pooling`) are checked first, then the tensors of every request, each pass in order.
 // `opts` applies to every request. A request on a distributed table
 // makes the call collective: every rank passes the same tables in the same order. `n = 0` is
-// a no-op.
+// a no-op. A rank that refuses a collective batch before it can read any of its distributed
+// tables (an unreadable request array, or a NULL table where the other ranks pass a
+// distributed one) still fails every rank, naming itself, when the process's distributed
+// tables were all built over one group of ranks; such a refused batch is then taken to be
+// collective on that group (a batch of local tables only, refused that way, waits for the
+// other ranks' next collective batch).
 //
 // Ownership: borrows the requests and their tensors for the call only.
 //

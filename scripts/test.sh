@@ -3,9 +3,11 @@
 # what the tests need (cmake, valgrind, libabsl-dev for the baseline benchmark smoke run, and
 # NumPy/pytest from PyPI) when run as root, and says what to install otherwise.
 #   1. cargo test: unit tests, integration tests through the C ABI, the header freshness check,
-#      the header's names and the exported symbols (tests/abi_surface.rs), the module layers
-#      (tests/layers.rs), and the bounded property tests (tests/fuzz.rs, tests/fuzz_pooled.rs;
-#      PROPTEST_CASES, default 1000 here); then the build without CUDA and clippy, warnings denied;
+#      the header's names and the exported symbols (tests/abi_surface.rs), the module layers and
+#      the cycles inside folders (tests/layers.rs), the thread affinity (tests/affinity.rs), and
+#      the bounded property tests (tests/fuzz.rs, tests/fuzz_pooled.rs; PROPTEST_CASES, default
+#      1000 here); then the build without CUDA, rustfmt (cargo fmt --check), and clippy,
+#      warnings denied;
 #   2. the C side (scripts/c-tests.sh): examples under ASan/UBSan and valgrind, header compiles;
 #   3. the Python tests (scripts/py-tests.sh: ctypes, the installed package, README snippets)
 #      the TensorFlow op (scripts/tf-tests.sh, tensorflow-cpu in build/tf-venv) and the Triton
@@ -65,6 +67,8 @@ if grep -q '^warning' "$nocuda_log"; then
     exit 1
 fi
 rm -f "$nocuda_log"
+echo "== rustfmt (cargo fmt --check, with rustfmt.toml)"
+cargo fmt --check
 echo "== clippy (all targets, features cuda and mpi; undocumented unsafe blocks and missing # Safety docs are errors)"
 cargo clippy --all-targets --features mpi -- -D warnings
 echo "== benchmark builds"

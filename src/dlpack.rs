@@ -61,6 +61,17 @@ impl KeyDtype {
         }
     }
 
+    /// The canonical key of one little-endian element of this dtype in `bytes` (its size:
+    /// 4 or 8 bytes), read at any alignment. `None` when `bytes` is not one element long.
+    pub fn decode(self, bytes: &[u8]) -> Option<u64> {
+        Some(match self {
+            KeyDtype::I32 => i32::from_le_bytes(bytes.try_into().ok()?) as i64 as u64,
+            KeyDtype::I64 => i64::from_le_bytes(bytes.try_into().ok()?) as u64,
+            KeyDtype::U32 => u32::from_le_bytes(bytes.try_into().ok()?) as u64,
+            KeyDtype::U64 => u64::from_le_bytes(bytes.try_into().ok()?),
+        })
+    }
+
     /// The value a canonical key stands for, for messages.
     pub fn value(self, canonical: u64) -> i128 {
         if self.signed() { canonical as i64 as i128 } else { canonical as i128 }
@@ -638,6 +649,27 @@ impl Walk {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decode_reads_any_alignment_as_read_does() {
+        // Elements at every offset of a byte buffer, decoded, equal the aligned read.
+        let vals: [i64; 3] = [-5, 1 << 40, -(1 << 33)];
+        for dtype in [KeyDtype::I32, KeyDtype::I64, KeyDtype::U32, KeyDtype::U64] {
+            let elem = if matches!(dtype, KeyDtype::I32 | KeyDtype::U32) { 4 } else { 8 };
+            for v in vals {
+                let aligned: u64 = v as u64;
+                let bytes = &aligned.to_le_bytes()[..elem];
+                // SAFETY: `aligned` is an 8-byte aligned u64 holding the element little-endian.
+                let want = unsafe { dtype.read((&aligned as *const u64).cast()) };
+                for at in 0..8 {
+                    let mut buf = [0u8; 16];
+                    buf[at..at + elem].copy_from_slice(bytes);
+                    assert_eq!(dtype.decode(&buf[at..at + elem]), Some(want), "{dtype:?} {v} at {at}");
+                }
+            }
+            assert_eq!(dtype.decode(&[0u8; 3]), None);
+        }
+    }
 
     fn reference_offsets(shape: &[usize], strides: &[isize]) -> Vec<isize> {
         let n: usize = shape.iter().product();

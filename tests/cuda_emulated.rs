@@ -22,14 +22,17 @@ use strata::model::{Pooling, Request};
 use strata::{LookupOptions, MissingKey, Table, TableOptions};
 
 /// A pooled request of these tensors, with stats.
-fn pooled<'a>(
+/// # Safety
+/// The tensors must describe live buffers of their shapes, as `Request::new` requires.
+unsafe fn pooled<'a>(
     keys: &'a DLTensor,
     offsets: Option<&'a DLTensor>,
     weights: Option<&'a DLTensor>,
     pooling: Pooling,
     out: &'a DLTensor,
 ) -> Request<'a> {
-    Request { keys, offsets, weights, pooling: Some(pooling), out, want_stats: true }
+    // SAFETY: forwarded from the caller.
+    unsafe { Request::new(keys, offsets, weights, Some(pooling), out, true) }
 }
 
 /// Builds the emulator library once per test process.
@@ -747,13 +750,9 @@ fn batch_matches_separate_cpu_calls() {
                 emulate::Request {
                     placed: &placed[c.table],
                     table: tables[c.table].table.source().unwrap(),
-                    request: Request {
-                        keys: &k.t,
-                        offsets: o.as_ref().filter(|_| pooled).map(|d| &d.t),
-                        weights: w.as_ref().map(|d| &d.t),
-                        pooling: c.pooling,
-                        out: &got_d[i].t,
-                        want_stats: true,
+                    // SAFETY: the descriptions cover live host buffers of their shapes.
+                    request: unsafe {
+                        Request::new(&k.t, o.as_ref().filter(|_| pooled).map(|d| &d.t), w.as_ref().map(|d| &d.t), c.pooling, &got_d[i].t, true)
                     },
                 }
             })
@@ -787,7 +786,8 @@ fn batch_is_validated_before_anything_runs() {
     let req = |keys, weights, pooling, out| emulate::Request {
         placed: &placed,
         table: src,
-        request: Request { keys, offsets: None, weights, pooling, out, want_stats: true },
+        // SAFETY: the descriptions cover live host buffers of their shapes.
+        request: unsafe { Request::new(keys, None, weights, pooling, out, true) },
     };
     let requests = [
         req(&k.t, None, None, &o0.t),

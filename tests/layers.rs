@@ -103,11 +103,20 @@ fn graph() -> BTreeMap<String, BTreeSet<String>> {
     graph_of(false)
 }
 
-/// The graph with (`tests`) or without the unit tests' own references.
+/// The graph with (`tests`) or without the unit tests' own references. A name the crate root
+/// re-exports (`crate::Table`) counts as a use of the module it comes from.
 fn graph_of(tests: bool) -> BTreeMap<String, BTreeSet<String>> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
     rust_files(&src, &mut files);
+    let tree = Tree::of(&src);
+    let root_exports: BTreeMap<String, String> = tree
+        .exports
+        .get(&Vec::<String>::new())
+        .into_iter()
+        .flatten()
+        .filter_map(|(name, origin)| Some((name.clone(), origin.first()?.clone())))
+        .collect();
     let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for f in files {
         if !tests && f.file_name().is_some_and(|n| n == "tests.rs") {
@@ -118,6 +127,7 @@ fn graph_of(tests: bool) -> BTreeMap<String, BTreeSet<String>> {
         let code = if tests { comments_out(&text) } else { code_of(&text) };
         let deps = g.entry(m.clone()).or_default();
         for r in crate_refs(&code) {
+            let r = root_exports.get(&r).cloned().unwrap_or(r);
             if r != m {
                 deps.insert(r);
             }
@@ -224,4 +234,238 @@ fn layers_hold(g: &BTreeMap<String, BTreeSet<String>>) {
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// The crate's module tree: every module (a path of names from the crate root; `[]` is the root)
+/// with its file, and what each module re-exports (`pub use`, `pub(crate) use`): the name and
+/// the absolute path it stands for.
+struct Tree {
+    modules: BTreeMap<Vec<String>, PathBuf>,
+    exports: BTreeMap<Vec<String>, BTreeMap<String, Vec<String>>>,
+}
+
+impl Tree {
+    fn of(src: &Path) -> Tree {
+        let mut files = Vec::new();
+        rust_files(src, &mut files);
+        let mut modules = BTreeMap::new();
+        for f in &files {
+            modules.insert(module_path(src, f), f.clone());
+        }
+        let mut exports = BTreeMap::new();
+        for (m, f) in &modules {
+            let code = code_of(&std::fs::read_to_string(f).unwrap());
+            let mut names = BTreeMap::new();
+            for stmt in code.split(';') {
+                let t = stmt.trim();
+                let Some(rest) = ["pub use ", "pub(crate) use ", "pub(super) use "].iter().find_map(|p| t.strip_prefix(p)) else {
+                    continue;
+                };
+                for path in expand(rest) {
+                    let (path, alias) = match path.split_once(" as ") {
+                        Some((p, a)) => (p.trim().to_string(), a.trim().to_string()),
+                        None => (path.clone(), path.rsplit("::").next().unwrap_or("").to_string()),
+                    };
+                    if let Some(abs) = absolute(m, &path, &modules) {
+                        names.insert(alias, abs);
+                    }
+                }
+            }
+            exports.insert(m.clone(), names);
+        }
+        Tree { modules, exports }
+    }
+
+    /// The module a path names (absolute, as from [`absolute`]), following re-exports: the
+    /// deepest module along it, or the module a re-exported name comes from.
+    fn resolve(&self, path: &[String]) -> Vec<String> {
+        let mut at: Vec<String> = Vec::new();
+        for (i, seg) in path.iter().enumerate() {
+            let mut next = at.clone();
+            next.push(seg.clone());
+            if self.modules.contains_key(&next) {
+                at = next;
+                continue;
+            }
+            if let Some(origin) = self.exports.get(&at).and_then(|e| e.get(seg))
+                && origin.len() > at.len()
+                && origin != path
+            {
+                let mut rest = origin.clone();
+                rest.extend(path[i + 1..].iter().cloned());
+                return self.resolve(&rest);
+            }
+            break;
+        }
+        at
+    }
+}
+
+/// The module path of a file of `src/` (`model/plan.rs` -> `[model, plan]`, `model/mod.rs` ->
+/// `[model]`, `lib.rs` -> `[]`).
+fn module_path(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).unwrap();
+    let mut parts: Vec<String> = rel.components().map(|c| c.as_os_str().to_str().unwrap().to_string()).collect();
+    let last = parts.pop().unwrap();
+    if last != "mod.rs" && last != "lib.rs" {
+        parts.push(last.trim_end_matches(".rs").to_string());
+    }
+    parts
+}
+
+/// The paths of a `use` tree or a path expression, groups expanded: `a::{b, c::{d, e}}` ->
+/// `a::b`, `a::c::d`, `a::c::e`.
+fn expand(tree: &str) -> Vec<String> {
+    let tree: String = tree.split_whitespace().collect::<Vec<_>>().join(" ");
+    let Some(open) = tree.find('{') else { return vec![tree.trim().to_string()] };
+    let prefix = tree[..open].trim().to_string();
+    let mut depth = 0;
+    let mut items = Vec::new();
+    let mut start = open + 1;
+    for (j, c) in tree.char_indices().skip(open) {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    items.push(tree[start..j].to_string());
+                    break;
+                }
+            }
+            ',' if depth == 1 => {
+                items.push(tree[start..j].to_string());
+                start = j + 1;
+            }
+            _ => {}
+        }
+    }
+    items
+        .into_iter()
+        .map(|i| i.trim().to_string())
+        .filter(|i| !i.is_empty())
+        .flat_map(|i| expand(&i).into_iter().map(|e| if e == "self" { prefix.trim_end_matches("::").to_string() } else { format!("{prefix}{e}") }).collect::<Vec<_>>())
+        .collect()
+}
+
+/// `path` as written in module `m` (`crate::a::b`, `super::a`, `self::a`, or a child's name
+/// `a::b`), made absolute; `None` for paths outside the crate.
+fn absolute(m: &[String], path: &str, modules: &BTreeMap<Vec<String>, PathBuf>) -> Option<Vec<String>> {
+    let segs: Vec<String> = path.split("::").map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
+    let mut at: Vec<String> = m.to_vec();
+    let mut i = 0;
+    match segs.first()?.as_str() {
+        "crate" => {
+            at.clear();
+            i = 1;
+        }
+        "self" => i = 1,
+        "super" => {
+            while segs.get(i).is_some_and(|s| s == "super") {
+                at.pop()?;
+                i += 1;
+            }
+        }
+        first => {
+            // A child module of m (2018 paths); anything else is another crate.
+            let mut child = m.to_vec();
+            child.push(first.to_string());
+            if !modules.contains_key(&child) {
+                return None;
+            }
+        }
+    }
+    at.extend(segs[i..].iter().cloned());
+    Some(at)
+}
+
+/// Every path a module's code names (`crate::...`, `super::...`, `self::...`, `use` of a child),
+/// groups expanded.
+fn paths_in(code: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let bytes = code.as_bytes();
+    for key in ["crate::", "super::", "self::"] {
+        for (i, _) in code.match_indices(key) {
+            if i > 0 && (bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_' || bytes[i - 1] == b':') {
+                continue;
+            }
+            // The path runs to the first character that cannot continue it (a group is kept
+            // whole, to its closing brace).
+            let mut depth = 0;
+            let mut end = i;
+            for (j, c) in code[i..].char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth > 0 => depth -= 1,
+                    c if depth > 0 || c.is_alphanumeric() || c == '_' || c == ':' => {}
+                    _ if depth > 0 => {}
+                    _ => {
+                        end = i + j;
+                        break;
+                    }
+                }
+                end = i + j + c.len_utf8();
+            }
+            out.extend(expand(code[i..end].trim_end_matches(':')));
+        }
+    }
+    // `use child::...` inside a module (2018 paths relative to the module).
+    for stmt in code.split(';') {
+        let t = stmt.trim_start();
+        let t = ["use ", "pub use ", "pub(crate) use ", "pub(super) use "].iter().find_map(|p| t.strip_prefix(p));
+        if let Some(rest) = t {
+            let rest = rest.trim();
+            if !rest.starts_with("crate::") && !rest.starts_with("super::") && !rest.starts_with("self::") {
+                out.extend(expand(rest));
+            }
+        }
+    }
+    out
+}
+
+/// Inside every folder of `src/`, its children (files and subfolders) form no cycle: for each
+/// folder, an edge from child `a` to child `b` when code in `a` names something in `b`, directly
+/// or through a re-export (the folder's `mod.rs` re-exporting `b`'s names counts as `b`).
+#[test]
+fn modules_inside_each_folder_form_no_cycle() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let tree = Tree::of(&src);
+    let mut cycles = Vec::new();
+    let folders: BTreeSet<Vec<String>> = tree.modules.keys().filter(|m| tree.modules.keys().any(|c| c.len() == m.len() + 1 && c.starts_with(m))).cloned().collect();
+    for folder in &folders {
+        let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (m, f) in &tree.modules {
+            if m.len() <= folder.len() || !m.starts_with(folder) || f.file_name().is_some_and(|n| n == "tests.rs") {
+                continue;
+            }
+            let child = m[folder.len()].clone();
+            let code = code_of(&std::fs::read_to_string(f).unwrap());
+            let deps = g.entry(child.clone()).or_default();
+            for p in paths_in(&code) {
+                let Some(abs) = absolute(m, &p, &tree.modules) else { continue };
+                let target = tree.resolve(&abs);
+                if target.len() > folder.len() && target.starts_with(folder) && target[folder.len()] != child {
+                    deps.insert(target[folder.len()].clone());
+                }
+            }
+        }
+        if let Some(c) = find_cycle(&g) {
+            let name = if folder.is_empty() { "src".to_string() } else { format!("src/{}", folder.join("/")) };
+            cycles.push(format!("{name}: {}", c.join(" -> ")));
+        }
+    }
+    assert!(cycles.is_empty(), "modules inside a folder form a cycle:\n{}", cycles.join("\n"));
+}
+
+#[test]
+fn the_tree_follows_re_exports() {
+    assert_eq!(expand("a::{b, c::{d, e as f}, self}"), ["a::b", "a::c::d", "a::c::e as f", "a"]);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let tree = Tree::of(&src);
+    let v = |s: &str| s.split("::").map(String::from).collect::<Vec<_>>();
+    // crate::Table is table::Table (lib.rs re-exports it)
+    assert_eq!(tree.resolve(&v("Table")), v("table"));
+    assert_eq!(tree.resolve(&v("table::Table")), v("table"));
+    // a name a folder re-exports from a child is that child's
+    assert_eq!(tree.resolve(&v("model::Request")), v("model::request"));
+    assert_eq!(absolute(&v("model::plan"), "super::Request", &tree.modules), Some(v("model::Request")));
 }

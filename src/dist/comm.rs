@@ -9,7 +9,7 @@ use crate::util::threads;
 use mpi::datatype::{Equivalence, Partition, PartitionMut, UserDatatype, View, MutView};
 use mpi::ffi;
 use mpi::raw::FromRaw;
-use mpi::topology::{Communicator, SimpleCommunicator};
+use mpi::topology::{Communicator, CommunicatorRelation, SimpleCommunicator};
 use mpi::traits::*;
 use std::time::{Duration, Instant};
 
@@ -70,6 +70,19 @@ impl Comm {
         let comm = unsafe { SimpleCommunicator::from_raw(dup) };
         let (rank, size) = (comm.rank() as usize, comm.size() as usize);
         Ok(Comm { comm: std::mem::ManuallyDrop::new(comm), rank, size, spent: Duration::ZERO })
+    }
+
+    /// A duplicate of this communicator (`MPI_Comm_dup`; collective over it), with its own
+    /// context: collective steps on the two never match each other.
+    pub fn twin(&self) -> Comm {
+        let comm = self.comm.duplicate();
+        Comm { comm: std::mem::ManuallyDrop::new(comm), rank: self.rank, size: self.size, spent: Duration::ZERO }
+    }
+
+    /// Whether `other` holds the same processes in the same order (`MPI_Comm_compare` answers
+    /// identical or congruent: a duplicate of the same group). Local.
+    pub fn congruent(&self, other: &Comm) -> bool {
+        matches!(self.comm.compare(&*other.comm), CommunicatorRelation::Identical | CommunicatorRelation::Congruent)
     }
 
     fn timed<T>(&mut self, f: impl FnOnce(&SimpleCommunicator) -> T) -> T {
@@ -167,7 +180,7 @@ impl Comm {
     pub fn node_threads(&mut self) -> usize {
         /// Words of a mask as exchanged (1024 CPUs, the size of a Linux `cpu_set_t`).
         const WORDS: usize = 16;
-        let mut mine = threads::affinity_mask();
+        let mut mine = threads::process_mask();
         mine.resize(WORDS, 0);
         let node = self.timed(|c| c.split_shared(c.rank()));
         let mut all = vec![0u64; WORDS * node.size() as usize];

@@ -17,7 +17,7 @@
 //! three times for a remote one (table to the send buffer, the exchange, the receive buffer to
 //! `out`). The buffers are kept between calls, in huge-page memory, and never zeroed.
 
-use super::buf::Buf;
+use super::scratch::Scratch;
 use super::comm::{Comm, displs, size};
 use super::table::{DistTable, LocalPart, Route};
 use crate::dlpack::{FloatDtype, KeyDtype, Walk};
@@ -26,10 +26,9 @@ use crate::exec::cpu::{Found, Gather};
 use crate::kernels::{RowFn, prefetch_row, row_fn, store_fence};
 use crate::exec::pool;
 use crate::model::{KeySource, OutTarget};
-use crate::model::{LookupOptions, LookupStats, Plan, plan};
+use crate::model::{LookupOptions, LookupStats, Plan, Request, plan};
 use crate::model::{MissingKey, Rows, StaticTable};
 use crate::util::lock::lock;
-use dlpark::ffi::DLTensor;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
@@ -95,29 +94,8 @@ impl Laps {
     }
 }
 
-/// Buffers a distributed table's lookups reuse from call to call (kept beside its communicator;
-/// after a call about `keys * (2 * dim * 4 + 40)` bytes, most of it the two row buffers).
-/// Nothing is zeroed between calls: each step writes what the next reads.
-#[derive(Default)]
-pub(crate) struct Scratch {
-    /// This rank's keys (canonical), in the caller's order; their owners (`NOWHERE`: none);
-    /// where each one's row will be: a slot of `back`, `LOCAL` or `NOWHERE`.
-    keys: Vec<u64>,
-    dest: Vec<u32>,
-    pos: Vec<u32>,
-    /// Keys for other ranks in owner order, and the keys other ranks asked this rank for
-    /// (turned into local row numbers in place for a dense partition).
-    send: Vec<u64>,
-    asked: Vec<u64>,
-    /// Rows this rank serves, and rows it gets back (float32), with found flags (keyed tables).
-    rows: Buf<f32>,
-    back: Buf<f32>,
-    found: Vec<u8>,
-    back_found: Vec<u8>,
-}
-
 /// A rank's validated request, before any exchange.
-struct Request {
+struct RankRequest {
     /// `None` when this rank has no keys (it still takes part in the exchanges).
     plan: Option<Plan>,
     /// Keys for each rank (0 for this one: its own keys do not travel).
@@ -131,14 +109,12 @@ impl DistTable {
     /// `opts.num_threads` 0 means this rank's share of its node's CPUs (see
     /// [`Comm::node_threads`]).
     ///
-    /// # Safety
-    /// As for [`crate::table::Table::lookup`].
-    pub unsafe fn lookup(&self, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions) -> Result<LookupStats> {
+    /// `r` is a plain request (its pooling is not looked at).
+    pub fn lookup(&self, r: &Request, opts: &LookupOptions) -> Result<LookupStats> {
         let mut state = lock(&self.state);
         let (comm, scratch) = &mut *state;
         let mut laps = Laps::new();
-        // SAFETY: lookup_with needs Table::lookup's contract, which our caller upholds.
-        let result = unsafe { self.lookup_with(comm, scratch, keys, out, opts, &mut laps) };
+        let result = self.lookup_with(comm, scratch, r, opts, &mut laps);
         let exchange = comm.take_time();
         let mut t = lock(&self.timing);
         t.lookups += 1;
@@ -154,7 +130,7 @@ impl DistTable {
     /// bad tensor found inside the lookup, instead of waiting for this rank forever.
     pub(crate) fn refuse_lookup(&self, e: Error) -> Error {
         let mut state = lock(&self.state);
-        match self.exchange_counts(&mut state.0, Err::<Request, _>(e)) {
+        match self.exchange_counts(&mut state.0, Err::<RankRequest, _>(e)) {
             Err(e) => e,
             Ok(_) => Error::Internal("the count exchange dropped an error".into()),
         }
@@ -164,7 +140,7 @@ impl DistTable {
     /// of it, or, when its own step 1 failed, its error's code (negated) in their place. Returns
     /// this rank's request and the counts the others ask of it, or the first failing rank's
     /// error on every rank ([`Comm::settle`]).
-    fn exchange_counts(&self, comm: &mut Comm, local: Result<Request>) -> Result<(Request, Vec<i64>)> {
+    fn exchange_counts(&self, comm: &mut Comm, local: Result<RankRequest>) -> Result<(RankRequest, Vec<i64>)> {
         let send: Vec<i64> = match &local {
             Ok(r) => r.counts.iter().map(|&c| c as i64).collect(),
             Err(e) => vec![-(e.kind().code() as i64); self.size],
@@ -182,20 +158,8 @@ impl DistTable {
     }
 
     /// The collective lookup with the communicator and scratch held.
-    ///
-    /// # Safety
-    /// As for [`crate::table::Table::lookup`].
-    unsafe fn lookup_with(
-        &self,
-        comm: &mut Comm,
-        s: &mut Scratch,
-        keys: &DLTensor,
-        out: &DLTensor,
-        opts: &LookupOptions,
-        laps: &mut Laps,
-    ) -> Result<LookupStats> {
-        // SAFETY: request needs Table::lookup's contract, which our caller upholds.
-        let local = unsafe { self.request(s, keys, out, opts) };
+    fn lookup_with(&self, comm: &mut Comm, s: &mut Scratch, r: &Request, opts: &LookupOptions, laps: &mut Laps) -> Result<LookupStats> {
+        let local = self.request(s, r, opts);
         laps.lap(Phase::Bucket);
         let (req, recv) = self.exchange_counts(comm, local)?;
         let recv_counts: Vec<i32> = recv.iter().map(|&c| c as i32).collect();
@@ -230,16 +194,12 @@ impl DistTable {
     /// Step 1 on this rank: validates the tensors, reads the keys, finds their owners and
     /// counts the keys for each other rank; sizes the receive buffer (the one allocation that
     /// may fail here, which is agreed on with the rest).
-    ///
-    /// # Safety
-    /// As for [`crate::table::Table::lookup`].
-    unsafe fn request(&self, s: &mut Scratch, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions) -> Result<Request> {
+    fn request(&self, s: &mut Scratch, r: &Request, opts: &LookupOptions) -> Result<RankRequest> {
         let ranges: Vec<(usize, usize)> = self.local.iter().map(|p| p.table.store().byte_range()).collect();
-        // SAFETY: plan needs Table::lookup's contract for keys and out, which our caller upholds.
-        let plan = unsafe { plan(self.dim, ranges.first().copied().unwrap_or((0, 0)), keys, out, opts) }?;
-        for r in ranges.iter().skip(1) {
-            // SAFETY: as above; this pass only checks out against another local partition.
-            unsafe { crate::model::plan(self.dim, *r, keys, out, opts) }?;
+        let planned = plan(self.dim, ranges.first().copied().unwrap_or((0, 0)), r, opts)?;
+        for range in ranges.iter().skip(1) {
+            // (This pass only checks out against another local partition.)
+            plan(self.dim, *range, r, opts)?;
         }
         // (A rank without keys of its own still serves other ranks' keys on these threads.)
         let threads = match opts.num_threads {
@@ -247,7 +207,7 @@ impl DistTable {
             n => crate::util::threads::resolve_threads(n)?,
         };
         let mut counts = vec![0i32; self.size];
-        let n = plan.as_ref().map_or(0, |p| p.n);
+        let n = planned.as_ref().map_or(0, |p| p.n);
         // (MPI counts are int; below that bound `pos` never reaches LOCAL or NOWHERE.)
         if n > i32::MAX as usize {
             return Err(Error::invalid(
@@ -256,7 +216,7 @@ impl DistTable {
             ));
         }
         size(&mut s.keys, n);
-        if let Some(plan) = &plan {
+        if let Some(plan) = &planned {
             let mut offs = [0isize; CHUNK];
             for (c, chunk) in s.keys.chunks_mut(CHUNK).enumerate() {
                 plan.keys.read(c * CHUNK, chunk, &mut offs[..chunk.len()]);
@@ -277,7 +237,7 @@ impl DistTable {
         }
         let remote: usize = counts.iter().map(|&c| c as usize).sum();
         s.back.resize(remote * self.dim)?;
-        Ok(Request { plan, counts, threads })
+        Ok(RankRequest { plan: planned, counts, threads })
     }
 
     /// Puts the keys for other ranks in owner order (`send`) and notes where each of the
@@ -345,7 +305,7 @@ impl DistTable {
 
     /// Step 5: writes every key's row into `out` in the caller's order (in parallel runs of
     /// keys) and counts hits and misses.
-    fn write(&self, s: &Scratch, req: &Request, keyed: bool) -> Result<LookupStats> {
+    fn write(&self, s: &Scratch, req: &RankRequest, keyed: bool) -> Result<LookupStats> {
         let Some(plan) = &req.plan else { return Ok(LookupStats::default()) };
         let (n, dim) = (plan.n, self.dim);
         let out = &plan.out;

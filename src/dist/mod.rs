@@ -15,56 +15,84 @@
 #[cfg(feature = "mpi")]
 mod buf;
 #[cfg(feature = "mpi")]
+mod calls;
+#[cfg(feature = "mpi")]
+mod channel;
+#[cfg(feature = "mpi")]
 mod comm;
 #[cfg(feature = "mpi")]
 mod lookup;
 #[cfg(feature = "mpi")]
+mod scratch;
+#[cfg(feature = "mpi")]
 mod table;
 
-#[cfg(not(feature = "mpi"))]
-use crate::{
-    error::{Error, Result},
-    partition::{Description, TableDescription},
-    model::TableOptions,
-};
+use crate::error::{Error, Result};
+use crate::model::TableOptions;
+use crate::partition::Description;
+use crate::table::Table;
 #[cfg(not(feature = "mpi"))]
 use std::path::Path;
 
 #[cfg(feature = "mpi")]
 pub use table::DistTable;
 
-/// Time spent in a distributed table's lookups, cumulative since it was built.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct DistTiming {
-    /// Collective lookups made.
-    pub lookups: u64,
-    /// Seconds inside the lookups, in total.
-    pub total_s: f64,
-    /// Of those, seconds inside MPI exchanges (waiting for other ranks included).
-    pub exchange_s: f64,
-    /// The phases of `total_s`, in the order they run: validating and bucketing keys by owner;
-    /// the key exchange (counts and keys, waiting for other ranks included); the gather of the
-    /// rows this rank serves; the row exchange (and found flags); writing rows into `out`.
-    pub bucket_s: f64,
-    pub key_exchange_s: f64,
-    pub gather_s: f64,
-    pub row_exchange_s: f64,
-    pub reorder_s: f64,
-    /// Keys this rank looked up, of those the keys sent to other ranks, and the keys this rank
-    /// served for other ranks.
-    pub keys: u64,
-    pub keys_sent: u64,
-    pub keys_served: u64,
-    /// Bytes this rank sent to other ranks (keys, rows and found flags; not counting what it
-    /// keeps for itself).
-    pub bytes_sent: u64,
-    /// Threads the last lookup on this rank used.
-    pub threads: u64,
-}
+pub use crate::table::DistTiming;
 
 /// Whether this build can make distributed tables (the `mpi` feature).
 pub fn available() -> bool {
     cfg!(feature = "mpi")
+}
+
+/// A dense table (key = global row number) from a `__partitioned__` description of a
+/// [rows, dim] array split along rows: see `strata_table_from_partitioned`. `comm` is an
+/// `MPI_Fint` to spread the table over that communicator's ranks (collective), or `None` for
+/// one process holding every partition. `desc` and `options` may be the errors of reading
+/// them: with a communicator, every rank then learns of the failure in the collective call
+/// instead of waiting for the rank that failed.
+///
+/// # Safety
+/// As for [`crate::partition::validate`]; a borrowed partition's memory must stay valid and
+/// unchanged until the table is dropped.
+pub unsafe fn table_from_description(desc: Result<Description<'_>>, comm: Option<i32>, options: Result<TableOptions>) -> Result<Table> {
+    match comm {
+        // SAFETY: the caller upholds what DistTable::from_partitioned needs: desc is valid as
+        // partition::validate requires, and borrowed partitions outlive the table.
+        Some(fint) => Ok(Table::from(unsafe { DistTable::from_partitioned(desc, fint, options) }?)),
+        None => {
+            let options = options?;
+            // SAFETY: the caller guarantees desc is valid as partition::validate requires and
+            // that borrowed partitions outlive the table, which is what table_from needs.
+            Ok(unsafe { crate::partition::table_from(crate::partition::validate(desc?)?, options) }?.into())
+        }
+    }
+}
+
+/// A HugeCTR folder opened as one table spread over the ranks of `comm`: see
+/// `strata_table_open_distributed`. Collective.
+pub fn open(dir: &std::path::Path, dim: i64, comm: i32, options: Result<TableOptions>) -> Result<Table> {
+    Ok(Table::from(DistTable::open(dir, dim, comm, options)?))
+}
+
+impl From<DistTable> for Table {
+    fn from(t: DistTable) -> Self {
+        // Distributed lookups take host tensors only, so the GPU options stay the defaults.
+        Table::new(t, crate::model::GpuOptions::default())
+    }
+}
+
+/// The error of a `strata_lookup_batch` this rank refuses at the C boundary: on the first
+/// distributed table of the batch that this rank could read (`table`), or, when it could read
+/// none, on the process's one group of ranks where it has one (see the channel module's
+/// rules). The other ranks of a collective batch then fail with the error instead of waiting.
+pub fn refuse_batch(table: Option<&Table>, e: Error) -> Error {
+    match table {
+        Some(t) => t.refuse(crate::table::Call::Batch, e),
+        #[cfg(feature = "mpi")]
+        None => channel::refuse_batch(e),
+        #[cfg(not(feature = "mpi"))]
+        None => e,
+    }
 }
 
 #[cfg(not(feature = "mpi"))]
@@ -115,27 +143,29 @@ impl DistTable {
     pub fn timing(&self) -> DistTiming {
         match *self {}
     }
+}
 
-    /// # Safety
-    /// As for `Table::lookup`.
-    pub unsafe fn lookup(
+#[cfg(not(feature = "mpi"))]
+impl crate::table::TableImpl for DistTable {
+    fn dim(&self) -> usize {
+        match *self {}
+    }
+    fn len(&self) -> usize {
+        match *self {}
+    }
+    fn info(&self) -> crate::model::TableInfo {
+        match *self {}
+    }
+    fn plan(&self, _r: &crate::model::Request, _opts: &crate::model::LookupOptions, _plan: &mut crate::model::Planned) -> Result<()> {
+        match *self {}
+    }
+    fn run(
         &self,
-        _keys: &dlpark::ffi::DLTensor,
-        _out: &dlpark::ffi::DLTensor,
+        _r: &crate::model::Request,
+        _plan: &mut crate::model::Planned,
+        _threads: usize,
         _opts: &crate::model::LookupOptions,
     ) -> Result<crate::model::LookupStats> {
-        match *self {}
-    }
-
-    pub(crate) fn agree<T>(&self, _local: Result<T>) -> Result<T> {
-        match *self {}
-    }
-
-    pub(crate) fn refuse_lookup(&self, _e: Error) -> Error {
-        match *self {}
-    }
-
-    pub(crate) fn describe(&self) -> Result<TableDescription> {
         match *self {}
     }
 }

@@ -3,8 +3,9 @@
 
 use crate::util::lock::lock;
 use super::DistTiming;
+use super::channel::{self, Channel};
 use super::comm::Comm;
-use super::lookup::Scratch;
+use super::scratch::Scratch;
 use crate::dlpack::FloatDtype;
 use crate::error::{Error, Result};
 use crate::storage::hugectr::SparseFolder;
@@ -17,7 +18,7 @@ use crate::partition::{
 use crate::storage::store::Store;
 use crate::model::{MissingKey, StaticTable, TableInfo, TableOptions};
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Who owns a key.
 pub(crate) enum Route {
@@ -55,6 +56,8 @@ pub struct DistTable {
     /// Threads of a lookup that asks for the default (`num_threads` 0): this rank's share of
     /// the CPUs it shares with the other ranks on its node ([`Comm::node_threads`]).
     pub(crate) threads: usize,
+    /// Where the batches that hold this table agree: the channel of its group of ranks.
+    pub(crate) channel: Arc<Channel>,
 }
 
 // SAFETY: the communicator handle is a process-wide MPI handle, only used under the `state`
@@ -165,8 +168,10 @@ impl DistTable {
     ) -> Self {
         let missing = options.missing;
         let threads = comm.node_threads();
+        let channel = channel::of(&comm);
         DistTable {
             threads,
+            channel,
             rank: comm.rank,
             size: comm.size,
             state: Mutex::new((comm, Scratch::default())),

@@ -296,9 +296,9 @@ impl StaticTable {
     /// # Safety
     /// As for `Table::lookup`: the tensors must describe memory valid as DLPack requires.
     pub unsafe fn lookup(&self, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions) -> Result<LookupStats> {
-        // SAFETY: this function's caller guarantees what plan needs: keys and out describe
-        // memory valid as DLPack requires.
-        match unsafe { plan(self.dim(), self.store().byte_range(), keys, out, opts) }? {
+        // SAFETY: this function's caller vouches for keys and out, as Request::plain requires.
+        let r = unsafe { crate::model::Request::plain(keys, out, true) };
+        match plan(self.dim(), self.store().byte_range(), &r, opts)? {
             Some(p) => self.run_plan(&p),
             None => Ok(LookupStats::default()),
         }

@@ -1,7 +1,8 @@
 //! The CPU worker pool and the thread-count policy.
 //!
-//! One process-wide pool of `default_threads() - 1` workers is created on first parallel use
-//! (the calling thread is always the remaining participant). A call asking for `n` threads
+//! One process-wide pool of `default_threads() - 1` workers (the process's CPUs, whichever
+//! thread creates it; they run on the process's affinity mask) is created on first parallel
+//! use (the calling thread is always the remaining participant). A call asking for `n` threads
 //! runs on the calling thread plus at most `n - 1` pool workers, so it never has more than `n`
 //! threads working for it; `n = 1` never touches the pool. Many host threads may submit at
 //! once; they share the workers.
@@ -18,9 +19,13 @@ fn pool() -> Option<&'static rayon_core::ThreadPool> {
         if workers == 0 {
             return None;
         }
+        // The workers run on the process's CPUs, not on the mask of the thread that happened to
+        // make the first parallel call (which they would inherit).
+        let mask = crate::util::threads::process_mask();
         rayon_core::ThreadPoolBuilder::new()
             .num_threads(workers)
             .thread_name(|i| format!("strata-{i}"))
+            .start_handler(move |_| crate::util::threads::run_on(&mask))
             .build()
             .ok()
     })

@@ -442,6 +442,7 @@ pub(crate) fn pool_tiered(t: &TieredTable, p: &PooledPlan) -> Result<LookupStats
 
 /// Pools rows already gathered for every key (`rows`: nnz x dim float32, misses holding the
 /// default row), as a distributed table's pooled lookup does after its collective gather.
+#[cfg(feature = "mpi")]
 pub(crate) fn pool_gathered(rows: &[f32], dim: usize, p: &PooledPlan) -> Result<()> {
     let fill = move |start: usize, keys: &[u64], ptrs: &mut [*const u8], _: &mut Scratch| -> Result<()> {
         for (i, q) in ptrs[..keys.len()].iter_mut().enumerate() {

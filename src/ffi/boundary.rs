@@ -6,7 +6,7 @@
 //! borrowed through [`arg_ref`], [`arg_mut`], [`opt_ref`], [`out_handle`], [`write_opt`],
 //! [`c_str`] and [`c_path`], so each NULL check is written once and names its argument.
 
-use super::types::Status;
+use super::status::Status;
 use crate::error::{Error, Result};
 use std::cell::{Cell, RefCell};
 use std::ffi::{CStr, CString, c_char};

@@ -1,7 +1,7 @@
 //! Library-wide exports: versions, build features, statuses and the last error.
 
 use super::boundary::{boundary, last_error};
-use super::types::Status;
+use super::status::Status;
 use std::ffi::c_char;
 
 /// Major version of this library (agrees with Cargo.toml).
@@ -85,11 +85,13 @@ pub extern "C" fn strata_mpi_available() -> i32 {
     crate::dist::available() as i32
 }
 
-/// The number of threads a lookup with `num_threads = 0` may use: `STRATA_NUM_THREADS` if
-/// set, else the CPUs in the process's affinity mask (read once, at first use).
+/// The number of threads a lookup with `num_threads = 0` made from the calling thread may use:
+/// `STRATA_NUM_THREADS` if set, else the CPUs in the calling thread's affinity mask (read once
+/// per thread). A thread pinned to one core gets 1; the worker pool is sized from the process's
+/// mask whichever thread creates it, and its workers run on the process's CPUs.
 #[unsafe(no_mangle)]
 pub extern "C" fn strata_default_num_threads() -> i32 {
-    let n: i32 = boundary(|| Ok(crate::util::threads::default_threads().min(i32::MAX as usize) as i32));
+    let n: i32 = boundary(|| Ok(crate::util::threads::calling_thread_threads().min(i32::MAX as usize) as i32));
     n.max(1)
 }
 

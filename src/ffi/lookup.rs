@@ -5,11 +5,12 @@ use super::sized::{OutStruct, in_array, out_struct, read_in};
 use super::table::{strata_table, table_arg};
 use super::tensor::check_managed;
 use super::boundary::opt_ref;
-use super::types::{Status, pooling_of, strata_lookup_options, strata_lookup_request, strata_lookup_stats};
+use super::status::Status;
+use super::types::{pooling_of, strata_lookup_options, strata_lookup_request, strata_lookup_stats};
 use crate::error::Error;
-use crate::table::BatchRequest;
+use crate::table::{BatchRequest, Call};
 use crate::error::Result;
-use crate::model::{LookupOptions, Request};
+use crate::model::Request;
 use dlpark::ManagedTensorBase;
 use dlpark::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLTensor};
 
@@ -29,7 +30,7 @@ pub extern "C" fn strata_lookup_stats_default() -> strata_lookup_stats {
 
 /// The checked tensors (as the caller read them), options and stats, then one call into the
 /// core. A bad argument on a distributed table is refused collectively
-/// ([`crate::table::Table::refuse_lookup`]), so the other ranks do not wait for this one.
+/// ([`crate::table::Table::refuse`]), so the other ranks do not wait for this one.
 ///
 /// # Safety
 /// `table` must be NULL or a live handle; `opts` and `stats` NULL or valid for their
@@ -45,17 +46,18 @@ unsafe fn run(
     let (table, (keys, out)) = match (table, tensors) {
         (Ok(t), Ok(k)) => (t, k),
         // A tensor error comes before a table error, as it always has.
-        (Ok(t), Err(e)) => return Err(t.refuse_lookup(e)),
+        (Ok(t), Err(e)) => return Err(t.refuse(Call::Lookup, e)),
         (Err(_), Err(e)) | (Err(e), Ok(_)) => return Err(e),
     };
     let args = || -> Result<_> {
-        // SAFETY: `opts` is NULL or valid as this export's # Safety section requires.
-        let opts = LookupOptions::from(&unsafe { read_in(opts, "opts") }?);
+        // SAFETY: `opts` is NULL or valid, and its stream NULL or live, as this export's
+        // # Safety section requires.
+        let opts = unsafe { read_in(opts, "opts")?.core() };
         // SAFETY: `stats` is NULL or valid as this export's # Safety section requires.
         let stats = unsafe { out_struct(stats, "stats") }?;
         Ok((opts, stats))
     };
-    let (opts, stats) = args().map_err(|e| table.refuse_lookup(e))?;
+    let (opts, stats) = args().map_err(|e| table.refuse(Call::Lookup, e))?;
     // SAFETY: the pointers are NULL or valid as this export's # Safety section requires.
     let found = unsafe { table.lookup_request(&Request::plain(keys, out, stats.is_some()), &opts) }?;
     if let Some(s) = stats {
@@ -243,20 +245,23 @@ pub unsafe extern "C" fn strata_lookup_pooled(
             let pooling = pooling_of(pooling, "pooling")?.ok_or_else(|| {
                 Error::invalid("pooling", "0 (STRATA_POOL_NONE); expected STRATA_POOL_SUM (1), STRATA_POOL_MEAN (2) or STRATA_POOL_SQRTN (3) (use strata_lookup for unpooled rows)")
             })?;
-            // SAFETY: `opts` is NULL or valid as this export's # Safety section requires.
-            let opts = LookupOptions::from(&unsafe { read_in(opts, "opts") }?);
+            // SAFETY: `opts` is NULL or valid, and its stream NULL or live, as this export's
+            // # Safety section requires.
+            let opts = unsafe { read_in(opts, "opts")?.core() };
             // SAFETY: `stats` is NULL or valid as this export's # Safety section requires.
             let stats = unsafe { out_struct(stats, "stats") }?;
             Ok((keys, out, pooling, opts, stats))
         };
         // (On a distributed table the other ranks learn of a bad argument here.)
-        let (keys, out, pooling, opts, stats) = args().map_err(|e| table.refuse(e))?;
+        let (keys, out, pooling, opts, stats) = args().map_err(|e| table.refuse(Call::Pooled, e))?;
         // SAFETY: `offsets` and `weights` are NULL or valid, as this export's # Safety section
         // requires.
         let (offsets, weights) = unsafe { (opt_ref(offsets), opt_ref(weights)) };
-        let r = Request { keys, offsets, weights, pooling: Some(pooling), out, want_stats: stats.is_some() };
+        // SAFETY: every tensor is NULL-checked and valid, as this export's # Safety section
+        // requires.
+        let r = unsafe { Request::new(keys, offsets, weights, Some(pooling), out, stats.is_some()) };
         // SAFETY: every tensor of `r` is valid as this export's # Safety section requires.
-        let found = unsafe { table.lookup_request(&r, &opts) }?;
+        let found = table.lookup_request(&r, &opts)?;
         if let Some(s) = stats {
             s.write(&found.into());
         }
@@ -272,7 +277,12 @@ pub unsafe extern "C" fn strata_lookup_pooled(
 /// `pooling`) are checked first, then the tensors of every request, each pass in order.
 /// `opts` applies to every request. A request on a distributed table
 /// makes the call collective: every rank passes the same tables in the same order. `n = 0` is
-/// a no-op.
+/// a no-op. A rank that refuses a collective batch before it can read any of its distributed
+/// tables (an unreadable request array, or a NULL table where the other ranks pass a
+/// distributed one) still fails every rank, naming itself, when the process's distributed
+/// tables were all built over one group of ranks; such a refused batch is then taken to be
+/// collective on that group (a batch of local tables only, refused that way, waits for the
+/// other ranks' next collective batch).
 ///
 /// Ownership: borrows the requests and their tensors for the call only.
 ///
@@ -287,28 +297,28 @@ pub unsafe extern "C" fn strata_lookup_batch(
     opts: *const strata_lookup_options,
 ) -> Status {
     boundary(|| {
+        // An unreadable array names no table: the refusal goes to the process's one group of
+        // ranks, if it has one (crate::dist::refuse_batch).
         if n > 0 && requests.is_null() {
-            return Err(Error::Null { arg: "requests" });
+            return Err(crate::dist::refuse_batch(None, Error::Null { arg: "requests" }));
         }
         // SAFETY: `requests` points to n requests, as this export's # Safety section requires.
-        let list = unsafe { in_array(requests, n, "requests", "requests") }?;
+        let list = unsafe { in_array(requests, n, "requests", "requests") }.map_err(|e| crate::dist::refuse_batch(None, e))?;
         let mut batch = Vec::with_capacity(n);
         let mut outs: Vec<Option<OutStruct<strata_lookup_stats>>> = Vec::with_capacity(n);
         // A request refused here fails a collective batch on every rank: the other ranks wait
-        // in the batch's first agreement, on its first distributed table.
+        // in the batch's first agreement (see crate::dist::refuse_batch).
         let refuse = |e: Error| {
             let dist = (0..n).find_map(|i| {
                 // SAFETY: the request's table is NULL or a live handle, as this export's
                 // # Safety section requires.
                 list.get(i).ok().and_then(|r| unsafe { table_arg(r.table, "table") }.ok()).filter(|t| t.is_distributed())
             });
-            match dist {
-                Some(t) => t.refuse(e),
-                None => e,
-            }
+            crate::dist::refuse_batch(dist, e)
         };
-        // SAFETY: `opts` is NULL or valid as this export's # Safety section requires.
-        let opts = LookupOptions::from(&unsafe { read_in(opts, "opts") }.map_err(&refuse)?);
+        // SAFETY: `opts` is NULL or valid, and its stream NULL or live, as this export's
+        // # Safety section requires.
+        let opts = unsafe { read_in(opts, "opts").map_err(&refuse)?.core() };
         for i in 0..n {
             let in_request = |e: Error| refuse(e.within(format!("requests[{i}].")));
             let r = list.get(i).map_err(&refuse)?;
@@ -332,12 +342,13 @@ pub unsafe extern "C" fn strata_lookup_batch(
                     "given with pooling = STRATA_POOL_NONE; expected NULL for a plain lookup (or a pooling)",
                 )));
             }
-            let request = Request { keys, offsets, weights, pooling, out, want_stats: stats.is_some() };
+            // SAFETY: every tensor is valid, as this export's # Safety section requires.
+            let request = unsafe { Request::new(keys, offsets, weights, pooling, out, stats.is_some()) };
             batch.push(BatchRequest { table, request });
             outs.push(stats);
         }
         // SAFETY: every tensor is valid as this export's # Safety section requires.
-        let found = unsafe { crate::table::lookup_batch(&batch, &opts) }?;
+        let found = crate::table::lookup_batch(&batch, &opts)?;
         for (s, f) in outs.into_iter().zip(found) {
             if let Some(s) = s {
                 s.write(&f.into());

@@ -15,12 +15,14 @@
 #![allow(non_camel_case_types)]
 
 mod boundary;
+mod handle;
 mod library;
 mod lookup;
 mod partition;
 mod partition_types;
 mod server;
 mod sized;
+mod status;
 mod table;
 mod tensor;
 mod types;
@@ -31,4 +33,5 @@ pub use partition::*;
 pub use partition_types::*;
 pub use server::*;
 pub use table::*;
+pub use status::Status;
 pub use types::*;

@@ -6,10 +6,9 @@ use super::partition_types::{
     OwnedPartitioned, description, strata_partition, strata_partition_location, strata_partitioned,
 };
 use super::table::{strata_table, table_arg, table_options};
-use super::types::{Status, strata_table_options};
-use crate::dist::DistTable;
+use super::status::Status;
+use super::types::{strata_table_options};
 use crate::partition::validate;
-use crate::table::Table;
 use std::ffi::c_char;
 
 /// A `strata_partitioned` with `struct_size = sizeof(strata_partitioned)` and every other field
@@ -113,7 +112,7 @@ pub unsafe extern "C" fn strata_table_from_partitioned(
         // SAFETY: `opts` is NULL or valid as this export's # Safety section requires.
         let options = unsafe { table_options(opts) };
         // SAFETY: the description and the data it points to are valid for the call, as this export's # Safety section requires.
-        let table = unsafe { Table::from_description(desc, comm, options) }?;
+        let table = unsafe { crate::dist::table_from_description(desc, comm, options) }?;
         *out = strata_table::into_owned_raw(table);
         Ok(())
     })
@@ -150,8 +149,7 @@ pub unsafe extern "C" fn strata_table_open_distributed(
         // An error reading the options fails the collective call on every rank.
         // SAFETY: `opts` is NULL or valid as this export's # Safety section requires.
         let options = unsafe { table_options(opts) };
-        let table = DistTable::open(dir, dim, fint, options)?;
-        *out = strata_table::into_owned_raw(Table::from(table));
+        *out = strata_table::into_owned_raw(crate::dist::open(dir, dim, fint, options)?);
         Ok(())
     })
 }

@@ -4,7 +4,8 @@
 use super::boundary::{arg_mut, arg_ref, boundary, c_str, out_handle, write_opt};
 use super::sized::out_struct_required;
 use super::table::{strata_table, table_arg};
-use super::types::{Status, strata_table_stats};
+use super::status::Status;
+use super::types::{strata_table_stats};
 use crate::error::{Error, Result};
 use crate::server::Server;
 use dlpark::ffi::DLTensor;

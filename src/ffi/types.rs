@@ -4,107 +4,15 @@
 //! in 0.3 (`tests/abi/strata_0_3.h`); new fields are only ever appended.
 
 use super::sized::Extensible;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::model::{LookupOptions, LookupStats, Pooling};
 use crate::model::{GpuOptions, GpuPlacement, GpuSharding, MissingKey, TableInfo, TableOptions};
 use crate::model::TableStats;
 use dlpark::ffi::{DLDataType, DLTensor};
-use std::ffi::{CStr, c_void};
+use std::ffi::c_void;
 use std::mem::size_of;
 
-/// Status code returned by every fallible C function. `STRATA_OK` is zero.
-///
-/// The values are part of the ABI: new codes are only ever appended.
-#[repr(i32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[allow(non_camel_case_types)]
-pub enum Status {
-    /// Success.
-    STRATA_OK = 0,
-    /// A required pointer argument was NULL.
-    STRATA_NULL_ARGUMENT = 1,
-    /// An argument has the wrong rank, shape or value.
-    STRATA_INVALID_ARGUMENT = 2,
-    /// A tensor's dtype is not one this function accepts.
-    STRATA_UNSUPPORTED_DTYPE = 3,
-    /// A tensor lives on a device this build or machine cannot serve.
-    STRATA_UNSUPPORTED_DEVICE = 4,
-    /// Strides, byte offset or alignment describe memory strata cannot use safely.
-    STRATA_INVALID_LAYOUT = 5,
-    /// `out` is flagged read-only, or an update went to a table that cannot change.
-    STRATA_READ_ONLY = 6,
-    /// A key is missing and the table's options make that an error.
-    STRATA_KEY_NOT_FOUND = 7,
-    /// The same key appears twice in a table's keys.
-    STRATA_DUPLICATE_KEY = 8,
-    /// A file could not be opened, read or mapped.
-    STRATA_IO_ERROR = 9,
-    /// A table file is truncated or does not match its companion file or `dim`.
-    STRATA_INVALID_FILE = 10,
-    /// Memory for a table or index could not be allocated.
-    STRATA_OUT_OF_MEMORY = 11,
-    /// A bug inside strata (a caught panic); the message says where.
-    STRATA_INTERNAL = 12,
-    /// A parameter-server configuration (ps.json) is invalid; the message names the JSON path.
-    STRATA_CONFIG_ERROR = 13,
-    /// A persistent store (LMDB) failed, or a write went to a read-only table.
-    STRATA_STORE_ERROR = 14,
-    /// The CUDA driver failed (out of device memory, a failed launch or copy, an error left on
-    /// the stream by earlier work); the message names the call and the driver's error.
-    STRATA_CUDA_ERROR = 15,
-}
 
-impl Status {
-    /// Every status, in value order.
-    pub const ALL: [Status; 16] = [
-        Status::STRATA_OK,
-        Status::STRATA_NULL_ARGUMENT,
-        Status::STRATA_INVALID_ARGUMENT,
-        Status::STRATA_UNSUPPORTED_DTYPE,
-        Status::STRATA_UNSUPPORTED_DEVICE,
-        Status::STRATA_INVALID_LAYOUT,
-        Status::STRATA_READ_ONLY,
-        Status::STRATA_KEY_NOT_FOUND,
-        Status::STRATA_DUPLICATE_KEY,
-        Status::STRATA_IO_ERROR,
-        Status::STRATA_INVALID_FILE,
-        Status::STRATA_OUT_OF_MEMORY,
-        Status::STRATA_INTERNAL,
-        Status::STRATA_CONFIG_ERROR,
-        Status::STRATA_STORE_ERROR,
-        Status::STRATA_CUDA_ERROR,
-    ];
-
-    /// The status's C name, e.g. `"STRATA_KEY_NOT_FOUND"`, as a static C string.
-    pub fn name(self) -> &'static CStr {
-        match self {
-            Status::STRATA_OK => c"STRATA_OK",
-            Status::STRATA_NULL_ARGUMENT => c"STRATA_NULL_ARGUMENT",
-            Status::STRATA_INVALID_ARGUMENT => c"STRATA_INVALID_ARGUMENT",
-            Status::STRATA_UNSUPPORTED_DTYPE => c"STRATA_UNSUPPORTED_DTYPE",
-            Status::STRATA_UNSUPPORTED_DEVICE => c"STRATA_UNSUPPORTED_DEVICE",
-            Status::STRATA_INVALID_LAYOUT => c"STRATA_INVALID_LAYOUT",
-            Status::STRATA_READ_ONLY => c"STRATA_READ_ONLY",
-            Status::STRATA_KEY_NOT_FOUND => c"STRATA_KEY_NOT_FOUND",
-            Status::STRATA_DUPLICATE_KEY => c"STRATA_DUPLICATE_KEY",
-            Status::STRATA_IO_ERROR => c"STRATA_IO_ERROR",
-            Status::STRATA_INVALID_FILE => c"STRATA_INVALID_FILE",
-            Status::STRATA_OUT_OF_MEMORY => c"STRATA_OUT_OF_MEMORY",
-            Status::STRATA_INTERNAL => c"STRATA_INTERNAL",
-            Status::STRATA_CONFIG_ERROR => c"STRATA_CONFIG_ERROR",
-            Status::STRATA_STORE_ERROR => c"STRATA_STORE_ERROR",
-            Status::STRATA_CUDA_ERROR => c"STRATA_CUDA_ERROR",
-        }
-    }
-}
-
-/// Each kind of error is reported as the status of the same number: the one mapping from
-/// errors to statuses.
-impl From<ErrorKind> for Status {
-    fn from(k: ErrorKind) -> Self {
-        Status::ALL[k.code() as usize]
-    }
-}
 
 /// What a lookup does with a key the table does not hold (`strata_table_options.missing_key`).
 #[repr(i32)]
@@ -286,7 +194,7 @@ pub struct strata_lookup_options {
 impl Default for strata_lookup_options {
     fn default() -> Self {
         let d = LookupOptions::default();
-        strata_lookup_options { struct_size: size_of::<Self>(), stream: d.stream, num_threads: d.num_threads }
+        strata_lookup_options { struct_size: size_of::<Self>(), stream: d.stream(), num_threads: d.num_threads }
     }
 }
 
@@ -296,9 +204,15 @@ unsafe impl Extensible for strata_lookup_options {
     const FIRST_SIZE: usize = 24;
 }
 
-impl From<&strata_lookup_options> for LookupOptions {
-    fn from(o: &strata_lookup_options) -> Self {
-        LookupOptions { stream: o.stream, num_threads: o.num_threads }
+impl strata_lookup_options {
+    /// The core's options for these.
+    ///
+    /// # Safety
+    /// `self.stream` must be as [`LookupOptions::on_stream`] requires (the lookup exports'
+    /// contract with their caller).
+    pub(crate) unsafe fn core(&self) -> LookupOptions {
+        // SAFETY: forwarded from the caller.
+        unsafe { LookupOptions::on_stream(self.stream, self.num_threads) }
     }
 }
 
@@ -312,7 +226,7 @@ pub struct strata_lookup_request {
     /// every element of one array.
     pub struct_size: usize,
     /// The table to look up (any kind; a distributed table makes the batch collective).
-    pub table: *mut super::table::strata_table,
+    pub table: *mut super::handle::strata_table,
     /// As `strata_lookup`'s keys (plain), or `strata_lookup_pooled`'s keys (pooled).
     pub keys: *const DLTensor,
     /// Pooled requests with 1-D keys: `B + 1` offsets; NULL otherwise.
@@ -582,16 +496,6 @@ mod tests {
         assert_eq!(size_of::<strata_table_info>(), 48);
     }
 
-    #[test]
-    fn every_error_kind_has_the_status_of_its_number() {
-        for k in ErrorKind::ALL {
-            assert_eq!(Status::from(k) as i32, k.code());
-        }
-        for (i, s) in Status::ALL.iter().enumerate() {
-            assert_eq!(*s as i32, i as i32);
-            assert_eq!(format!("{s:?}"), s.name().to_str().unwrap());
-        }
-    }
 
     #[test]
     fn out_of_range_options_name_their_field() {

@@ -15,6 +15,7 @@
 
 mod options;
 mod plan;
+mod planned;
 mod pooled;
 mod request;
 mod static_table;
@@ -23,10 +24,11 @@ mod tiered;
 pub use options::{GpuOptions, GpuPlacement, GpuSharding, MissingKey, TableOptions};
 pub use plan::{KeySource, LookupOptions, LookupStats, OutTarget};
 pub(crate) use plan::{Plan, plan};
-pub use pooled::Pooling;
-pub(crate) use pooled::{PooledPlan, plan_pooled};
-pub use request::Request;
-pub(crate) use request::Planned;
+pub(crate) use pooled::PooledPlan;
+#[cfg(feature = "mpi")]
+pub(crate) use pooled::plan_pooled;
+pub use request::{Pooling, Request};
+pub(crate) use planned::Planned;
 #[cfg(feature = "cuda")]
 pub(crate) use pooled::{CheckedBags, Devices, PooledChecked, check_offset_values, check_pooled};
 #[cfg(feature = "cuda")]

@@ -1,19 +1,20 @@
 //! A lookup, checked: the options and stats of one call, `keys` and `out` validated against a
 //! table's `dim`, and the [`Plan`] the executors run (where keys are read and rows written).
 
-use super::request::Planned;
 use crate::dlpack::{FloatDtype, KeyDtype, TensorView, Walk, require_host};
+use super::request::Request;
 use crate::error::{Error, Result};
 use crate::util::threads::resolve_threads;
-use dlpark::ffi::DLTensor;
 use std::ffi::c_void;
 
 /// Per-call lookup options (the core's copy of `strata_lookup_options`).
 #[derive(Debug, Clone, Copy)]
 pub struct LookupOptions {
     /// A `cudaStream_t` / `CUstream` for CUDA tensors. Ignored for host tensors, which are
-    /// read and written before the call returns. Default NULL.
-    pub stream: *mut c_void,
+    /// read and written before the call returns. Default NULL. Private: only
+    /// [`LookupOptions::on_stream`] (unsafe) sets it, so a lookup given these options may rely
+    /// on it being NULL or a live stream.
+    stream: *mut c_void,
     /// CPU threads for this call: 0 = the library default (the process affinity mask, or
     /// `STRATA_NUM_THREADS`), 1 = only the calling thread, n = at most n threads. Default 0.
     pub num_threads: i32,
@@ -22,6 +23,23 @@ pub struct LookupOptions {
 impl Default for LookupOptions {
     fn default() -> Self {
         LookupOptions { stream: std::ptr::null_mut(), num_threads: 0 }
+    }
+}
+
+impl LookupOptions {
+    /// Options of a call on `stream` with `num_threads` (see the fields).
+    ///
+    /// # Safety
+    /// `stream` must be NULL (the legacy default stream) or a live stream of the primary
+    /// context of the device of the CUDA tensors it is used with, until the lookups given these
+    /// options have run on it.
+    pub unsafe fn on_stream(stream: *mut c_void, num_threads: i32) -> Self {
+        LookupOptions { stream, num_threads }
+    }
+
+    /// The stream (NULL or live, as [`LookupOptions::on_stream`] requires).
+    pub fn stream(&self) -> *mut c_void {
+        self.stream
     }
 }
 
@@ -169,31 +187,19 @@ fn check_views(dim: usize, k: &TensorView, o: &TensorView) -> Result<Option<Layo
     Ok(Some(Layout { kd, od, n, lead, col_stride }))
 }
 
-/// Validates host `keys` and `out` for a table of `dim` whose own memory is `table_range`,
-/// writing the plan into `slot` ([`Planned::Empty`] when there are no keys, a valid no-op); on
-/// error `slot` is left as it was.
-///
-/// # Safety
-/// As for [`Table::lookup`].
-pub(crate) unsafe fn plan_into(
-    dim: usize,
-    table_range: (usize, usize),
-    keys: &DLTensor,
-    out: &DLTensor,
-    opts: &LookupOptions,
-    slot: &mut Planned,
-) -> Result<()> {
+/// Validates a plain request's host `keys` and `out` for a table of `dim` whose own memory is
+/// `table_range`: the plan, or `None` when there are no keys (a valid no-op).
+pub(crate) fn plan(dim: usize, table_range: (usize, usize), r: &Request, opts: &LookupOptions) -> Result<Option<Plan>> {
     let threads = resolve_threads(opts.num_threads)?;
-    // SAFETY: plan's caller guarantees, as Table::lookup requires, that keys describes valid
-    // DLPack memory, so its shape and strides are readable for ndim elements.
-    let k = unsafe { TensorView::new(keys, "keys") }?;
-    // SAFETY: as for keys: the caller guarantees out is a valid DLPack tensor.
-    let o = unsafe { TensorView::new(out, "out") }?;
+    // SAFETY: a Request's tensors describe valid DLPack memory (its constructor's contract), so
+    // the shape and strides are readable for ndim elements.
+    let k = unsafe { TensorView::new(r.keys, "keys") }?;
+    // SAFETY: as for keys.
+    let o = unsafe { TensorView::new(r.out, "out") }?;
     require_host(k.device, "keys")?;
     require_host(o.device, "out")?;
     let Some(c) = check_views(dim, &k, &o)? else {
-        *slot = Planned::Empty;
-        return Ok(());
+        return Ok(None);
     };
     if overlaps(o.byte_range(), k.byte_range()) {
         return Err(Error::layout("out", "overlaps the memory of keys; expected separate buffers"));
@@ -201,34 +207,13 @@ pub(crate) unsafe fn plan_into(
     if overlaps(o.byte_range(), table_range) {
         return Err(Error::layout("out", "overlaps the table's vectors; expected a separate buffer"));
     }
-    *slot = Planned::Plain(Plan {
+    Ok(Some(Plan {
         keys: KeySource { ptr: k.ptr, dtype: c.kd, walk: Walk::new(&k.shape, &k.strides), elem: k.elem },
         out: OutTarget { ptr: o.ptr, dtype: c.od, walk: c.lead, col_stride: c.col_stride },
         n: c.n,
         threads,
         key_dtype: c.kd,
-    });
-    Ok(())
-}
-
-/// [`plan_into`], returning the plan: `None` when there are no keys (a valid no-op).
-///
-/// # Safety
-/// As for [`Table::lookup`].
-pub(crate) unsafe fn plan(
-    dim: usize,
-    table_range: (usize, usize),
-    keys: &DLTensor,
-    out: &DLTensor,
-    opts: &LookupOptions,
-) -> Result<Option<Plan>> {
-    let mut p = Planned::Empty;
-    // SAFETY: forwarded from the caller.
-    unsafe { plan_into(dim, table_range, keys, out, opts, &mut p) }?;
-    Ok(match p {
-        Planned::Plain(p) => Some(p),
-        _ => None,
-    })
+    }))
 }
 
 /// Where keys are read from.

@@ -6,22 +6,11 @@
 //! table's default row. Accumulation is float32, in key order within a bag.
 
 use super::plan::{KeySource, LookupOptions, OutTarget, overlaps};
-use super::request::Request;
+use super::request::{Pooling, Request};
 use crate::dlpack::{Dims, FloatDtype, KeyDtype, TensorView, Walk, dtype_name, require_host};
 use crate::error::{Error, Result};
 use crate::util::threads::resolve_threads;
 use dlpark::ffi::{DLDataTypeCode, DLTensor};
-
-/// How a bag's rows become one row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pooling {
-    /// Σ wⱼ·row(kⱼ).
-    Sum,
-    /// The sum divided by Σ wⱼ.
-    Mean,
-    /// The sum divided by √(Σ wⱼ²).
-    Sqrtn,
-}
 
 /// Where each bag's keys are, as flat key indices.
 pub(crate) enum Bags {
@@ -200,13 +189,10 @@ unsafe fn check_offsets(offsets: &DLTensor, nnz: usize, devices: Devices) -> Res
 /// Checks a pooled lookup's tensors for a table of `dim` (see [`PooledChecked`]); `devices`
 /// says whether they must be host memory and where the offsets are read. The CPU path and the
 /// CUDA path share these checks and their messages.
-///
-/// # Safety
-/// The tensors must describe memory valid as DLPack requires (host offsets readable when read).
-pub(crate) unsafe fn check_pooled(dim: usize, r: &Request, devices: Devices) -> Result<PooledChecked> {
+pub(crate) fn check_pooled(dim: usize, r: &Request, devices: Devices) -> Result<PooledChecked> {
     let Request { keys, offsets, weights, out, .. } = *r;
     let host = matches!(devices, Devices::Host);
-    // SAFETY: forwarded from the caller.
+    // SAFETY: a Request's tensors describe valid DLPack memory (its constructor's contract).
     let k = unsafe { TensorView::new(keys, "keys") }?;
     if host {
         require_host(k.device, "keys")?;
@@ -214,7 +200,7 @@ pub(crate) unsafe fn check_pooled(dim: usize, r: &Request, devices: Devices) -> 
     let kd = KeyDtype::of(k.dtype, "keys")?;
     let nnz = k.numel;
     let bags = match (k.shape.len(), offsets) {
-        // SAFETY: forwarded from the caller.
+        // SAFETY: a Request's tensors describe valid DLPack memory (its constructor's contract).
         (1, Some(o)) => unsafe { check_offsets(o, nnz, devices) }?,
         (1, None) => {
             return Err(Error::invalid(
@@ -245,7 +231,7 @@ pub(crate) unsafe fn check_pooled(dim: usize, r: &Request, devices: Devices) -> 
     let w = match weights {
         None => None,
         Some(w) => {
-            // SAFETY: forwarded from the caller.
+            // SAFETY: a Request's tensors describe valid DLPack memory (its constructor's contract).
             let w = unsafe { TensorView::new(w, "weights") }?;
             if host {
                 require_host(w.device, "weights")?;
@@ -259,7 +245,7 @@ pub(crate) unsafe fn check_pooled(dim: usize, r: &Request, devices: Devices) -> 
             Some(w)
         }
     };
-    // SAFETY: forwarded from the caller.
+    // SAFETY: a Request's tensors describe valid DLPack memory (its constructor's contract).
     let o = unsafe { TensorView::new(out, "out") }?;
     if host {
         require_host(o.device, "out")?;
@@ -294,11 +280,7 @@ pub(crate) unsafe fn check_pooled(dim: usize, r: &Request, devices: Devices) -> 
 
 /// Validates the host tensors of `r`, pooled by `pooling` (whatever `r.pooling` says), for a
 /// table of `dim` whose own memory is `table_range`.
-///
-/// # Safety
-/// The tensors must describe memory valid as DLPack requires: `keys`, `offsets` and `weights`
-/// readable, `out` writable.
-pub(crate) unsafe fn plan_pooled(
+pub(crate) fn plan_pooled(
     dim: usize,
     table_range: (usize, usize),
     r: &Request,
@@ -306,8 +288,7 @@ pub(crate) unsafe fn plan_pooled(
     opts: &LookupOptions,
 ) -> Result<PooledPlan> {
     let threads = resolve_threads(opts.num_threads)?;
-    // SAFETY: forwarded from the caller.
-    let c = unsafe { check_pooled(dim, r, Devices::Host) }?;
+    let c = check_pooled(dim, r, Devices::Host)?;
     if overlaps(c.o.byte_range(), table_range) {
         return Err(Error::layout("out", "overlaps the memory of the table's vectors; expected a separate buffer"));
     }

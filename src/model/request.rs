@@ -3,9 +3,6 @@
 //! (host tensors) or to the CUDA path (device tensors), held in one struct instead of one
 //! argument per tensor.
 
-use super::plan::{LookupOptions, Plan, plan_into};
-use super::pooled::{Pooling, PooledPlan, plan_pooled};
-use crate::error::Result;
 use dlpark::ffi::DLTensor;
 
 /// The tensors of one lookup: plain (one row per key) when `pooling` is `None`, else pooled
@@ -15,7 +12,15 @@ use dlpark::ffi::DLTensor;
 /// they describe is the caller's, read (`keys`, `offsets`, `weights`) and written (`out`) during
 /// the call only, or, for CUDA tensors, until the call's stream has run the lookup. `Copy`:
 /// passing it copies the references, not the tensors.
+///
+/// The one unsafe step of a lookup: a `Request` is only made by [`Request::new`] or
+/// [`Request::plain`], whose caller vouches that every tensor describes memory valid as DLPack
+/// requires (`keys`, `offsets` and `weights` readable, `out` writable, for every element their
+/// shape and strides reach) for as long as the request lives, and for CUDA tensors until the
+/// call's stream has run the lookup. Everything that takes a `Request` relies on that and is
+/// safe to call.
 #[derive(Clone, Copy)]
+#[allow(clippy::manual_non_exhaustive)] // the private field seals construction inside this crate too, which #[non_exhaustive] does not
 pub struct Request<'a> {
     /// Any integer dtype, shape and strides: plain, any shape; pooled, 1-D `[nnz]` with
     /// `offsets` or 2-D `[B, L]` without.
@@ -30,12 +35,33 @@ pub struct Request<'a> {
     pub out: &'a DLTensor,
     /// Whether the caller wants this lookup's stats (on CUDA tensors, makes the call wait).
     pub want_stats: bool,
+    /// Private: a request is only made by the unsafe constructors.
+    _vouched: (),
 }
 
 impl<'a> Request<'a> {
+    /// A lookup of these tensors (see the fields).
+    ///
+    /// # Safety
+    /// Every tensor must describe memory valid as DLPack requires, as the type's docs say, for
+    /// `'a` (CUDA tensors: until the call's stream has run the lookup).
+    pub unsafe fn new(
+        keys: &'a DLTensor,
+        offsets: Option<&'a DLTensor>,
+        weights: Option<&'a DLTensor>,
+        pooling: Option<Pooling>,
+        out: &'a DLTensor,
+        want_stats: bool,
+    ) -> Self {
+        Request { keys, offsets, weights, pooling, out, want_stats, _vouched: () }
+    }
+
     /// A plain lookup of `keys` into `out`.
-    pub fn plain(keys: &'a DLTensor, out: &'a DLTensor, want_stats: bool) -> Self {
-        Request { keys, offsets: None, weights: None, pooling: None, out, want_stats }
+    ///
+    /// # Safety
+    /// As for [`Request::new`].
+    pub unsafe fn plain(keys: &'a DLTensor, out: &'a DLTensor, want_stats: bool) -> Self {
+        Request { keys, offsets: None, weights: None, pooling: None, out, want_stats, _vouched: () }
     }
 
     /// The tensors given, each with the argument name messages use: keys, offsets, weights, out.
@@ -44,54 +70,15 @@ impl<'a> Request<'a> {
             .into_iter()
             .filter_map(|(t, arg)| t.map(|t| (t, arg)))
     }
-
-    /// Validates this request's host tensors for a table of `dim` whose own memory is
-    /// `table_range` (a tiered table's rows are not caller memory: `(0, 0)`), writing the plan
-    /// into `slot`, its final place: a plan is a few hundred bytes, and is run where it lies.
-    /// Nothing of the caller's is written; on error `slot` is left as it was.
-    ///
-    /// # Safety
-    /// The tensors must describe memory valid as DLPack requires: `keys`, `offsets` and
-    /// `weights` readable, `out` writable, for every element their shape and strides reach.
-    #[inline]
-    pub(crate) unsafe fn plan_into(&self, dim: usize, table_range: (usize, usize), opts: &LookupOptions, slot: &mut Planned) -> Result<()> {
-        // SAFETY: forwarded from the caller.
-        unsafe {
-            match self.pooling {
-                None => plan_into(dim, table_range, self.keys, self.out, opts, slot),
-                Some(pooling) => {
-                    *slot = Planned::Pooled(plan_pooled(dim, table_range, self, pooling, opts)?);
-                    Ok(())
-                }
-            }
-        }
-    }
 }
 
-/// A host request, validated by [`Request::plan_into`]: what the executors run.
-pub(crate) enum Planned {
-    /// Nothing to do: a plain lookup of no keys (or a slot not planned yet).
-    Empty,
-    Plain(Plan),
-    Pooled(PooledPlan),
-}
-
-impl Planned {
-    /// Keys whose rows this plan reads.
-    pub(crate) fn keys(&self) -> usize {
-        match self {
-            Planned::Empty => 0,
-            Planned::Plain(p) => p.n,
-            Planned::Pooled(p) => p.nnz,
-        }
-    }
-
-    /// Lowers the threads the plan may use to at most `threads`.
-    pub(crate) fn cap_threads(&mut self, threads: usize) {
-        match self {
-            Planned::Empty => {}
-            Planned::Plain(p) => p.threads = p.threads.min(threads),
-            Planned::Pooled(p) => p.threads = p.threads.min(threads),
-        }
-    }
+/// How a bag's rows become one row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooling {
+    /// Σ wⱼ·row(kⱼ).
+    Sum,
+    /// The sum divided by Σ wⱼ.
+    Mean,
+    /// The sum divided by √(Σ wⱼ²).
+    Sqrtn,
 }

@@ -12,7 +12,7 @@ pub use shared::{open as open_shared, open_json as open_json_shared};
 
 use crate::config::{self, PersistentDbKind, PsConfig, VolatileDbKind};
 use crate::error::{Error, Result};
-use crate::table::{Table, TableKind};
+use crate::table::Table;
 use crate::model::{GpuOptions, MissingKey, StaticTable, TableOptions};
 use crate::storage::tier::persistent::PersistentStore;
 use crate::storage::tier::volatile::VolatileTier;
@@ -94,7 +94,7 @@ impl Server {
                         }
                         let read_only = persistent.is_some() && cfg.persistent_db.read_only;
                         Table::new(
-                            TableKind::Tiered(TieredTable::new(
+                            TieredTable::new(
                                 name.clone(),
                                 dim,
                                 volatile,
@@ -104,7 +104,7 @@ impl Server {
                                 default_value,
                                 MissingKey::Fill,
                             )
-                            .refreshing(std::time::Duration::from_millis(v.refresh_interval_ms), seen)),
+                            .refreshing(std::time::Duration::from_millis(v.refresh_interval_ms), seen),
                             options.gpu,
                         )
                     }

@@ -4,6 +4,8 @@
 
 use super::Server;
 use crate::model::{TierScratch, TieredTable, race};
+use crate::{Table, TableOptions};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -59,10 +61,8 @@ fn an_open_while_the_same_files_last_handle_goes_gets_a_fresh_server() {
 }
 
 fn tiered(s: &Server) -> &TieredTable {
-    match &s.table("m", 0).unwrap().kind {
-        crate::table::TableKind::Tiered(t) => t,
-        _ => panic!("a tiered table"),
-    }
+    let imp: &dyn std::any::Any = s.table("m", 0).unwrap().imp();
+    imp.downcast_ref::<TieredTable>().expect("a tiered table")
 }
 
 fn read(t: &TieredTable, key: u64) -> Option<f32> {
@@ -199,4 +199,61 @@ fn within_the_interval_a_foreign_commit_is_noticed_by_the_next_own_write() {
     assert_eq!(t.invalidations(), 1);
     assert_eq!(read(t, 5), Some(50.0));
     assert_eq!(read(t, 6), Some(60.0), "the own write after the invalidation is kept");
+}
+
+#[test]
+/// A persistent table initialised from a bad HugeCTR folder fails as `strata_table_open` of the
+/// same folder does (same message, same status), and leaves nothing behind.
+fn malformed_sparse_folders_fail_like_table_open() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = crate::storage::tier::persistent::PersistentStore::open(&tmp.path().join("ps"), false).unwrap();
+    let case = |name: &str, setup: &dyn Fn(&Path), dim: usize| {
+        let dir = tmp.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        setup(&dir);
+        let want = Table::open(&dir, dim as i64, TableOptions::default()).err().unwrap();
+        let got = s.table(name, dim, Some(&dir)).err().unwrap();
+        assert_eq!(got.to_string(), want.to_string(), "case {name}");
+        assert_eq!(got.kind(), want.kind(), "case {name}");
+        // Nothing is left behind: the name opens as a new, empty table.
+        let t = s.table(name, dim, None).unwrap();
+        assert_eq!(t.len().unwrap(), 0, "case {name}");
+    };
+    case("no_key", &|d| std::fs::write(d.join("emb_vector"), [0u8; 8]).unwrap(), 2);
+    case("no_vectors", &|d| std::fs::write(d.join("key"), [0u8; 8]).unwrap(), 2);
+    case(
+        "truncated_key",
+        &|d| {
+            std::fs::write(d.join("key"), [0u8; 12]).unwrap();
+            std::fs::write(d.join("emb_vector"), [0u8; 8]).unwrap();
+        },
+        2,
+    );
+    case(
+        "dim_does_not_divide",
+        &|d| {
+            std::fs::write(d.join("key"), [0u8; 8]).unwrap();
+            std::fs::write(d.join("emb_vector"), [0u8; 12]).unwrap();
+        },
+        2,
+    );
+    case(
+        "count_mismatch",
+        &|d| {
+            std::fs::write(d.join("key"), [0u8; 16]).unwrap();
+            std::fs::write(d.join("emb_vector"), [0u8; 24]).unwrap();
+        },
+        2,
+    );
+    case(
+        "duplicates",
+        &|d| {
+            let keys: [i64; 6] = [5, -1, 7, -1, 5, 9];
+            std::fs::write(d.join("key"), keys.iter().flat_map(|k| k.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+            std::fs::write(d.join("emb_vector"), vec![0u8; keys.len() * 2 * 4]).unwrap();
+        },
+        2,
+    );
+    let e = s.table("bad_dim", 0, Some(tmp.path())).unwrap_err();
+    assert_eq!(e.to_string(), Table::open(tmp.path(), 0, TableOptions::default()).err().unwrap().to_string());
 }

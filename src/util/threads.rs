@@ -3,11 +3,31 @@
 use crate::error::{Error, Result};
 use std::sync::OnceLock;
 
-/// The library's default thread count: `STRATA_NUM_THREADS` when set to a positive integer,
-/// else the number of CPUs in the process's affinity mask (read once, at first use).
+/// The process's thread count: `STRATA_NUM_THREADS` when set to a positive integer, else the
+/// number of CPUs in the process's affinity mask ([`process_mask`], read once, at first use).
+/// It sizes the worker pool, whichever thread creates it.
 pub fn default_threads() -> usize {
     static N: OnceLock<usize> = OnceLock::new();
-    *N.get_or_init(|| env_threads().unwrap_or_else(affinity_cpus))
+    *N.get_or_init(|| env_threads().unwrap_or_else(|| count(&process_mask())))
+}
+
+/// The default thread count of a call from this thread (`num_threads = 0`):
+/// `STRATA_NUM_THREADS` when set to a positive integer, else the number of CPUs in the calling
+/// thread's own affinity mask, read once per thread. A task runtime's worker pinned to one core
+/// gets 1, the process's other threads are not affected.
+pub fn calling_thread_threads() -> usize {
+    thread_local! {
+        static N: std::cell::OnceCell<usize> = const { std::cell::OnceCell::new() };
+    }
+    N.with(|n| *n.get_or_init(|| env_threads().unwrap_or_else(|| count(&thread_mask()))))
+}
+
+/// CPUs in a mask, at least 1 (the machine's parallelism where the mask could not be read).
+fn count(mask: &[u64]) -> usize {
+    match mask.iter().map(|w| w.count_ones() as usize).sum() {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    }
 }
 
 /// `STRATA_NUM_THREADS` when set to a positive integer.
@@ -16,25 +36,65 @@ pub fn env_threads() -> Option<usize> {
 }
 
 /// The CPUs in this process's affinity mask, as a bit set (bit `c % 64` of word `c / 64` for
-/// CPU `c`); empty where the mask cannot be read. Lets processes that share a machine (MPI
-/// ranks) see which CPUs they share.
-pub fn affinity_mask() -> Vec<u64> {
+/// CPU `c`); empty where the mask cannot be read. The process's mask is its main thread's (the
+/// thread whose id is the process id), whichever thread asks. Lets processes that share a
+/// machine (MPI ranks) see which CPUs they share.
+pub fn process_mask() -> Vec<u64> {
     #[cfg(target_os = "linux")]
-    {
-        // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0 {
-                let cpus = 8 * std::mem::size_of::<libc::cpu_set_t>();
-                let mut words = vec![0u64; cpus.div_ceil(64)];
-                for c in (0..cpus).filter(|&c| libc::CPU_ISSET(c, &set)) {
-                    words[c / 64] |= 1 << (c % 64);
-                }
-                return words;
+    let mask = {
+        // SAFETY: getpid has no preconditions.
+        mask_of(unsafe { libc::getpid() })
+    };
+    #[cfg(not(target_os = "linux"))]
+    let mask = Vec::new();
+    mask
+}
+
+/// The calling thread's affinity mask, as [`process_mask`] gives it.
+pub fn thread_mask() -> Vec<u64> {
+    #[cfg(target_os = "linux")]
+    let mask = mask_of(0);
+    #[cfg(not(target_os = "linux"))]
+    let mask = Vec::new();
+    mask
+}
+
+/// The affinity mask of thread `tid` (0: the calling thread), as [`process_mask`] gives it.
+#[cfg(target_os = "linux")]
+fn mask_of(tid: libc::pid_t) -> Vec<u64> {
+    // SAFETY: cpu_set_t is plain data (all zeros is an empty set); sched_getaffinity writes at
+    // most the size it is given into it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0 {
+            let cpus = 8 * std::mem::size_of::<libc::cpu_set_t>();
+            let mut words = vec![0u64; cpus.div_ceil(64)];
+            for c in (0..cpus).filter(|&c| libc::CPU_ISSET(c, &set)) {
+                words[c / 64] |= 1 << (c % 64);
             }
+            return words;
         }
     }
     Vec::new()
+}
+
+/// Sets the calling thread's affinity to `mask` (a [`process_mask`]); does nothing with an
+/// empty mask or where affinity cannot be set. The pool's workers call it when they start, so
+/// they run on the process's CPUs even when a pinned thread created the pool.
+pub fn run_on(mask: &[u64]) {
+    #[cfg(target_os = "linux")]
+    if mask.iter().any(|&w| w != 0) {
+        // SAFETY: cpu_set_t is plain data (all zeros is an empty set); CPU_SET is only given
+        // CPUs below the set's capacity; sched_setaffinity reads the set it is given.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            let cpus = 8 * std::mem::size_of::<libc::cpu_set_t>();
+            for c in (0..cpus.min(mask.len() * 64)).filter(|&c| mask[c / 64] & (1 << (c % 64)) != 0) {
+                libc::CPU_SET(c, &mut set);
+            }
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
+    }
 }
 
 /// Threads for one of several processes sharing a machine: each CPU of `mine` (an
@@ -59,18 +119,11 @@ pub fn shared_threads(mine: &[u64], all: &[Vec<u64>]) -> usize {
     ((share + 1e-6).floor() as usize).max(1)
 }
 
-/// CPUs this process may run on (`sched_getaffinity`), at least 1.
-fn affinity_cpus() -> usize {
-    match affinity_mask().iter().map(|w| w.count_ones() as usize).sum() {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        n => n,
-    }
-}
-
-/// Resolves a caller's `num_threads` (0 = default, n > 0 = at most n) to a thread count.
+/// Resolves a caller's `num_threads` (0 = the calling thread's default,
+/// [`calling_thread_threads`]; n > 0 = at most n) to a thread count.
 pub fn resolve_threads(requested: i32) -> Result<usize> {
     match requested {
-        0 => Ok(default_threads()),
+        0 => Ok(calling_thread_threads()),
         n if n > 0 => Ok(n as usize),
         n => Err(Error::invalid(
             "opts->num_threads",
@@ -111,7 +164,7 @@ mod tests {
 
     #[test]
     fn affinity_mask_matches_default_count() {
-        let m = affinity_mask();
+        let m = process_mask();
         if cfg!(target_os = "linux") && env_threads().is_none() {
             let n: u32 = m.iter().map(|w| w.count_ones()).sum();
             assert_eq!(n as usize, default_threads());

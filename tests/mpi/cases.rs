@@ -23,6 +23,14 @@ impl Ctx {
     pub(crate) fn last(&self) -> i32 {
         self.size - 1
     }
+
+    /// Every rank's `v`, in rank order (an all-gather over the world).
+    pub(crate) fn gather(&self, v: i32) -> Vec<i32> {
+        use mpi::traits::*;
+        let mut all = vec![0i32; self.size as usize];
+        self.world.all_gather_into(&v, &mut all[..]);
+        all
+    }
 }
 
 type Case = (&'static str, fn(&Ctx));
@@ -53,6 +61,8 @@ pub fn run() {
         ("pooled: bad offsets, weights, pooling or out on one rank fail every rank", pooled::pooled_bad_input),
         ("batch of distributed and local tables, plain and pooled, equals separate calls", pooled::batch_mixed),
         ("batch: an invalid request or a missing key on one rank fails every rank, naming it", pooled::batch_errors),
+        ("batch: a rank that cannot read its requests or the distributed request's table fails every rank", pooled::batch_unreadable),
+        ("one field of one rank's arguments corrupted at random: every rank fails, naming the rank", pooled::one_rank_one_field),
     ];
     for (name, case) in cases {
         case(&cx);

@@ -592,9 +592,15 @@ fn batch(reqs: &[Req]) -> (Status, Vec<Out>, Vec<LookupStats>) {
 
 /// [`batch`] with the batch's options.
 fn batch_with(reqs: &[Req], opts: *const LookupOptions) -> (Status, Vec<Out>, Vec<LookupStats>) {
+    batch_edited(reqs, opts, |_| {})
+}
+
+/// [`batch_with`], with the C requests edited by `edit` before the call.
+fn batch_edited(reqs: &[Req], opts: *const LookupOptions, edit: impl FnOnce(&mut [strata_lookup_request])) -> (Status, Vec<Out>, Vec<LookupStats>) {
     let mut outs: Vec<Out> = reqs.iter().map(Req::out).collect();
     let mut stats = vec![LookupStats { hits: 77, misses: 77, ..LookupStats::default() }; reqs.len()];
-    let c: Vec<strata_lookup_request> = reqs.iter().zip(&mut outs).zip(&mut stats).map(|((r, o), s)| r.c(o, s)).collect();
+    let mut c: Vec<strata_lookup_request> = reqs.iter().zip(&mut outs).zip(&mut stats).map(|((r, o), s)| r.c(o, s)).collect();
+    edit(&mut c);
     // SAFETY: c holds reqs.len() requests, each pointing at live tables (Owned), at descriptions
     // of buffers owned by reqs and outs, and at stats, all alive past the call.
     let s = unsafe { strata_lookup_batch(c.as_ptr(), c.len(), opts) };
@@ -727,5 +733,166 @@ pub fn batch_errors(cx: &Ctx) {
 
     // and the batch works again
     let reqs = requests(&tb, &mut rng);
+    same_as_separate_calls(&reqs);
+}
+
+/// A rank that cannot name the batch's distributed table (its request array is unreadable, or
+/// the one distributed request has a NULL table there) still fails every rank, naming itself;
+/// nothing is written anywhere, and the batch works again after.
+pub fn batch_unreadable(cx: &Ctx) {
+    let tb = Tables::new(cx);
+    let mut rng = Rng(6000 + cx.rank as u64);
+    let l = cx.last();
+    let untouched = |outs: &[Out], what: &str| outs.iter().enumerate().for_each(|(i, o)| o.untouched(&format!("{what}: requests[{i}]")));
+
+    // requests[0].struct_size = 0 (never initialised) on the last rank: no request is readable
+    let reqs = requests(&tb, &mut rng);
+    let (s, outs, _) = batch_edited(&reqs, null(), |c| {
+        if cx.rank == l {
+            c[0].struct_size = 0;
+        }
+    });
+    all_fail(cx, s, Status::STRATA_INVALID_ARGUMENT, Some(l), &["requests"]);
+    untouched(&outs, "an unreadable request array on the last rank");
+
+    // a batch whose only request is distributed, with a NULL table on rank 0
+    let b = Bags::ragged(&mut rng, 3, 4, 40);
+    let reqs = vec![pooled_req(&tb.d2, 3, 1, true, b, I64, I64, F32, false)];
+    let (s, outs, _) = batch_edited(&reqs, null(), |c| {
+        if cx.rank == 0 {
+            c[0].table = null_mut();
+        }
+    });
+    all_fail(cx, s, Status::STRATA_NULL_ARGUMENT, Some(0), &["requests[0].table"]);
+    untouched(&outs, "a NULL distributed table on rank 0");
+
+    // the same with the distributed request after a local one
+    let m = 4;
+    let keys = draw(&mut rng, m, |r| tb.l1_keys[r.below(100) as usize]);
+    let b = Bags::ragged(&mut rng, 2, 4, 40);
+    let reqs = vec![plain_req(&tb.l1, 4, keys, I64, &[m], F32, false, true), pooled_req(&tb.d2, 3, 2, false, b, U32, I32, F16, true)];
+    let (s, outs, _) = batch_edited(&reqs, null(), |c| {
+        if cx.rank == l {
+            c[1].table = null_mut();
+        }
+    });
+    all_fail(cx, s, Status::STRATA_NULL_ARGUMENT, Some(l), &["requests[1].table"]);
+    untouched(&outs, "a NULL distributed table after a local request on the last rank");
+
+    let reqs = requests(&tb, &mut rng);
+    same_as_separate_calls(&reqs);
+}
+
+/// What a rank's call ended with, after every rank's: the same status everywhere (not OK), the
+/// culprit's own message, and on every other rank a message naming the culprit.
+#[track_caller]
+fn every_rank_names(cx: &Ctx, s: Status, culprit: i32, what: &str) {
+    let msg = last_error();
+    let all = cx.gather(s as i32);
+    assert!(all.iter().all(|&x| x == all[0] && x != Status::STRATA_OK as i32), "rank {}: {what}: statuses {all:?} ({msg})", cx.rank);
+    if cx.rank == culprit {
+        assert!(!msg.contains("failed the collective call"), "rank {}: {what}: {msg}", cx.rank);
+    } else {
+        assert!(msg.starts_with(&format!("rank {culprit} failed the collective call: ")), "rank {}: {what}: {msg}", cx.rank);
+    }
+}
+
+/// One field of one rank's arguments, corrupted at random (the same draw on every rank: which
+/// call, which rank, which field), for plain, pooled and batch calls on distributed tables:
+/// every rank returns the same failing status, the other ranks' messages name the culprit, no
+/// output is written, and no rank waits forever (the launcher's timeout bounds each run). The
+/// calls work again after each failure.
+pub fn one_rank_one_field(cx: &Ctx) {
+    let tb = Tables::new(cx);
+    let mut shared = Rng(7000);
+    let mut mine = Rng(7100 + cx.rank as u64);
+    let bad_opts = LookupOptions { struct_size: 0, ..strata_lookup_options_default() };
+    let bad_stats_size = LookupStats { struct_size: 0, ..LookupStats::default() };
+    for round in 0..36 {
+        let culprit = shared.below(cx.size as u64) as i32;
+        let field = shared.below(6);
+        let me = cx.rank == culprit;
+        match shared.below(3) {
+            // strata_lookup on d1 (dim 5, 30 rows)
+            0 => {
+                let n = 1 + mine.below(20) as i64;
+                let keys = draw(&mut mine, n, |r| r.below(30) as i64);
+                let kb: Vec<i64> = keys.clone();
+                let fk: Vec<f32> = keys.iter().map(|&k| k as f32).collect();
+                let k = Desc::compact(kb.as_ptr().cast(), I64, &[n]);
+                let kf = Desc::compact(fk.as_ptr().cast(), F32, &[n]);
+                let mut out = Out::new(n as usize, 5, F32, false);
+                let mut wrong = Out::new(n as usize, 4, F32, false);
+                let mut stats = if me && field == 5 { bad_stats_size } else { LookupStats::default() };
+                let what = format!("round {round}: strata_lookup, field {field} on rank {culprit}");
+                // SAFETY: d1 is live; every description covers a buffer alive past the call; opts
+                // and stats are references or NULL.
+                let s = unsafe {
+                    strata_lookup(
+                        tb.d1.0,
+                        if me && field == 0 { null() } else if me && field == 1 { &kf.t } else { &k.t },
+                        if me && field == 2 { null_mut() } else if me && field == 3 { &mut wrong.d.t } else { &mut out.d.t },
+                        if me && field == 4 { &bad_opts } else { null() },
+                        &mut stats,
+                    )
+                };
+                every_rank_names(cx, s, culprit, &what);
+                out.untouched(&what);
+            }
+            // strata_lookup_pooled on d2 (dim 3, 40 rows)
+            1 => {
+                let nb = 1 + mine.below(5) as usize;
+                let mut b = Bags::ragged(&mut mine, nb, 4, 40);
+                if me && field == 3 {
+                    b.offsets.as_mut().unwrap()[0] = 1;
+                }
+                let x = b.tensors(I64, I64);
+                let short = vec![1f32; b.keys.len() + 1];
+                let ws = Desc::compact(short.as_ptr().cast(), F32, &[short.len() as i64]);
+                let mut out = Out::new(b.b, 3, F32, true);
+                let mut stats = LookupStats::default();
+                let what = format!("round {round}: strata_lookup_pooled, field {field} on rank {culprit}");
+                // SAFETY: d2 is live; every description covers a buffer alive past the call; opts
+                // and stats are references or NULL.
+                let s = unsafe {
+                    strata_lookup_pooled(
+                        tb.d2.0,
+                        if me && field == 0 { null() } else { &x.k.t },
+                        x.o.as_ref().map_or(null(), |o| &o.t),
+                        if me && field == 4 { &ws.t } else { &x.w.t },
+                        if me && field == 2 { 9 } else { 1 },
+                        if me && field == 1 { null_mut() } else { &mut out.d.t },
+                        if me && field == 5 { &bad_opts } else { null() },
+                        &mut stats,
+                    )
+                };
+                every_rank_names(cx, s, culprit, &what);
+                out.untouched(&what);
+            }
+            // strata_lookup_batch over the mixed requests
+            _ => {
+                let reqs = requests(&tb, &mut mine);
+                let at = shared.below(reqs.len() as u64) as usize;
+                let what = format!("round {round}: strata_lookup_batch, field {field} of requests[{at}] on rank {culprit}");
+                let opts: *const LookupOptions = if me && field == 5 { &bad_opts } else { null() };
+                let (s, outs, _) = batch_edited(&reqs, opts, |c| {
+                    if !me {
+                        return;
+                    }
+                    match field {
+                        0 => c[0].struct_size = 0,
+                        1 => c[at].table = null_mut(),
+                        2 => c[at].keys = null(),
+                        3 => c[at].pooling = 9,
+                        4 => c[at].out = null_mut(),
+                        _ => {}
+                    }
+                });
+                every_rank_names(cx, s, culprit, &what);
+                outs.iter().for_each(|o| o.untouched(&what));
+            }
+        }
+    }
+    let reqs = requests(&tb, &mut mine);
     same_as_separate_calls(&reqs);
 }

@@ -26,8 +26,8 @@
 use crate::util::lock::lock;
 use super::backend::{Backend, HostFn, Mem, grid};
 use super::params::{CacheParams, FILL_DEFAULTS, FILL_ROWS, WAYS};
-use super::residency::InFlight;
-use super::run::{Io, float_name, key_name};
+use super::inflight::InFlight;
+use super::io::{Io, float_name, key_name};
 use crate::dlpack::FloatDtype;
 use crate::error::Result;
 use crate::model::RowSource;

@@ -21,6 +21,9 @@ pub(crate) mod cache;
 pub(crate) mod device;
 #[doc(hidden)]
 pub mod emulate;
+pub(crate) mod inflight;
+pub(crate) mod io;
+pub(crate) mod readback;
 pub mod params;
 pub(crate) mod pooled;
 pub(crate) mod requests;

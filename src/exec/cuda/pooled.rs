@@ -111,7 +111,7 @@ fn require_linear(v: &TensorView, arg: &'static str) -> Result<()> {
 ///
 /// # Safety
 /// As for `Table::lookup_request`: the tensors must describe memory valid as DLPack requires
-/// (host offsets readable) until the stream has run the lookup, and `opts.stream` must be NULL
+/// (host offsets readable) until the stream has run the lookup, and `opts.stream()` must be NULL
 /// or a stream of the device's primary context.
 pub(crate) unsafe fn validate<'a>(
     source: &'a dyn RowSource,
@@ -179,13 +179,13 @@ pub(crate) unsafe fn validate<'a>(
     }
     let _restore = CurrentContext::save();
     let device = Device::get(ordinal)?;
-    let s = Stream { device: device.clone(), stream: opts.stream as sys::CUstream };
+    let s = Stream { device: device.clone(), stream: opts.stream() as sys::CUstream };
     check_stream(&device, s.stream)?;
     let placed = resident.placed(source, gpu, &device, &s)?;
     Ok(Valid { work: Some(Work { device, placed, shape, in_place }), ..nothing() })
 }
 
-/// Runs validated requests: those on one device together on `opts.stream` (see
+/// Runs validated requests: those on one device together on `opts.stream()` (see
 /// [`super::requests`]). Returns each request's stats, or the first error and its request.
 ///
 /// # Safety
@@ -203,7 +203,7 @@ pub(crate) unsafe fn run(valid: &[&Valid], opts: &LookupOptions) -> std::result:
     }
     for (device, idx) in groups {
         let _restore = CurrentContext::save();
-        let s = Stream { device, stream: opts.stream as sys::CUstream };
+        let s = Stream { device, stream: opts.stream() as sys::CUstream };
         let jobs: Vec<Lookup> = idx
             .iter()
             .map(|&i| {
@@ -233,7 +233,7 @@ pub(crate) unsafe fn run(valid: &[&Valid], opts: &LookupOptions) -> std::result:
 ///
 /// # Safety
 /// As for `Table::lookup_request`; device tensors must be valid on their device until the
-/// stream has run the lookup, and `opts.stream` must be NULL or a stream of that device's
+/// stream has run the lookup, and `opts.stream()` must be NULL or a stream of that device's
 /// primary context.
 pub(crate) unsafe fn lookup(table: &dyn RowSource, gpu: &GpuOptions, resident: &Residency, r: &Request, opts: &LookupOptions) -> Result<LookupStats> {
     // SAFETY: forwarded from the caller.

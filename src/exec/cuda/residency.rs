@@ -19,6 +19,7 @@ use super::backend::{Backend, Mem};
 use super::cache::CacheState;
 use super::device::{Device, cuda_call};
 use super::params::GatherParams;
+use super::inflight::InFlight;
 use crate::dlpack::FloatDtype;
 use crate::error::Result;
 use crate::storage::index::KeyIndex;
@@ -26,35 +27,7 @@ use crate::model::{GpuOptions, GpuPlacement, GpuSharding, RowSource, Rows, Stati
 use cudarc::driver::sys;
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{Arc, Condvar, Mutex};
-
-/// Counts queued work that refers to a table; the table waits for zero before it is freed.
-#[derive(Default)]
-pub(crate) struct InFlight {
-    n: Mutex<usize>,
-    zero: Condvar,
-}
-
-impl InFlight {
-    pub(crate) fn start(&self) {
-        *lock(&self.n) += 1;
-    }
-
-    pub(crate) fn done(&self) {
-        let mut n = lock(&self.n);
-        *n -= 1;
-        if *n == 0 {
-            self.zero.notify_all();
-        }
-    }
-
-    fn wait(&self) {
-        let mut n = lock(&self.n);
-        while *n != 0 {
-            n = self.zero.wait(n).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-}
+use std::sync::{Arc, Mutex};
 
 /// A table's placements on CUDA devices (see the module docs).
 #[derive(Default)]

@@ -16,47 +16,17 @@ use super::backend::{Backend, Mem, Stream, grid};
 use super::cache::CacheCounts;
 use super::device::{Device, cuda_call};
 use super::params::GatherParams;
-use super::residency::{GatherSource, InFlight, Placed};
-use crate::dlpack::{FloatDtype, KeyDtype, TensorView, Walk, device_name};
+use super::inflight::InFlight;
+use super::residency::{GatherSource, Placed};
+use crate::dlpack::{KeyDtype, TensorView, Walk, device_name};
 use crate::error::{Error, Result};
 use crate::model::{Checked, LookupOptions, LookupStats, check};
 use crate::model::{GpuOptions, RowSource};
 use super::residency::Residency;
+use super::io::{Io, float_name, key_name};
 use cudarc::driver::sys;
 use dlpark::ffi::{DLDeviceType, DLTensor};
 use std::sync::{Arc, Mutex};
-
-/// The kernels' name for a key dtype.
-pub(crate) fn key_name(k: KeyDtype) -> &'static str {
-    match k {
-        KeyDtype::I32 => "i32",
-        KeyDtype::I64 => "i64",
-        KeyDtype::U32 => "u32",
-        KeyDtype::U64 => "u64",
-    }
-}
-
-/// The kernels' name for a float dtype.
-pub(crate) fn float_name(f: FloatDtype) -> &'static str {
-    match f {
-        FloatDtype::F32 => "f32",
-        FloatDtype::F16 => "f16",
-        FloatDtype::BF16 => "bf16",
-    }
-}
-
-/// Where one lookup's keys are read and rows written, as device-visible addresses.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Io {
-    pub keys: u64,
-    pub key_dtype: KeyDtype,
-    pub key_stride: i64,
-    pub n: u64,
-    pub out: u64,
-    pub out_dtype: FloatDtype,
-    pub out_row_stride: i64,
-    pub out_col_stride: i64,
-}
 
 /// Counts a lookup asks for: `[hits, misses]` in device memory per gather launch, or the
 /// cache's host-side counts.
@@ -321,7 +291,7 @@ pub(crate) fn require_served(t: &DLTensor, arg: &'static str) -> Result<()> {
 ///
 /// # Safety
 /// As for `Table::lookup`; device tensors must be valid on their device until the stream has
-/// run the lookup, and `opts.stream` must be NULL or a stream of that device's primary context.
+/// run the lookup, and `opts.stream()` must be NULL or a stream of that device's primary context.
 /// `resident` must be the residency of the table `table` is: it waits for work that refers to
 /// the table before the table is freed.
 #[allow(clippy::too_many_arguments)]
@@ -352,7 +322,7 @@ pub(crate) unsafe fn lookup(
     let ordinal = lookup_device(&c.k, &c.o)?;
     let _restore = CurrentContext::save();
     let device = Device::get(ordinal)?;
-    let s = Stream { device: device.clone(), stream: opts.stream as sys::CUstream };
+    let s = Stream { device: device.clone(), stream: opts.stream() as sys::CUstream };
     check_stream(&device, s.stream)?;
     let keys_visible = device_visible(c.k.device.device_type);
     if keys_visible && Walk::new(&c.k.shape, &c.k.strides).linear_stride().is_none() {
@@ -447,7 +417,7 @@ pub(crate) unsafe fn lookup_on(
             stats.misses = misses;
         }
         if missing_error && stats.misses > 0 {
-            return Err(super::requests::first_missing(table, c.kd, b, keys_addr, key_dtype, key_stride, n));
+            return Err(super::readback::first_missing(table, c.kd, b, keys_addr, key_dtype, key_stride, n));
         }
     }
     drop(out_buf);

@@ -60,6 +60,13 @@ use std::path::Path;
 use std::sync::{Arc, Weak};
 use table::TableInner;
 
+/// Tables handed out, by store folder and name, so one table has one set of counters and one
+/// handle (a table holds its store's environment, so an entry whose table is gone is never
+/// taken for a later store on the same folder). Serialises table opens (LMDB wants database
+/// handles opened one transaction at a time).
+static OPEN_TABLES: std::sync::Mutex<std::collections::BTreeMap<(std::path::PathBuf, String), Weak<TableInner>>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
 /// Longest table name in bytes (LMDB keys, database names included, are at most 511 bytes).
 pub(crate) const MAX_TABLE_NAME: usize = 400;
 
@@ -159,8 +166,9 @@ impl PersistentStore {
         check_name(name)?;
         crate::storage::hugectr::check_dim(dim)?;
         let s = &self.inner;
-        let mut tables = lock(&s.tables);
-        if let Some(t) = tables.get(name).and_then(Weak::upgrade) {
+        let mut tables = lock(&OPEN_TABLES);
+        let key = (s.dir.clone(), name.to_owned());
+        if let Some(t) = tables.get(&key).and_then(Weak::upgrade) {
             if t.dim != dim {
                 return Err(dim_mismatch(name, &s.folder(), t.dim as u64, dim));
             }
@@ -174,7 +182,7 @@ impl PersistentStore {
         };
         let inner = Arc::new(TableInner::new(s.clone(), name, db, dim));
         tables.retain(|_, w| w.strong_count() > 0);
-        tables.insert(name.to_owned(), Arc::downgrade(&inner));
+        tables.insert(key, Arc::downgrade(&inner));
         Ok(PersistentTable { inner, read_only: self.read_only })
     }
 

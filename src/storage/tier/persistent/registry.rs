@@ -2,10 +2,8 @@
 //! opened here and shared by every [`PersistentStore`](super::PersistentStore) of the folder.
 
 use super::format::{Catalog, Corrupt, FORMAT};
-use super::table::TableInner;
 use crate::error::{Error, Result};
 use heed::{Env, EnvFlags, EnvOpenOptions, WithoutTls};
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
@@ -42,9 +40,6 @@ pub(super) struct StoreInner {
     pub(super) env_read_only: bool,
     /// `strata.meta`; `None` only in a read-only environment no strata process ever wrote.
     pub(super) catalog: Option<Catalog>,
-    /// Tables handed out, by name, so one table has one set of counters and one handle.
-    /// Serialises table opens (LMDB wants database handles opened one transaction at a time).
-    pub(super) tables: Mutex<HashMap<String, Weak<TableInner>>>,
 }
 
 impl StoreInner {
@@ -177,5 +172,5 @@ fn open_env(dir: &Path, read_only: bool) -> Result<StoreInner> {
         wtxn.commit().map_err(err("create metadata"))?;
         Some(catalog)
     };
-    Ok(StoreInner { env, dir: dir.to_owned(), env_read_only: read_only, catalog, tables: Mutex::new(HashMap::new()) })
+    Ok(StoreInner { env, dir: dir.to_owned(), env_read_only: read_only, catalog })
 }
