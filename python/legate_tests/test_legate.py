@@ -102,11 +102,10 @@ def test_errors(env):
     assert out.strip().endswith("ok")
 
 
-@pytest.mark.xfail(strict=True, reason="needs the core's affinity fix (the redesign issue): the default thread "
-                   "count is taken from the affinity mask of the thread that first asks, here a task pinned to one CPU")
 def test_tasks_pinned_to_cores_keep_the_process_thread_count(env):
     """A --cpus 1 task thread is pinned to one CPU. A user's task calling strata.lookup with the
-    default threads must not shrink strata's default thread count for the whole process."""
+    default threads must not shrink strata's default thread count for the whole process (the
+    core's per-thread affinity rule: num_threads = 0 is the calling thread's own mask)."""
     out = run(env, 1, """
         from legate.core import VariantCode, align, broadcast
         from legate.core.task import task, InputStore, OutputStore
