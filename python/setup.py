@@ -35,6 +35,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
 CARGO_TOML = ROOT / "Cargo.toml"
 CFFI_HEADER = ROOT / "include" / "strata_cffi.h"
+# What strata.jax.build_library compiles against the user's jaxlib (package folder strata/native).
+NATIVE_SOURCES = (ROOT / "include" / "strata.h", ROOT / "c_examples" / "jax" / "strata_jax.cc")
 
 
 def _switch(name: str, default: bool) -> bool:
@@ -63,13 +65,17 @@ def _cargo_features() -> tuple[list[str], list[str]]:
 
 
 class build_py_with_cdef(build_py):
-    """Also puts ``include/strata_cffi.h`` into the package (``strata.cdef()`` reads it)."""
+    """Also puts ``include/strata_cffi.h`` into the package (``strata.cdef()`` reads it), and
+    ``strata.h`` with the JAX handlers' source into ``strata/native`` (``strata.jax.build_library``)."""
 
     def run(self) -> None:
         super().run()
         dest = pathlib.Path(self.build_lib) / "strata"
         dest.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(CFFI_HEADER, dest / CFFI_HEADER.name)
+        (dest / "native").mkdir(exist_ok=True)
+        for src in NATIVE_SOURCES:
+            shutil.copyfile(src, dest / "native" / src.name)
 
 
 features, args = _cargo_features()

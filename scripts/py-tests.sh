@@ -10,7 +10,10 @@
 #   test_pooled.py                        lookup_pooled / lookup_batch (package and raw ctypes),
 #                                         and against torch.nn.functional.embedding_bag;
 #   test_cffi.py                          cffi in ABI mode from strata.cdef();
-#   test_readme.py                        the README's ctypes and cffi snippets, as written.
+#   test_readme.py                        the README's ctypes and cffi snippets, as written;
+#   test_integrations.py                  strata.torch's ops on torch 2.10, strata.jax building its
+#                                         handlers from the wheel's strata/native (full suites:
+#                                         scripts/framework-tests.sh).
 # Installs from PyPI into the venv: numpy>=2.1, pytest, cffi, mypy (the package is checked with
 # --strict), torch 2.10 (STRATA_SKIP_TORCH=1 leaves it out; its cases then skip saying so) and
 # jax[cpu] (STRATA_SKIP_JAX=1 likewise). The wheel build itself fetches setuptools and

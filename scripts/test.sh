@@ -16,7 +16,9 @@
 #      MPI tests, the Heat round trips (scripts/heat-tests.sh, heat and mpi4py in build/heat-venv);
 #   4. smoke runs of the benchmarks on small sizes, the peer benchmark against PyTorch, TorchRec
 #      and FBGEMM included (scripts/bench-peers.sh; proves they build, run and agree with
-#      embedding_bag; times are not checked).
+#      embedding_bag; times are not checked), and in its venv the framework integrations
+#      (scripts/framework-tests.sh: torch.ops.strata, libstrata_torch.so, strata.pyg, strata.jax),
+#      and strata.legate in its own venv (scripts/legate-tests.sh).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -117,6 +119,21 @@ if [ -n "${STRATA_SKIP_PEERS:-}" ]; then
     echo "== peer benchmark smoke run: SKIPPED (STRATA_SKIP_PEERS is set)"
 else
     STRATA_PEERS_SMOKE=1 bash scripts/bench-peers.sh
+fi
+# PyTorch custom ops and libstrata_torch.so, the PyG feature store and the JAX FFI call, in the same
+# build/peer-venv (torch-geometric and jax added: about 1 minute once; build and tests about 2 min).
+if [ -n "${STRATA_SKIP_FRAMEWORKS:-}" ]; then
+    echo "== framework tests: SKIPPED (STRATA_SKIP_FRAMEWORKS is set)"
+else
+    echo "== framework tests (PyTorch ops, TorchScript, PyG, JAX)"
+    bash scripts/framework-tests.sh
+fi
+# legate and cuPyNumeric 26.6 go into build/legate-venv (about 3 GB, 1.5 min once; tests about 10 s).
+if [ -n "${STRATA_SKIP_LEGATE:-}" ]; then
+    echo "== Legate tests: SKIPPED (STRATA_SKIP_LEGATE is set)"
+else
+    echo "== Legate tests (strata.legate on 1 and 2 CPU processors)"
+    bash scripts/legate-tests.sh
 fi
 cargo bench --bench lookup -- 20000 64 5000 2
 cargo bench --bench tiered -- 20000 16 2000 3

@@ -14,6 +14,18 @@ library's default threads, it times:
   C call alone     strata_lookup through ctypes on DLTensors built once    the floor for Python
   memcpy           numpy.copyto of the output's bytes                      the limit for large
 
+With PyTorch 2.4 or newer it then times the custom ops of strata.torch on ``--small`` keys,
+allocating their outputs as the ops do (wall time, ``torch.set_num_threads(1)``; the ops use
+strata's default threads, which run a call this small on the calling thread):
+
+  ops.lookup         torch.ops.strata.lookup(h, keys)                          eager
+  ops.lookup (compiled)  the same op inside torch.compile(fullgraph=True)
+  index_select       torch.index_select(vectors, 0, keys)                      the anchor (eager, and compiled)
+  ops.lookup_pooled  torch.ops.strata.lookup_pooled(h, keys, offsets, None, "sum"), 8 bags (eager, compiled)
+  embedding_bag      F.embedding_bag(keys, vectors, offsets, mode="sum", include_last_offset=True)
+
+``--ops-library libstrata_torch.so`` times the C++ op library's ops (c_examples/torch) instead.
+
 Rounds are interleaved (every case once per round, ``--budget`` seconds each); each round gives
 per-call times and the ratios strata / anchor. The small calls run on the calling thread alone,
 so they are timed by its CPU time (``time.thread_time``), which other processes sharing the
@@ -82,10 +94,10 @@ def run(label: str, cases: Dict[str, Callable[[], object]], ratios: Dict[str, tu
     for k, ts in times.items():
         med = statistics.median(ts)
         unit, scale = ("us", 1e6) if med < 1e-3 else ("ms", 1e3)
-        print(f"  {k:16s} {med * scale:9.2f} {unit}   (min {min(ts) * scale:.2f}, max {max(ts) * scale:.2f})")
+        print(f"  {k:23s} {med * scale:9.2f} {unit}   (min {min(ts) * scale:.2f}, max {max(ts) * scale:.2f})")
     for name, (a, b) in ratios.items():
         rs = [x / y for x, y in zip(times[a], times[b])]
-        print(f"  {name:34s} {statistics.median(rs):5.2f}x   (min {min(rs):.2f}, max {max(rs):.2f}, {rounds} rounds)")
+        print(f"  {name:37s} {statistics.median(rs):5.2f}x   (min {min(rs):.2f}, max {max(rs):.2f}, {rounds} rounds)")
 
 
 def main() -> None:
@@ -98,6 +110,8 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=0.05, help="seconds per case per round")
     p.add_argument("--clock", choices=("auto", "wall", "thread"), default="auto",
                    help="auto: the calling thread's CPU time for the one-thread small calls, wall time for the rest")
+    p.add_argument("--no-ops", dest="ops", action="store_false", help="leave out the torch.ops.strata section")
+    p.add_argument("--ops-library", help="time the ops of this libstrata_torch.so instead of strata.torch's")
     a = p.parse_args()
 
     import strata
@@ -145,6 +159,61 @@ def main() -> None:
             thread_clock = threads == 1 and a.clock == "auto" or a.clock == "thread"
             clock, cname = (time.thread_time, "thread CPU time") if thread_clock else (time.perf_counter, "wall time")
             run(f"{n} keys, {tdesc}; {cname}", cases, ratios, a.rounds, a.budget, clock)
+        if torch is not None and a.ops:
+            torch.set_num_threads(1)  # a 2-thread pool's wake-ups on a loaded machine cost ms, not us
+            ops_section(table, vt, rng, a)
+
+
+def ops_section(table, vt, rng, a) -> None:
+    """torch.ops.strata.lookup / lookup_pooled, eager and compiled, against index_select and
+    embedding_bag (every output checked against its anchor first)."""
+    import torch
+    import torch.nn.functional as F
+
+    if a.ops_library:  # libstrata_torch.so instead of strata.torch (never both in one process)
+        torch.ops.load_library(a.ops_library)
+        h = torch.ops.strata.table_from_tensors(vt)
+        which = f"libstrata_torch.so ({a.ops_library})"
+    else:
+        try:
+            import strata.torch as st
+        except ImportError as e:
+            print(f"\ntorch.ops.strata: not timed ({e})")
+            return
+        h = st.handle(table)
+        which = "strata.torch (Python custom ops)"
+    n = a.small
+    kt = torch.from_numpy(rng.integers(0, a.rows, n, dtype=np.int64))
+    offsets = torch.from_numpy(np.linspace(0, n, 9).astype(np.int64))  # 8 bags
+    op_lookup = lambda: torch.ops.strata.lookup(h, kt)  # noqa: E731
+    op_pooled = lambda: torch.ops.strata.lookup_pooled(h, kt, offsets, None, "sum")  # noqa: E731
+    index_select = lambda: torch.index_select(vt, 0, kt)  # noqa: E731
+    bag = lambda: F.embedding_bag(kt, vt, offsets, mode="sum", include_last_offset=True)  # noqa: E731
+    c_lookup = torch.compile(lambda k: torch.ops.strata.lookup(h, k), fullgraph=True)
+    c_pooled = torch.compile(lambda k, o: torch.ops.strata.lookup_pooled(h, k, o, None, "sum"), fullgraph=True)
+    c_index = torch.compile(lambda k: torch.index_select(vt, 0, k), fullgraph=True)
+    assert torch.equal(op_lookup(), index_select()) and torch.equal(c_lookup(kt), index_select())
+    assert torch.equal(c_index(kt), index_select())
+    torch.testing.assert_close(op_pooled(), bag(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(c_pooled(kt, offsets), bag(), rtol=1e-5, atol=1e-5)
+    cases: Dict[str, Callable[[], object]] = {
+        "ops.lookup": op_lookup,
+        "ops.lookup (compiled)": lambda: c_lookup(kt),
+        "index_select": index_select,
+        "index_select (compiled)": lambda: c_index(kt),
+        "ops.lookup_pooled": op_pooled,
+        "ops.pooled (compiled)": lambda: c_pooled(kt, offsets),
+        "embedding_bag": bag,
+    }
+    ratios = {
+        "ops.lookup / index_select": ("ops.lookup", "index_select"),
+        "compiled ops.lookup / index_select": ("ops.lookup (compiled)", "index_select"),
+        "compiled: ops.lookup / index_select": ("ops.lookup (compiled)", "index_select (compiled)"),
+        "ops.lookup_pooled / embedding_bag": ("ops.lookup_pooled", "embedding_bag"),
+        "compiled ops.pooled / embedding_bag": ("ops.pooled (compiled)", "embedding_bag"),
+    }
+    run(f"torch.ops.strata from {which}, {n} keys (8 bags for the pooled ones), outputs allocated, torch threads "
+        f"{torch.get_num_threads()}; wall time", cases, ratios, a.rounds, a.budget, time.perf_counter)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,10 @@ partition (keeping its producer alive) and copies several; :func:`lookup`,
 :func:`lookup_pooled` and :func:`lookup_batch` borrow their tensors for the call;
 ``Table.__partitioned__`` hands out read-only views that keep the table alive.
 
+Framework integrations, each an optional extra imported on its own: :mod:`strata.torch`
+(``torch.ops.strata`` custom ops), :mod:`strata.pyg` (a PyG ``FeatureStore``), :mod:`strata.jax`
+(XLA FFI custom calls) and :mod:`strata.legate` (a Legate lookup task).
+
 Pooled lookups (TensorFlow's ``embedding_lookup_sparse``, PyTorch's ``embedding_bag``) and many
 tables in one call (a DLRM's categorical features):
 

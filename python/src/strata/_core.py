@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import weakref
 from ctypes import byref, c_char_p, c_int32, c_uint64
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union, cast
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union, cast
 
 import numpy as np
 
@@ -109,6 +110,11 @@ def _stats_of(st: _ffi.strata_lookup_stats) -> LookupStats:
 
 _C = TypeVar("_C", bound="_Closeable")
 
+#: Every Table by its serial number (never reused), for integrations that carry tables as ints
+#: (strata.torch, strata.jax): a closed or collected table's number finds nothing.
+_serials = itertools.count(1)
+live_tables: "weakref.WeakValueDictionary[int, Table]" = weakref.WeakValueDictionary()
+
 
 class _Closeable:
     """``with`` blocks and garbage collection both end in :meth:`close`."""
@@ -152,6 +158,9 @@ class Table(_Closeable):
         self._keepalive = list(keepalive)  # producers and capsules the table borrows
         self._owner = owner  # the server owning a server table
         self._views: "weakref.WeakSet[TableViewOwner]" = weakref.WeakSet()
+        self.serial: int = next(_serials)  # the int handle of strata.torch and strata.jax
+        live_tables[self.serial] = self
+        self.on_close: List[Callable[[], None]] = []  # run once before the table goes (strata.jax's registry)
 
     # ---- construction ------------------------------------------------------------------------
 
@@ -238,10 +247,16 @@ class Table(_Closeable):
             return
         if len(self._views):
             raise BufferError("table: views of its vectors (from __partitioned__) are still in use")
+        self._run_close_hooks()
         h, self._h = self._h, None
         if self._owner is None:
             _ffi.strata_table_free(h)
         self._keepalive.clear()
+
+    def _run_close_hooks(self) -> None:
+        hooks, self.on_close = self.on_close, []
+        for hook in hooks:
+            hook()
 
     # ---- queries -----------------------------------------------------------------------------
 
@@ -836,6 +851,8 @@ class Server(_Closeable):
     def close(self) -> None:
         """Frees the server and all its tables. No lookup may be running. Twice is fine."""
         if self._h:
+            for t in self._tables.values():
+                t._run_close_hooks()
             h, self._h = self._h, None
             self._tables.clear()
             _ffi.strata_server_free(h)
