@@ -38,15 +38,11 @@ fn soname_of(major: &str, minor: &str) -> String {
 fn soname(out_dir: &Path) {
     let os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
     let family = std::env::var("CARGO_CFG_TARGET_FAMILY").unwrap_or_default();
-    let elf = family.split(',').any(|f| f == "unix")
-        && !matches!(os.as_str(), "macos" | "ios" | "tvos" | "watchos" | "visionos");
+    let elf = family.split(',').any(|f| f == "unix") && !matches!(os.as_str(), "macos" | "ios" | "tvos" | "watchos" | "visionos");
     if !elf {
         return;
     }
-    let name = soname_of(
-        &std::env::var("CARGO_PKG_VERSION_MAJOR").unwrap(),
-        &std::env::var("CARGO_PKG_VERSION_MINOR").unwrap(),
-    );
+    let name = soname_of(&std::env::var("CARGO_PKG_VERSION_MAJOR").unwrap(), &std::env::var("CARGO_PKG_VERSION_MINOR").unwrap());
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,{name}");
     // OUT_DIR is <target>/<profile>/build/strata-<hash>/out; the library goes to <target>/<profile>
     // (and <profile>/deps). Best effort: a missing link only affects hosts linked by -lstrata there.

@@ -102,7 +102,10 @@ fn main() {
         }
         summary.push(line.trim_start_matches("RESULT ").to_string());
     }
-    println!("\n{:>5} {:>10} {:>12} {:>12} {:>8} {:>15} {:>8}", "ranks", "keys/call", "one (ms)", "dist (ms)", "ratio", "round ratios", "limit");
+    println!(
+        "\n{:>5} {:>10} {:>12} {:>12} {:>8} {:>15} {:>8}",
+        "ranks", "keys/call", "one (ms)", "dist (ms)", "ratio", "round ratios", "limit"
+    );
     for s in summary {
         println!("{s}");
     }
@@ -271,7 +274,11 @@ fn ranks() {
         mean[8],
         mean[9] / 1e6
     );
-    println!("one process: {:.1} ns per key on {cores} cores ({:.1} ns per key and core)", one / (size * batch) as f64 * 1e9, one / (size * batch) as f64 * 1e9 * cores as f64);
+    println!(
+        "one process: {:.1} ns per key on {cores} cores ({:.1} ns per key and core)",
+        one / (size * batch) as f64 * 1e9,
+        one / (size * batch) as f64 * 1e9 * cores as f64
+    );
     if size == 2 {
         estimate(&mean, dim, batch);
     }

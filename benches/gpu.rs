@@ -181,7 +181,8 @@ fn batch_line(s: sys::CUstream) -> String {
     let keys: Vec<i64> = tables.iter().map(|t| t.2).collect();
     // SAFETY: dkeys holds 26 * 8 bytes and keys 26 i64; the copy is synchronous.
     unsafe { result::memcpy_htod_sync(dkeys, &keys) }.unwrap();
-    let kd: Vec<Desc> = (0..26).map(|i| Desc::compact((dkeys as usize + i * 8) as *const u8, I64, &[1]).device(DLDeviceType::CUDA)).collect();
+    let kd: Vec<Desc> =
+        (0..26).map(|i| Desc::compact((dkeys as usize + i * 8) as *const u8, I64, &[1]).device(DLDeviceType::CUDA)).collect();
     let mut od: Vec<Desc> = tables
         .iter()
         .enumerate()

@@ -111,19 +111,22 @@ fn main() {
     let src = vec![1f32; batch * dim];
     let (kt, dt) = (keyed.0, dense.0);
     let op: *mut dlpark::ffi::DLTensor = &mut odesc.t;
-    let times = support::medians(11, &mut [
-        // SAFETY: out_ptr is out's buffer of batch * dim floats, alive to the end of main; nothing
-        // else reads or writes it while this case runs (medians runs one case at a time).
-        &mut || parallel_memcpy(&src, unsafe { std::slice::from_raw_parts_mut(out_ptr, batch * dim) }, threads),
-        // SAFETY: kt is the live keyed table (dropped at the end of main); qdesc describes query
-        // (batch keys) and op points at odesc.t, which describes out (batch x dim floats), all
-        // alive to the end of main; opts and keyed_stats are locals.
-        &mut || ok(unsafe { strata_lookup(kt, &qdesc.t, op, &opts, &mut keyed_stats) }),
-        // SAFETY: dt is the live dense table (dropped at the end of main); ddesc describes
-        // dense_query (batch keys) and op points at odesc.t, which describes out (batch x dim
-        // floats), all alive to the end of main; opts is a local.
-        &mut || ok(unsafe { strata_lookup(dt, &ddesc.t, op, &opts, std::ptr::null_mut()) }),
-    ]);
+    let times = support::medians(
+        11,
+        &mut [
+            // SAFETY: out_ptr is out's buffer of batch * dim floats, alive to the end of main; nothing
+            // else reads or writes it while this case runs (medians runs one case at a time).
+            &mut || parallel_memcpy(&src, unsafe { std::slice::from_raw_parts_mut(out_ptr, batch * dim) }, threads),
+            // SAFETY: kt is the live keyed table (dropped at the end of main); qdesc describes query
+            // (batch keys) and op points at odesc.t, which describes out (batch x dim floats), all
+            // alive to the end of main; opts and keyed_stats are locals.
+            &mut || ok(unsafe { strata_lookup(kt, &qdesc.t, op, &opts, &mut keyed_stats) }),
+            // SAFETY: dt is the live dense table (dropped at the end of main); ddesc describes
+            // dense_query (batch keys) and op points at odesc.t, which describes out (batch x dim
+            // floats), all alive to the end of main; opts is a local.
+            &mut || ok(unsafe { strata_lookup(dt, &ddesc.t, op, &opts, std::ptr::null_mut()) }),
+        ],
+    );
     let (t_memcpy, t_keyed, t_dense) = (times[0], times[1], times[2]);
     drop(src);
 
@@ -135,23 +138,26 @@ fn main() {
     let inline = LookupOptions { num_threads: 1, ..LookupOptions::default() };
     let one_op: *mut dlpark::ffi::DLTensor = &mut one_o.t;
     let calls = 100_000;
-    let one_key = support::medians(11, &mut [
-        &mut || {
-            for _ in 0..calls {
-                // SAFETY: kt is the live keyed table; one_k describes one (1 key) and one_op points
-                // at one_o.t, which describes one_out (dim floats), all alive to the end of main;
-                // inline is a local.
-                ok(unsafe { strata_lookup(kt, &one_k.t, one_op, &inline, std::ptr::null_mut()) });
-            }
-        },
-        &mut || {
-            for _ in 0..calls {
-                // SAFETY: kt is the live keyed table; one_k describes one (1 key) and one_op points
-                // at one_o.t, which describes one_out (dim floats), all alive to the end of main.
-                ok(unsafe { strata_lookup(kt, &one_k.t, one_op, std::ptr::null(), std::ptr::null_mut()) });
-            }
-        },
-    ]);
+    let one_key = support::medians(
+        11,
+        &mut [
+            &mut || {
+                for _ in 0..calls {
+                    // SAFETY: kt is the live keyed table; one_k describes one (1 key) and one_op points
+                    // at one_o.t, which describes one_out (dim floats), all alive to the end of main;
+                    // inline is a local.
+                    ok(unsafe { strata_lookup(kt, &one_k.t, one_op, &inline, std::ptr::null_mut()) });
+                }
+            },
+            &mut || {
+                for _ in 0..calls {
+                    // SAFETY: kt is the live keyed table; one_k describes one (1 key) and one_op points
+                    // at one_o.t, which describes one_out (dim floats), all alive to the end of main.
+                    ok(unsafe { strata_lookup(kt, &one_k.t, one_op, std::ptr::null(), std::ptr::null_mut()) });
+                }
+            },
+        ],
+    );
     let (t_one, t_one_default) = (one_key[0] / calls as f64, one_key[1] / calls as f64);
 
     // A memory-mapped table (strata_table_open): opening builds the index and prepares the
@@ -162,10 +168,13 @@ fn main() {
     // points at odesc.t, which describes out (batch x dim floats), all alive to the end of main.
     ok(unsafe { strata_lookup(mapped.0, &qdesc.t, op, &opts, std::ptr::null_mut()) });
     let first_mapped = t0.elapsed().as_secs_f64();
-    let later_mapped = support::medians(5, &mut [
-        // SAFETY: as for the first lookup above.
-        &mut || ok(unsafe { strata_lookup(mapped.0, &qdesc.t, op, &opts, std::ptr::null_mut()) }),
-    ])[0];
+    let later_mapped = support::medians(
+        5,
+        &mut [
+            // SAFETY: as for the first lookup above.
+            &mut || ok(unsafe { strata_lookup(mapped.0, &qdesc.t, op, &opts, std::ptr::null_mut()) }),
+        ],
+    )[0];
     drop(mapped);
     drop(folder);
 
@@ -175,9 +184,7 @@ fn main() {
     let bytes = 2.0 * (batch * dim * 4) as f64;
     let gbs = |t: f64| bytes / t / 1e9;
     println!();
-    println!(
-        "strata lookup benchmark: table {rows} x {dim} float32, batch {batch} keys (~10% misses), {threads} threads"
-    );
+    println!("strata lookup benchmark: table {rows} x {dim} float32, batch {batch} keys (~10% misses), {threads} threads");
     println!(
         "keyed index: {} bytes = {:.2} bytes/key (vectors {} bytes); built in {:.1} ms",
         info.index_bytes,

@@ -133,66 +133,67 @@ fn pooled(args: &[usize], pages: &str) {
     unsafe { std::ptr::copy_nonoverlapping(vectors.as_ptr() as *const u8, huge.as_mut_ptr().add(start), bytes) };
     let huge_ptr = huge.as_ptr() as usize + start;
 
-    let times = support::medians(11, &mut [
-        // The read limit: nnz rows' worth of bytes of the huge-page copy (the memory the
-        // plain random-row loop reads), scanned in order and summed.
-        &mut || {
-            split(threads, threads, |t, _| {
-                // SAFETY: each thread owns sink t; the scan reads inside the huge-page copy.
-                let sink = unsafe { std::slice::from_raw_parts_mut((sink_ptr as *mut f32).add(t * dim), dim) };
-                let (lo, hi) = (nnz * t / threads, nnz * (t + 1) / threads);
-                for i in lo..hi {
-                    // SAFETY: (i % rows) < rows, a whole row of the copy of `vectors`.
-                    let r = unsafe { std::slice::from_raw_parts((huge_ptr as *const f32).add((i % rows) * dim), dim) };
-                    for (s, x) in sink.iter_mut().zip(r) {
-                        *s += *x;
-                    }
-                }
-            })
-        },
-        // A plain loop over the same random rows the pooled lookups read (rowq), summed into one
-        // row per thread, with every line of the row `ahead` keys further prefetched (0: no
-        // prefetch): pooling without the bags, keys or output, what a simple loop gets from
-        // random 512-byte reads on this machine. Not a bound: a lookup that keeps more lines in
-        // flight can beat it.
-        &mut || random_rows(&rowq, huge_ptr, dim, threads, sink_ptr, 0),
-        &mut || random_rows(&rowq, huge_ptr, dim, threads, sink_ptr, 4),
-        &mut || random_rows(&rowq, huge_ptr, dim, threads, sink_ptr, 8),
-        &mut || random_rows(&rowq, huge_ptr, dim, threads, sink_ptr, 16),
-        &mut || {
-            // SAFETY: a live table and descriptions of this benchmark's buffers.
-            ok(unsafe { strata_lookup_pooled(dense.0, &rq.t, &od.t, null(), 1, op, &opts, null_mut()) })
-        },
-        &mut || {
-            // SAFETY: as above.
-            ok(unsafe { strata_lookup_pooled(keyed.0, &kq.t, &od.t, null(), 1, op, &opts, null_mut()) })
-        },
-        // strata's own gather-then-reduce: every row gathered, then summed per bag.
-        &mut || {
-            // SAFETY: live table and descriptions.
-            ok(unsafe { strata_lookup(keyed.0, &kq.t, gp, &opts, null_mut()) });
-            split(bags, threads, |lo, hi| {
-                for b in lo..hi {
-                    // SAFETY: bag b's row of `reduced` belongs to this thread alone.
-                    let acc = unsafe { std::slice::from_raw_parts_mut((red_ptr as *mut f32).add(b * dim), dim) };
-                    acc.fill(0.0);
-                    for j in b * hot..(b + 1) * hot {
-                        // SAFETY: row j of the gathered [nnz, dim] buffer.
-                        let r = unsafe { std::slice::from_raw_parts((g_ptr as *const f32).add(j * dim), dim) };
-                        for (a, x) in acc.iter_mut().zip(r) {
-                            *a += *x;
+    let times = support::medians(
+        11,
+        &mut [
+            // The read limit: nnz rows' worth of bytes of the huge-page copy (the memory the
+            // plain random-row loop reads), scanned in order and summed.
+            &mut || {
+                split(threads, threads, |t, _| {
+                    // SAFETY: each thread owns sink t; the scan reads inside the huge-page copy.
+                    let sink = unsafe { std::slice::from_raw_parts_mut((sink_ptr as *mut f32).add(t * dim), dim) };
+                    let (lo, hi) = (nnz * t / threads, nnz * (t + 1) / threads);
+                    for i in lo..hi {
+                        // SAFETY: (i % rows) < rows, a whole row of the copy of `vectors`.
+                        let r = unsafe { std::slice::from_raw_parts((huge_ptr as *const f32).add((i % rows) * dim), dim) };
+                        for (s, x) in sink.iter_mut().zip(r) {
+                            *s += *x;
                         }
                     }
-                }
-            })
-        },
-    ]);
+                })
+            },
+            // A plain loop over the same random rows the pooled lookups read (rowq), summed into one
+            // row per thread, with every line of the row `ahead` keys further prefetched (0: no
+            // prefetch): pooling without the bags, keys or output, what a simple loop gets from
+            // random 512-byte reads on this machine. Not a bound: a lookup that keeps more lines in
+            // flight can beat it.
+            &mut || random_rows(&rowq, huge_ptr, dim, threads, sink_ptr, 0),
+            &mut || random_rows(&rowq, huge_ptr, dim, threads, sink_ptr, 4),
+            &mut || random_rows(&rowq, huge_ptr, dim, threads, sink_ptr, 8),
+            &mut || random_rows(&rowq, huge_ptr, dim, threads, sink_ptr, 16),
+            &mut || {
+                // SAFETY: a live table and descriptions of this benchmark's buffers.
+                ok(unsafe { strata_lookup_pooled(dense.0, &rq.t, &od.t, null(), 1, op, &opts, null_mut()) })
+            },
+            &mut || {
+                // SAFETY: as above.
+                ok(unsafe { strata_lookup_pooled(keyed.0, &kq.t, &od.t, null(), 1, op, &opts, null_mut()) })
+            },
+            // strata's own gather-then-reduce: every row gathered, then summed per bag.
+            &mut || {
+                // SAFETY: live table and descriptions.
+                ok(unsafe { strata_lookup(keyed.0, &kq.t, gp, &opts, null_mut()) });
+                split(bags, threads, |lo, hi| {
+                    for b in lo..hi {
+                        // SAFETY: bag b's row of `reduced` belongs to this thread alone.
+                        let acc = unsafe { std::slice::from_raw_parts_mut((red_ptr as *mut f32).add(b * dim), dim) };
+                        acc.fill(0.0);
+                        for j in b * hot..(b + 1) * hot {
+                            // SAFETY: row j of the gathered [nnz, dim] buffer.
+                            let r = unsafe { std::slice::from_raw_parts((g_ptr as *const f32).add(j * dim), dim) };
+                            for (a, x) in acc.iter_mut().zip(r) {
+                                *a += *x;
+                            }
+                        }
+                    }
+                })
+            },
+        ],
+    );
     let (t_limit, t_rand, t_dense, t_keyed, t_gr) = (times[0], times[1], times[5], times[6], times[7]);
     // The plain loop at its best prefetch distance, in this run.
-    let (t_rand_pf, best_ahead) = [(times[2], 4), (times[3], 8), (times[4], 16)]
-        .into_iter()
-        .min_by(|a, b| a.0.total_cmp(&b.0))
-        .expect("three distances");
+    let (t_rand_pf, best_ahead) =
+        [(times[2], 4), (times[3], 8), (times[4], 16)].into_iter().min_by(|a, b| a.0.total_cmp(&b.0)).expect("three distances");
     assert_eq!(out, reduced, "the pooled and the gather-then-reduce sums differ");
 
     let anchor = run_anchor(rows, dim, bags, hot, threads);
@@ -275,28 +276,31 @@ fn batch(calls: usize) {
         .collect();
     let inline = LookupOptions { num_threads: 1, ..strata_lookup_options_default() };
     let first_out: *mut dlpark::ffi::DLTensor = &mut odescs[0].t;
-    let per_call = support::medians(7, &mut [
-        &mut || {
-            for _ in 0..calls {
-                // SAFETY: a live table and descriptions.
-                ok(unsafe { strata_lookup(small[0].0, &one_k.t, first_out, &inline, null_mut()) });
-            }
-        },
-        &mut || {
-            for _ in 0..calls {
-                // SAFETY: 26 requests over live tables and descriptions.
-                ok(unsafe { strata_lookup_batch(requests.as_ptr(), requests.len(), &inline) });
-            }
-        },
-        &mut || {
-            for _ in 0..calls {
-                for r in &requests {
-                    // SAFETY: as above.
-                    ok(unsafe { strata_lookup(r.table, r.keys, r.out, &inline, null_mut()) });
+    let per_call = support::medians(
+        7,
+        &mut [
+            &mut || {
+                for _ in 0..calls {
+                    // SAFETY: a live table and descriptions.
+                    ok(unsafe { strata_lookup(small[0].0, &one_k.t, first_out, &inline, null_mut()) });
                 }
-            }
-        },
-    ]);
+            },
+            &mut || {
+                for _ in 0..calls {
+                    // SAFETY: 26 requests over live tables and descriptions.
+                    ok(unsafe { strata_lookup_batch(requests.as_ptr(), requests.len(), &inline) });
+                }
+            },
+            &mut || {
+                for _ in 0..calls {
+                    for r in &requests {
+                        // SAFETY: as above.
+                        ok(unsafe { strata_lookup(r.table, r.keys, r.out, &inline, null_mut()) });
+                    }
+                }
+            },
+        ],
+    );
     let (t_one, t_batch, t_26) = (per_call[0] / calls as f64, per_call[1] / calls as f64, per_call[2] / calls as f64);
 
     println!(

@@ -19,10 +19,10 @@ mod common;
 
 use common::*;
 use std::ffi::CString;
-use strata::storage::tier::persistent::PersistentStore;
-use strata::storage::tier::volatile::{OverflowPolicy, VolatileTier};
 use std::io::Write;
 use std::time::Instant;
+use strata::storage::tier::persistent::PersistentStore;
+use strata::storage::tier::volatile::{OverflowPolicy, VolatileTier};
 
 /// Samples ranks 0..n with P(r) proportional to 1 / (r + 1)^alpha, by inverting the CDF.
 struct Zipf {
@@ -113,8 +113,7 @@ fn main() {
     let keyed = Owned(keyed);
 
     let zipf = Zipf::new(rows, 1.1);
-    let queries: Vec<Vec<i64>> =
-        (0..batches + 1).map(|_| (0..batch).map(|_| keys[zipf.sample(&mut rng)]).collect()).collect();
+    let queries: Vec<Vec<i64>> = (0..batches + 1).map(|_| (0..batch).map(|_| keys[zipf.sample(&mut rng)]).collect()).collect();
     let mut out = vec![0f32; batch * dim];
     let op = out.as_mut_ptr();
     // Wall time and process CPU time (all threads) of one lookup: on a shared machine the CPU
@@ -281,7 +280,9 @@ fn main() {
             let ks: Vec<u64> = (0..n).map(|_| keys[(r.next() % rows as u64) as usize] as u64).collect();
             let (mut rows_b, mut found) = (vec![0f32; n * dim], vec![false; n]);
             t.get_many(&ks, &mut rows_b, &mut found).unwrap();
-            for k in ks.chunks(67) { let _ = k; }
+            for k in ks.chunks(67) {
+                let _ = k;
+            }
             let per = if round % 2 == 0 { 67 } else { n };
             // evict CPU caches with unrelated traffic
             let junk: Vec<u8> = vec![1u8; 64 << 20];
@@ -290,7 +291,11 @@ fn main() {
             for (kc, (rc, fc)) in ks.chunks(per).zip(rows_b.chunks_mut(per * dim).zip(found.chunks_mut(per))) {
                 t.get_many(kc, rc, fc).unwrap();
             }
-            println!("EXPERIMENT lmdb {n} keys in calls of {per}: {:.0} ns wall {:.0} ns CPU per key", t0.elapsed().as_secs_f64() / n as f64 * 1e9, (cpu_s() - c0) / n as f64 * 1e9);
+            println!(
+                "EXPERIMENT lmdb {n} keys in calls of {per}: {:.0} ns wall {:.0} ns CPU per key",
+                t0.elapsed().as_secs_f64() / n as f64 * 1e9,
+                (cpu_s() - c0) / n as f64 * 1e9
+            );
         }
     }
     let hot_batches = batches.min(5);

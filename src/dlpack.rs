@@ -27,11 +27,7 @@ impl KeyDtype {
             (DLDataTypeCode::UINT, 32, 1) => KeyDtype::U32,
             (DLDataTypeCode::UINT, 64, 1) => KeyDtype::U64,
             _ => {
-                return Err(Error::Dtype {
-                    arg,
-                    got: dtype_name(dt),
-                    expected: "int32, int64, uint32 or uint64",
-                });
+                return Err(Error::Dtype { arg, got: dtype_name(dt), expected: "int32, int64, uint32 or uint64" });
             }
         };
         Ok(k)
@@ -428,10 +424,9 @@ impl TensorView {
     pub fn require_non_negative_strides(&self) -> Result<()> {
         match self.strides.iter().position(|&s| s < 0) {
             None => Ok(()),
-            Some(d) => Err(Error::layout(
-                self.arg,
-                format!("strides[{d}] = {} is negative; expected non-negative strides", self.strides[d]),
-            )),
+            Some(d) => {
+                Err(Error::layout(self.arg, format!("strides[{d}] = {} is negative; expected non-negative strides", self.strides[d])))
+            }
         }
     }
 
@@ -524,17 +519,11 @@ fn dlpark_error(e: dlpark::tensor::Error, arg: &'static str) -> Error {
     match e {
         E::NullShapePtr { ndim } => Error::Null { arg: null_shape_arg(arg, ndim) },
         E::NegativeNdim { ndim } => Error::invalid(arg, format!("ndim = {ndim}; expected ndim >= 0")),
-        E::NegativeDimension { axis, value } => {
-            Error::invalid(arg, format!("shape[{axis}] = {value}; expected non-negative sizes"))
+        E::NegativeDimension { axis, value } => Error::invalid(arg, format!("shape[{axis}] = {value}; expected non-negative sizes")),
+        E::ZeroDtypeBits | E::ZeroDtypeLanes => {
+            Error::Dtype { arg, got: "with zero bits or lanes".into(), expected: "a dtype with bits > 0 and lanes > 0" }
         }
-        E::ZeroDtypeBits | E::ZeroDtypeLanes => Error::Dtype {
-            arg,
-            got: "with zero bits or lanes".into(),
-            expected: "a dtype with bits > 0 and lanes > 0",
-        },
-        E::NumElementsOverflow | E::NumBytesOverflow => {
-            Error::layout(arg, "the number of elements or bytes overflows the address space")
-        }
+        E::NumElementsOverflow | E::NumBytesOverflow => Error::layout(arg, "the number of elements or bytes overflows the address space"),
         other => Error::invalid(arg, other.to_string()),
     }
 }

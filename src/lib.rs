@@ -55,10 +55,7 @@ mod header_tests {
             std::fs::write(&path, generated).unwrap();
         }
         let committed = std::fs::read_to_string(&path).unwrap_or_default();
-        assert!(
-            committed == generated,
-            "include/{name} is stale: run `STRATA_UPDATE_HEADER=1 cargo test header` and commit it"
-        );
+        assert!(committed == generated, "include/{name} is stale: run `STRATA_UPDATE_HEADER=1 cargo test header` and commit it");
     }
 
     /// The committed header must equal the one build.rs generates from the current sources.

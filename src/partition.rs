@@ -8,8 +8,8 @@
 
 use crate::dlpack::{FloatDtype, TensorView, dtype_name, require_host};
 use crate::error::{Error, Result};
-use crate::storage::store::Store;
 use crate::model::{StaticTable, TableOptions};
+use crate::storage::store::Store;
 use dlpark::ffi::{DLDataType, DLDevice, DLDeviceType, DLTensor};
 use std::ffi::c_void;
 
@@ -138,9 +138,7 @@ fn sizes(v: &[i64], n: usize, what: &str) -> Result<Vec<usize>> {
     }
     v.iter()
         .enumerate()
-        .map(|(i, &x)| {
-            usize::try_from(x).map_err(|_| Error::invalid("desc", format!("{what}[{i}] = {x}; expected a non-negative value")))
-        })
+        .map(|(i, &x)| usize::try_from(x).map_err(|_| Error::invalid("desc", format!("{what}[{i}] = {x}; expected a non-negative value"))))
         .collect()
 }
 
@@ -156,9 +154,11 @@ fn dims(shape: &[i64], tiling: &[i64]) -> Result<(Vec<usize>, Vec<usize>, usize)
     if let Some(i) = tiling.iter().position(|&t| t == 0) {
         return Err(Error::invalid("desc", format!("partition_tiling[{i}] = 0; expected at least 1 partition per dimension")));
     }
-    let count = tiling.iter().try_fold(1usize, |a, &t| a.checked_mul(t)).filter(|&c| c <= 1 << 24).ok_or_else(|| {
-        Error::invalid("desc", format!("partition_tiling {tiling:?} has too many partitions"))
-    })?;
+    let count = tiling
+        .iter()
+        .try_fold(1usize, |a, &t| a.checked_mul(t))
+        .filter(|&c| c <= 1 << 24)
+        .ok_or_else(|| Error::invalid("desc", format!("partition_tiling {tiling:?} has too many partitions")))?;
     Ok((shape, tiling, count))
 }
 
@@ -201,10 +201,7 @@ pub(crate) unsafe fn validate(d: Description<'_>) -> Result<Layout> {
         for dd in 0..nd {
             let end = start[dd] as u128 + pshape[dd] as u128;
             if end > shape[dd] as u128 {
-                return Err(Error::invalid(
-                    "desc",
-                    format!("{name}: start[{dd}]+shape[{dd}] = {end} exceeds shape[{dd}] = {}", shape[dd]),
-                ));
+                return Err(Error::invalid("desc", format!("{name}: start[{dd}]+shape[{dd}] = {end} exceeds shape[{dd}] = {}", shape[dd])));
             }
         }
         if p.locations.is_empty() {
@@ -274,10 +271,7 @@ pub(crate) unsafe fn validate(d: Description<'_>) -> Result<Layout> {
             let (s, n, g) = first.expect("every grid index has partitions");
             if s != expect_start {
                 let how = if s > expect_start { "leaves a gap" } else { "overlaps the previous partition" };
-                return Err(Error::invalid(
-                    "desc",
-                    format!("{}: start[{dd}] = {s}; expected {expect_start}: it {how}", grid_name(g)),
-                ));
+                return Err(Error::invalid("desc", format!("{}: start[{dd}] = {s}; expected {expect_start}: it {how}", grid_name(g))));
             }
             expect_start = s + n;
         }
@@ -285,10 +279,7 @@ pub(crate) unsafe fn validate(d: Description<'_>) -> Result<Layout> {
             let last = parts.iter().find(|p| p.grid[dd] == tiling[dd] - 1).map(|p| grid_name(&p.grid)).unwrap_or_default();
             return Err(Error::invalid(
                 "desc",
-                format!(
-                    "{last}: the partitions end at {expect_start} along dimension {dd}; expected shape[{dd}] = {}",
-                    shape[dd]
-                ),
+                format!("{last}: the partitions end at {expect_start} along dimension {dd}; expected shape[{dd}] = {}", shape[dd]),
             ));
         }
     }
@@ -359,7 +350,10 @@ pub(crate) fn check_row_split(layout: &Layout) -> Result<(usize, usize)> {
     if layout.tiling[1] != 1 {
         return Err(Error::invalid(
             "desc",
-            format!("partition_tiling {:?} splits the columns; expected ({}, 1): tables are split along rows", layout.tiling, layout.tiling[0]),
+            format!(
+                "partition_tiling {:?} splits the columns; expected ({}, 1): tables are split along rows",
+                layout.tiling, layout.tiling[0]
+            ),
         ));
     }
     Ok((layout.shape[0], layout.shape[1]))
@@ -782,9 +776,7 @@ mod tests {
 
     #[test]
     fn equal_claims_need_no_merge_and_heats_replicas_do() {
-        let split: Vec<RankClaim> = (0..3)
-            .map(|r| claim(&[4, 4, 3], &[vec![0], vec![1], vec![2]], &[r == 0, r == 1, r == 2]))
-            .collect();
+        let split: Vec<RankClaim> = (0..3).map(|r| claim(&[4, 4, 3], &[vec![0], vec![1], vec![2]], &[r == 0, r == 1, r == 2])).collect();
         let all: Vec<u64> = split.iter().enumerate().flat_map(|(r, c)| c.summary(r)).collect();
         assert!(summaries_agree(&all));
         assert_eq!(summary_dtype(&all), Some(FloatDtype::F32));

@@ -66,8 +66,7 @@ fn macro_names(file: &Path, lang: Lang, include_dirs: &[&Path]) -> BTreeSet<Stri
 /// The macros `header` defines beyond those of the system headers it includes (`#include <...>`).
 fn header_macros(header: &Path, lang: Lang, include_dirs: &[&Path]) -> BTreeSet<String> {
     let text = std::fs::read_to_string(header).unwrap();
-    let system: String =
-        text.lines().filter(|l| l.trim_start().starts_with("#include <")).map(|l| format!("{l}\n")).collect();
+    let system: String = text.lines().filter(|l| l.trim_start().starts_with("#include <")).map(|l| format!("{l}\n")).collect();
     let dir = tempfile::tempdir().unwrap();
     let baseline = dir.path().join("system_includes.h");
     std::fs::write(&baseline, system).unwrap();
@@ -114,10 +113,8 @@ enum Tok {
 }
 
 fn tokenize(src: &str) -> Vec<Tok> {
-    const PUNCTS: [&str; 25] = [
-        "...", "::", "->", "<<", ">>", "(", ")", "[", "]", "{", "}", ";", ",", "*", "=", ":", "&", "|", "+", "-", "/",
-        "<", ">", "~", "?",
-    ];
+    const PUNCTS: [&str; 25] =
+        ["...", "::", "->", "<<", ">>", "(", ")", "[", "]", "{", "}", ";", ",", "*", "=", ":", "&", "|", "+", "-", "/", "<", ">", "~", "?"];
     let b = src.as_bytes();
     let mut toks = Vec::new();
     let mut i = 0;
@@ -364,8 +361,8 @@ fn parse_decls(src: &str) -> Decls {
         }
         chunks.push(&flat[s..]);
         for chunk in chunks {
-            let (name, function) = declarator_name(chunk)
-                .unwrap_or_else(|| panic!("cannot tell what this declaration declares: {chunk:?}"));
+            let (name, function) =
+                declarator_name(chunk).unwrap_or_else(|| panic!("cannot tell what this declaration declares: {chunk:?}"));
             assert!(!KEYWORDS.contains(&name.as_str()), "misread a declaration (name {name:?}): {d:?}");
             let set = if typedef {
                 &mut out.typedefs
@@ -410,9 +407,7 @@ fn offending(names: &BTreeSet<(String, String)>) -> Vec<String> {
 /// A folder with strata_features.h as CMake writes it (what strata.h includes when installed).
 fn features_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let template =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("cmake").join("strata_features.h.in"))
-            .unwrap();
+    let template = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("cmake").join("strata_features.h.in")).unwrap();
     let text = template.replace("@STRATA_HAS_CUDA@", "1").replace("@STRATA_HAS_MPI@", "1");
     std::fs::write(dir.path().join("strata_features.h"), text).unwrap();
     dir
@@ -515,11 +510,7 @@ fn declaration_parser_reads_every_form() {
 fn cdylib() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let lib = exe.parent().unwrap().join("libstrata.so");
-    assert!(
-        lib.exists(),
-        "{} is missing: the crate's cdylib is built with the tests (crate-type cdylib)",
-        lib.display()
-    );
+    assert!(lib.exists(), "{} is missing: the crate's cdylib is built with the tests (crate-type cdylib)", lib.display());
     lib
 }
 
@@ -553,11 +544,7 @@ fn exported_symbols_are_the_header_functions() {
          does not export: {missing:?}",
         lib.display()
     );
-    assert_eq!(
-        data, decls.variables,
-        "exported data symbols (the header declares these variables: {:?})",
-        decls.variables
-    );
+    assert_eq!(data, decls.variables, "exported data symbols (the header declares these variables: {:?})", decls.variables);
     assert!(other.is_empty(), "exported symbols of unexpected kinds: {other:?}");
 }
 
@@ -569,10 +556,7 @@ fn cdylib_has_a_versioned_soname() {
     let (major, minor) = (env!("CARGO_PKG_VERSION_MAJOR"), env!("CARGO_PKG_VERSION_MINOR"));
     let want = if major == "0" { format!("libstrata.so.0.{minor}") } else { format!("libstrata.so.{major}") };
     let dynamic = run(Command::new("readelf").arg("-d").arg(cdylib()));
-    let soname = dynamic
-        .lines()
-        .find(|l| l.contains("(SONAME)"))
-        .and_then(|l| l.split('[').nth(1))
-        .map(|s| s.trim_end_matches(']').to_string());
+    let soname =
+        dynamic.lines().find(|l| l.contains("(SONAME)")).and_then(|l| l.split('[').nth(1)).map(|s| s.trim_end_matches(']').to_string());
     assert_eq!(soname.as_deref(), Some(want.as_str()), "readelf -d:\n{dynamic}");
 }

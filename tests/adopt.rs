@@ -53,11 +53,7 @@ unsafe extern "C" fn delete_versioned(m: *mut DLManagedTensorVersioned) {
 
 fn legacy(p: Box<Producer>) -> *mut DLManagedTensor {
     let t: DLTensor = p.desc.t;
-    Box::into_raw(Box::new(DLManagedTensor {
-        dl_tensor: t,
-        manager_ctx: Box::into_raw(p) as *mut c_void,
-        deleter: Some(delete_legacy),
-    }))
+    Box::into_raw(Box::new(DLManagedTensor { dl_tensor: t, manager_ctx: Box::into_raw(p) as *mut c_void, deleter: Some(delete_legacy) }))
 }
 
 fn versioned(p: Box<Producer>, version: DLPackVersion, flags: u64) -> *mut DLManagedTensorVersioned {
@@ -140,7 +136,12 @@ fn failed_adoption_leaves_ownership_with_the_caller() {
     let cases: Vec<(Box<Producer>, DLPackVersion, Status, &str)> = vec![
         (producer(vec![0.0; 8], &[8], &[1], &DELETED), V1_0, Status::STRATA_INVALID_ARGUMENT, "vectors: ndim = 1"),
         (producer(vec![0.0; 8], &[4, 2], &[1, 4], &DELETED), V1_0, Status::STRATA_INVALID_LAYOUT, "unit element stride"),
-        (producer(vec![0.0; 8], &[4, 2], &[1, 1], &DELETED), V1_0, Status::STRATA_INVALID_LAYOUT, "strides[0] = 1 is less than dim = 2; rows overlap"),
+        (
+            producer(vec![0.0; 8], &[4, 2], &[1, 1], &DELETED),
+            V1_0,
+            Status::STRATA_INVALID_LAYOUT,
+            "strides[0] = 1 is less than dim = 2; rows overlap",
+        ),
         (producer(vec![0.0; 8], &[2, 2], &[-2, 1], &DELETED), V1_0, Status::STRATA_INVALID_LAYOUT, "strides[0] = -2 is negative"),
         (
             producer(vec![0.0; 8], &[4, 2], &[2, 1], &DELETED),

@@ -123,10 +123,7 @@ fn hps_demo_fixture_loads_with_paths_from_its_folder() {
     assert_eq!(c.models.len(), 1);
     let m = &c.models[0];
     assert_eq!(m.model, "hps_demo");
-    assert_eq!(
-        m.sparse_files,
-        vec![folder.join("hps_demo0_sparse_1000.model"), folder.join("hps_demo1_sparse_1000.model")]
-    );
+    assert_eq!(m.sparse_files, vec![folder.join("hps_demo0_sparse_1000.model"), folder.join("hps_demo1_sparse_1000.model")]);
     assert!(m.sparse_files.iter().all(|p| p.is_absolute() && p.is_dir()));
     assert_eq!(m.embedding_table_names, ["sparse_embedding1", "sparse_embedding2"]);
     assert_eq!(m.embedding_vecsize_per_table, [4, 8]);
@@ -311,7 +308,8 @@ fn two_models_with_database_sections_like_the_hps_docs() {
     assert_eq!(
         c.warnings,
         [
-            "fuse_embedding_table: ignored (strata looks each table up on its own; table fusion is an HPS GPU-plugin optimisation)".to_string(),
+            "fuse_embedding_table: ignored (strata looks each table up on its own; table fusion is an HPS GPU-plugin optimisation)"
+                .to_string(),
             format!("volatile_db.address: ignored ({redis})"),
             "volatile_db.allocation_rate: ignored (strata allocates the volatile tier itself)".to_string(),
             format!("volatile_db.password: ignored ({redis})"),
@@ -393,27 +391,15 @@ fn hps_aliases_and_edge_values_are_accepted() {
     type Check<'a> = &'a dyn Fn(&PsConfig) -> bool;
     let cases: [(&str, Value, Check); 17] = [
         ("/volatile_db", json!({"type": "hashmap"}), &|c| c.volatile_db.kind == VolatileDbKind::HashMap),
-        ("/volatile_db", json!({"type": "parallel_hashmap"}), &|c| {
-            c.volatile_db.kind == VolatileDbKind::ParallelHashMap
-        }),
+        ("/volatile_db", json!({"type": "parallel_hashmap"}), &|c| c.volatile_db.kind == VolatileDbKind::ParallelHashMap),
         ("/volatile_db", json!({"type": "disabled"}), &|c| c.volatile_db.kind == VolatileDbKind::Disabled),
         ("/volatile_db", json!({"type": "none"}), &|c| c.volatile_db.kind == VolatileDbKind::Disabled),
-        ("/volatile_db", json!({"overflow_policy": "evict_oldest"}), &|c| {
-            c.volatile_db.overflow_policy == OverflowPolicy::EvictOldest
-        }),
-        ("/volatile_db", json!({"overflow_policy": "least_used"}), &|c| {
-            c.volatile_db.overflow_policy == OverflowPolicy::EvictLeastUsed
-        }),
-        ("/volatile_db", json!({"overflow_policy": "random"}), &|c| {
-            c.volatile_db.overflow_policy == OverflowPolicy::EvictRandom
-        }),
+        ("/volatile_db", json!({"overflow_policy": "evict_oldest"}), &|c| c.volatile_db.overflow_policy == OverflowPolicy::EvictOldest),
+        ("/volatile_db", json!({"overflow_policy": "least_used"}), &|c| c.volatile_db.overflow_policy == OverflowPolicy::EvictLeastUsed),
+        ("/volatile_db", json!({"overflow_policy": "random"}), &|c| c.volatile_db.overflow_policy == OverflowPolicy::EvictRandom),
         // (0, 1]: 1 is allowed.
-        ("/volatile_db", json!({"overflow_resolution_target": 1}), &|c| {
-            c.volatile_db.overflow_resolution_target == 1.0
-        }),
-        ("/volatile_db", json!({"overflow_margin": 18446744073709551615u64}), &|c| {
-            c.volatile_db.overflow_margin == usize::MAX
-        }),
+        ("/volatile_db", json!({"overflow_resolution_target": 1}), &|c| c.volatile_db.overflow_resolution_target == 1.0),
+        ("/volatile_db", json!({"overflow_margin": 18446744073709551615u64}), &|c| c.volatile_db.overflow_margin == usize::MAX),
         ("/volatile_db", json!({"initial_cache_rate": 0}), &|c| c.volatile_db.initial_cache_rate == 0.0),
         ("/persistent_db", json!({"type": "rocksdb"}), &|c| c.persistent_db.kind == PersistentDbKind::RocksDb),
         ("/persistent_db", json!({"type": "disable"}), &|c| c.persistent_db.kind == PersistentDbKind::Disabled),
@@ -421,12 +407,8 @@ fn hps_aliases_and_edge_values_are_accepted() {
         // HPS documents hit_rate_threshold > 1 as "always insert synchronously".
         ("/models/0/hit_rate_threshold", json!(1.5), &|c| c.models[0].hit_rate_threshold == 1.5),
         ("/models/0/max_batch_size", json!(1e6), &|c| c.models[0].max_batch_size == 1_000_000),
-        ("/models/0/embedding_cache_type", json!("static"), &|c| {
-            c.models[0].embedding_cache_type == EmbeddingCacheType::Static
-        }),
-        ("/models/0/default_value_for_each_table", json!([-1, 2.5]), &|c| {
-            c.models[0].default_value_for_each_table == [-1.0, 2.5]
-        }),
+        ("/models/0/embedding_cache_type", json!("static"), &|c| c.models[0].embedding_cache_type == EmbeddingCacheType::Static),
+        ("/models/0/default_value_for_each_table", json!([-1, 2.5]), &|c| c.models[0].default_value_for_each_table == [-1.0, 2.5]),
     ];
     for (ptr, x, check) in cases {
         let v = set(base(), ptr, x.clone());
@@ -446,10 +428,7 @@ fn use_static_table_forces_the_static_cache_as_in_hps() {
     let v = set(set(base(), "/models/1/use_static_table", json!(true)), "/models/1/embedding_cache_type", json!("uvm"));
     let c = ok(dir.path(), &v);
     assert_eq!(c.models[1].embedding_cache_type, EmbeddingCacheType::Static);
-    assert_eq!(
-        c.warnings,
-        ["models[1].embedding_cache_type: \"uvm\" overridden by use_static_table = true (as in HPS)"]
-    );
+    assert_eq!(c.warnings, ["models[1].embedding_cache_type: \"uvm\" overridden by use_static_table = true (as in HPS)"]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -527,11 +506,8 @@ fn relative_paths_resolve_against_the_config_folder() {
     let abs = sparse(elsewhere.path(), "abs_table", 4, 4);
     std::fs::create_dir(dir.path().join("sub")).unwrap();
     sparse(&dir.path().join("sub"), "nested", 1, 8);
-    let v = set(
-        set(base(), "/models/0/sparse_files", json!([abs.to_str().unwrap(), "sub/nested"])),
-        "/persistent_db",
-        json!({"path": "db"}),
-    );
+    let v =
+        set(set(base(), "/models/0/sparse_files", json!([abs.to_str().unwrap(), "sub/nested"])), "/persistent_db", json!({"path": "db"}));
     let c = ok(dir.path(), &v);
     assert_eq!(c.models[0].sparse_files, [abs, dir.path().join("sub/nested")]);
     assert_eq!(c.models[1].sparse_files, [dir.path().join("t2")]);
@@ -565,33 +541,13 @@ fn wrong_types_and_missing_fields() {
         (set(base(), "/models/1", json!(3)), "models[1]", "expected an object, got a number"),
         (remove(base(), "/models/1/model"), "models[1].model", "is missing; it is required: the model's name"),
         (set(base(), "/models/0/model", json!(5)), "models[0].model", "expected a string, got a number"),
-        (
-            set(base(), "/models/0/model", json!("")),
-            "models[0].model",
-            "is an empty string; expected a non-empty string",
-        ),
+        (set(base(), "/models/0/model", json!("")), "models[0].model", "is an empty string; expected a non-empty string"),
         (remove(base(), "/models/0/sparse_files"), "models[0].sparse_files", "is missing; it is required"),
-        (
-            set(base(), "/models/0/sparse_files", json!("t0")),
-            "models[0].sparse_files",
-            "expected an array, got a string",
-        ),
+        (set(base(), "/models/0/sparse_files", json!("t0")), "models[0].sparse_files", "expected an array, got a string"),
         (set(base(), "/models/0/sparse_files", json!([])), "models[0].sparse_files", "is empty; expected at least one"),
-        (
-            set(base(), "/models/0/sparse_files/1", json!(7)),
-            "models[0].sparse_files[1]",
-            "expected a string, got a number",
-        ),
-        (
-            set(base(), "/models/0/sparse_files/1", json!(null)),
-            "models[0].sparse_files[1]",
-            "expected a string, got null",
-        ),
-        (
-            remove(base(), "/models/1/embedding_vecsize_per_table"),
-            "models[1].embedding_vecsize_per_table",
-            "is missing; it is required",
-        ),
+        (set(base(), "/models/0/sparse_files/1", json!(7)), "models[0].sparse_files[1]", "expected a string, got a number"),
+        (set(base(), "/models/0/sparse_files/1", json!(null)), "models[0].sparse_files[1]", "expected a string, got null"),
+        (remove(base(), "/models/1/embedding_vecsize_per_table"), "models[1].embedding_vecsize_per_table", "is missing; it is required"),
         (
             remove(base(), "/models/0/maxnum_catfeature_query_per_table_per_sample"),
             "models[0].maxnum_catfeature_query_per_table_per_sample",
@@ -617,46 +573,22 @@ fn wrong_types_and_missing_fields() {
             "models[0].embedding_table_names[1]",
             "expected a string, got a number",
         ),
-        (
-            set(base(), "/models/0/embedding_table_names", json!(["a", ""])),
-            "models[0].embedding_table_names[1]",
-            "is an empty string",
-        ),
+        (set(base(), "/models/0/embedding_table_names", json!(["a", ""])), "models[0].embedding_table_names[1]", "is an empty string"),
         (
             set(base(), "/models/0/default_value_for_each_table", json!(["0", 1])),
             "models[0].default_value_for_each_table[0]",
             "expected a number, got a string",
         ),
-        (
-            set(base(), "/models/0/deployed_device_list", json!("0")),
-            "models[0].deployed_device_list",
-            "expected an array, got a string",
-        ),
-        (
-            set(base(), "/models/0/gpucache", json!("yes")),
-            "models[0].gpucache",
-            "expected a boolean (true or false), got a string",
-        ),
+        (set(base(), "/models/0/deployed_device_list", json!("0")), "models[0].deployed_device_list", "expected an array, got a string"),
+        (set(base(), "/models/0/gpucache", json!("yes")), "models[0].gpucache", "expected a boolean (true or false), got a string"),
         (
             set(base(), "/models/0/use_static_table", json!(1)),
             "models[0].use_static_table",
             "expected a boolean (true or false), got a number",
         ),
-        (
-            set(base(), "/models/1/gpucacheper", json!("0.5")),
-            "models[1].gpucacheper",
-            "expected a number, got a string",
-        ),
-        (
-            set(base(), "/models/0/embedding_cache_type", json!(2)),
-            "models[0].embedding_cache_type",
-            "expected a string, got a number",
-        ),
-        (
-            set(base(), "/supportlonglong", json!("true")),
-            "supportlonglong",
-            "expected a boolean (true or false), got a string",
-        ),
+        (set(base(), "/models/1/gpucacheper", json!("0.5")), "models[1].gpucacheper", "expected a number, got a string"),
+        (set(base(), "/models/0/embedding_cache_type", json!(2)), "models[0].embedding_cache_type", "expected a string, got a number"),
+        (set(base(), "/supportlonglong", json!("true")), "supportlonglong", "expected a boolean (true or false), got a string"),
         (set(base(), "/volatile_db", json!([])), "volatile_db", "expected an object, got an array"),
         (set(base(), "/volatile_db", json!({"type": 3})), "volatile_db.type", "expected a string, got a number"),
         (
@@ -711,61 +643,26 @@ fn out_of_range_values() {
         ),
         ("/models/0/max_batch_size", json!(-5), "models[0].max_batch_size", "expected a non-negative integer, got -5"),
         ("/models/0/max_batch_size", json!(0), "models[0].max_batch_size", "0 is too small; expected an integer >= 1"),
-        (
-            "/models/0/deployed_device_list",
-            json!([]),
-            "models[0].deployed_device_list",
-            "is empty; expected at least one device id",
-        ),
+        ("/models/0/deployed_device_list", json!([]), "models[0].deployed_device_list", "is empty; expected at least one device id"),
         (
             "/models/0/deployed_device_list",
             json!([0, -1]),
             "models[0].deployed_device_list[1]",
             "-1 is not a device id; expected an integer >= 0",
         ),
-        (
-            "/models/0/deployed_device_list",
-            json!([4294967296u64]),
-            "models[0].deployed_device_list[0]",
-            "too large for a device id",
-        ),
-        (
-            "/models/0/gpucacheper",
-            json!(1.5),
-            "models[0].gpucacheper",
-            "1.5 is out of range; expected a fraction in [0, 1]",
-        ),
-        (
-            "/models/0/gpucacheper",
-            json!(-0.1),
-            "models[0].gpucacheper",
-            "-0.1 is out of range; expected a fraction in [0, 1]",
-        ),
-        (
-            "/models/1/hit_rate_threshold",
-            json!(-0.5),
-            "models[1].hit_rate_threshold",
-            "-0.5 is out of range; expected a number >= 0",
-        ),
+        ("/models/0/deployed_device_list", json!([4294967296u64]), "models[0].deployed_device_list[0]", "too large for a device id"),
+        ("/models/0/gpucacheper", json!(1.5), "models[0].gpucacheper", "1.5 is out of range; expected a fraction in [0, 1]"),
+        ("/models/0/gpucacheper", json!(-0.1), "models[0].gpucacheper", "-0.1 is out of range; expected a fraction in [0, 1]"),
+        ("/models/1/hit_rate_threshold", json!(-0.5), "models[1].hit_rate_threshold", "-0.5 is out of range; expected a number >= 0"),
         (
             "/models/0/cache_refresh_percentage_per_iteration",
             json!(2),
             "models[0].cache_refresh_percentage_per_iteration",
             "expected a fraction in [0, 1]",
         ),
-        (
-            "/models/0/refresh_interval",
-            json!(-1),
-            "models[0].refresh_interval",
-            "-1 is out of range; expected a number >= 0",
-        ),
+        ("/models/0/refresh_interval", json!(-1), "models[0].refresh_interval", "-1 is out of range; expected a number >= 0"),
         ("/models/0/refresh_delay", json!(-0.5), "models[0].refresh_delay", "expected a number >= 0"),
-        (
-            "/models/0/num_of_worker_buffer_in_pool",
-            json!(0),
-            "models[0].num_of_worker_buffer_in_pool",
-            "expected an integer >= 1",
-        ),
+        ("/models/0/num_of_worker_buffer_in_pool", json!(0), "models[0].num_of_worker_buffer_in_pool", "expected an integer >= 1"),
         ("/models/0/num_of_refresher_buffer_in_pool", json!(-1), "models[0].num_of_refresher_buffer_in_pool", "got -1"),
         (
             "/models/0/default_value_for_each_table",
@@ -773,19 +670,9 @@ fn out_of_range_values() {
             "models[0].default_value_for_each_table[1]",
             "out of range for a 32-bit float",
         ),
-        (
-            "/volatile_db",
-            json!({"num_partitions": 0}),
-            "volatile_db.num_partitions",
-            "0 is too small; expected an integer >= 1",
-        ),
+        ("/volatile_db", json!({"num_partitions": 0}), "volatile_db.num_partitions", "0 is too small; expected an integer >= 1"),
         ("/volatile_db", json!({"num_partitions": -2}), "volatile_db.num_partitions", "got -2"),
-        (
-            "/volatile_db",
-            json!({"overflow_margin": -1}),
-            "volatile_db.overflow_margin",
-            "expected a non-negative integer, got -1",
-        ),
+        ("/volatile_db", json!({"overflow_margin": -1}), "volatile_db.overflow_margin", "expected a non-negative integer, got -1"),
         ("/volatile_db", json!({"overflow_margin": 0}), "volatile_db.overflow_margin", "expected an integer >= 1"),
         (
             "/volatile_db",
@@ -805,12 +692,7 @@ fn out_of_range_values() {
             "volatile_db.initial_cache_rate",
             "1.2 is out of range; expected a fraction in [0, 1]",
         ),
-        (
-            "/volatile_db",
-            json!({"initial_cache_rate": -0.1}),
-            "volatile_db.initial_cache_rate",
-            "expected a fraction in [0, 1]",
-        ),
+        ("/volatile_db", json!({"initial_cache_rate": -0.1}), "volatile_db.initial_cache_rate", "expected a fraction in [0, 1]"),
         ("/volatile_db", json!({"max_batch_size": 0}), "volatile_db.max_batch_size", "expected an integer >= 1"),
         ("/persistent_db", json!({"max_batch_size": -1}), "persistent_db.max_batch_size", "got -1"),
     ];
@@ -854,12 +736,7 @@ fn unknown_enum_strings_list_the_accepted_ones() {
         "unknown update source type \"rabbitmq\"; expected \"null\"",
     );
     // A type valid for the other database section is named as such.
-    refused(
-        d,
-        &set(base(), "/volatile_db", json!({"type": "rocks_db"})),
-        "volatile_db.type",
-        "\"rocks_db\" is a persistent database type",
-    );
+    refused(d, &set(base(), "/volatile_db", json!({"type": "rocks_db"})), "volatile_db.type", "\"rocks_db\" is a persistent database type");
     refused(
         d,
         &set(base(), "/persistent_db", json!({"type": "hash_map"})),
@@ -894,10 +771,7 @@ fn redis_cluster_fields_have_hps_meanings_and_defaults() {
     assert_eq!((r.num_node_connections, r.max_get_batch_size, r.max_set_batch_size, r.timeout_ms), (2, 512, 64, 250));
     assert!(!r.refresh_time_after_fetch);
     assert!(!format!("{c:?}").contains("secret"), "the password is not printed");
-    assert_eq!(
-        c.warnings,
-        ["volatile_db.tls_ca_certificate: ignored (enable_tls is false; strata connects to Redis without TLS)"]
-    );
+    assert_eq!(c.warnings, ["volatile_db.tls_ca_certificate: ignored (enable_tls is false; strata connects to Redis without TLS)"]);
     for (v, path, needle) in [
         (json!({"type": "redis_cluster", "address": "host"}), "volatile_db.address", "has no port"),
         (json!({"type": "redis_cluster", "address": "h:1,,h:2"}), "volatile_db.address", "empty entry"),
@@ -912,7 +786,10 @@ fn redis_cluster_fields_have_hps_meanings_and_defaults() {
         refused(d, &set(base(), "/volatile_db", v), path, needle);
     }
     // Redis fields given to an in-process tier are listed, not used.
-    let c = ok(d, &set(base(), "/volatile_db", json!({"type": "hash_map", "address": "h:1", "strata_redis_timeout_ms": 5, "tls_client_key": "k"})));
+    let c = ok(
+        d,
+        &set(base(), "/volatile_db", json!({"type": "hash_map", "address": "h:1", "strata_redis_timeout_ms": 5, "tls_client_key": "k"})),
+    );
     assert_eq!(c.volatile_db.redis, None);
     let redis = "only used when volatile_db.type is redis_cluster";
     assert_eq!(
@@ -943,18 +820,8 @@ fn unsupported_hps_features_are_config_errors() {
             "is not supported: strata takes no updates from Kafka; apply them with strata_table_upsert",
         );
     }
-    for url in [
-        "hdfs://localhost:9000/dir/to/model",
-        "s3://bucket/t1",
-        "gs://bucket/object",
-        "https://storage.googleapis.com/b/o",
-    ] {
-        let msg = refused(
-            d,
-            &set(base(), "/models/0/sparse_files/1", json!(url)),
-            "models[0].sparse_files[1]",
-            "remote file systems",
-        );
+    for url in ["hdfs://localhost:9000/dir/to/model", "s3://bucket/t1", "gs://bucket/object", "https://storage.googleapis.com/b/o"] {
+        let msg = refused(d, &set(base(), "/models/0/sparse_files/1", json!(url)), "models[0].sparse_files[1]", "remote file systems");
         assert!(msg.contains(url.split("://").next().unwrap()), "{msg}");
     }
 }
@@ -965,18 +832,13 @@ fn per_table_lists_need_one_entry_per_sparse_file() {
     let d = dir.path();
     let cases: &[(&str, Value, &str)] = &[
         ("/models/0/embedding_vecsize_per_table", json!([4]), "has 1 entry but models[0].sparse_files has 2"),
-        (
-            "/models/0/maxnum_catfeature_query_per_table_per_sample",
-            json!([1, 2, 3]),
-            "has 3 entries but models[0].sparse_files has 2",
-        ),
+        ("/models/0/maxnum_catfeature_query_per_table_per_sample", json!([1, 2, 3]), "has 3 entries but models[0].sparse_files has 2"),
         ("/models/0/embedding_table_names", json!(["a"]), "has 1 entry but models[0].sparse_files has 2"),
         ("/models/1/default_value_for_each_table", json!([]), "has 0 entries but models[1].sparse_files has 1"),
         ("/models/1/embedding_table_names", json!(["a", "b"]), "has 2 entries but models[1].sparse_files has 1"),
     ];
     for (ptr, x, fragment) in cases {
-        let path =
-            ptr.trim_start_matches('/').replacen("models/0/", "models[0].", 1).replacen("models/1/", "models[1].", 1);
+        let path = ptr.trim_start_matches('/').replacen("models/0/", "models[0].", 1).replacen("models/1/", "models[1].", 1);
         let msg = refused(d, &set(base(), ptr, x.clone()), &path, fragment);
         assert!(msg.ends_with("expected one entry per sparse file (embedding table)"), "{msg}");
     }
@@ -999,11 +861,7 @@ fn duplicate_names_are_refused() {
         "duplicate table name \"emb\" (also embedding_table_names[0])",
     );
     // The same name in two models is fine.
-    let v = set(
-        set(base(), "/models/0/embedding_table_names", json!(["emb", "x"])),
-        "/models/1/embedding_table_names",
-        json!(["emb"]),
-    );
+    let v = set(set(base(), "/models/0/embedding_table_names", json!(["emb", "x"])), "/models/1/embedding_table_names", json!(["emb"]));
     ok(d, &v);
 }
 
@@ -1021,12 +879,7 @@ fn sparse_folders_are_checked_on_disk() {
 
     sparse(d, "no_key", 2, 8);
     std::fs::remove_file(d.join("no_key/key")).unwrap();
-    refused(
-        d,
-        &with("no_key"),
-        "models[0].sparse_files[1]",
-        "lacks `key`; a HugeCTR sparse model folder holds `key` and `emb_vector`",
-    );
+    refused(d, &with("no_key"), "models[0].sparse_files[1]", "lacks `key`; a HugeCTR sparse model folder holds `key` and `emb_vector`");
 
     sparse(d, "no_vec", 2, 8);
     std::fs::remove_file(d.join("no_vec/emb_vector")).unwrap();

@@ -180,24 +180,12 @@ fn every_kernel_assembles_for_sm90_without_spills() {
     let kernels = parse_ptxas(&log);
     let mut report = format!(
         "ptxas sm_90, {} threads a block, at least {} blocks a multiprocessor:\n{:<40} {:>5} {:>6} {:>7} {:>10}\n",
-        block,
-        min_blocks,
-        "kernel",
-        "regs",
-        "stack",
-        "spills",
-        "occupancy"
+        block, min_blocks, "kernel", "regs", "stack", "spills", "occupancy"
     );
     let mut problems = Vec::new();
     for (name, k) in &kernels {
         let occ = occupancy_sm90(k.registers, k.shared, block);
-        report += &format!(
-            "{name:<40} {:>5} {:>6} {:>7} {:>9.0}%\n",
-            k.registers,
-            k.stack,
-            k.spill_stores + k.spill_loads,
-            occ * 100.0
-        );
+        report += &format!("{name:<40} {:>5} {:>6} {:>7} {:>9.0}%\n", k.registers, k.stack, k.spill_stores + k.spill_loads, occ * 100.0);
         if k.spill_stores != 0 || k.spill_loads != 0 {
             problems.push(format!("{name}: {} bytes spill stores, {} bytes spill loads", k.spill_stores, k.spill_loads));
         }
@@ -330,7 +318,14 @@ mod gpu {
 }
 
 /// A random table through the C API with the given options.
-fn random_table(rng: &mut Rng, rows: usize, dim: usize, dtype: dlpark::ffi::DLDataType, keyed: bool, opts: &TableOptions) -> (Owned, Vec<i64>) {
+fn random_table(
+    rng: &mut Rng,
+    rows: usize,
+    dim: usize,
+    dtype: dlpark::ffi::DLDataType,
+    keyed: bool,
+    opts: &TableOptions,
+) -> (Owned, Vec<i64>) {
     let size = elem_size(dtype);
     let mut data = vec![0u8; rows * dim * size];
     for i in 0..rows * dim {
@@ -494,11 +489,7 @@ fn gpu_lookup_returns_before_the_stream_finishes() {
     // SAFETY: t.0 is live; k and o describe dkeys and dout (500 i64 and 500x16 floats of ctx's
     // device memory), which, like t, outlive gpu::sync(s) below; opts names s, a stream of ctx.
     ok(unsafe { strata_lookup(t.0, &k.t, &mut o.t, &opts, std::ptr::null_mut()) });
-    assert_eq!(
-        gpu::query(s),
-        cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_READY,
-        "strata_lookup without stats waited for the stream"
-    );
+    assert_eq!(gpu::query(s), cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_READY, "strata_lookup without stats waited for the stream");
     gpu::sync(s);
     assert!(dout.read() == warm.0.0, "rows after the queued lookup ran");
 }
@@ -588,10 +579,8 @@ fn gpu_several_devices_replicate_and_shard() {
         return;
     }
     let mut rng = Rng(26);
-    for (name, opts) in [
-        ("replicated", TableOptions::default()),
-        ("sharded", TableOptions { gpu_sharding: 1, ..TableOptions::default() }),
-    ] {
+    for (name, opts) in [("replicated", TableOptions::default()), ("sharded", TableOptions { gpu_sharding: 1, ..TableOptions::default() })]
+    {
         for keyed in [false, true] {
             let (t, keys) = random_table(&mut rng, 3000, 32, F16, keyed, &opts);
             for ordinal in 0..count {
@@ -867,7 +856,9 @@ fn gpu_pooled_returns_before_the_stream_finishes_and_checks_device_offsets_when_
     let (hk, ho) = (Desc::compact(kb.as_ptr(), I64, &[100]), Desc::compact(ob.as_ptr(), I64, &[5]));
     let mut w = Desc::compact(want.as_mut_ptr(), F32, &[4, 16]);
     // SAFETY: the tensors describe live buffers of the shapes they give (host memory).
-    ok(unsafe { strata_lookup_pooled(t.0, &hk.t, &ho.t, std::ptr::null(), pool_code(1), &mut w.t, std::ptr::null(), std::ptr::null_mut()) });
+    ok(unsafe {
+        strata_lookup_pooled(t.0, &hk.t, &ho.t, std::ptr::null(), pool_code(1), &mut w.t, std::ptr::null(), std::ptr::null_mut())
+    });
     assert!(warm == want);
     // Bad offsets in device memory: the call that waits (stats) fails with the CPU path's message.
     let bad: Vec<u8> = [0i64, 10, 5, 60, 100].iter().flat_map(|o| o.to_le_bytes()).collect();
@@ -886,7 +877,9 @@ fn gpu_pooled_returns_before_the_stream_finishes_and_checks_device_offsets_when_
     let k2 = Desc::new(dk.ptr as *const u8, I64, &[4, 5], &[1, 4], 0).device(DLDeviceType::CUDA);
     // SAFETY: the tensors describe live buffers of the shapes they give (device memory of `ctx`); refused
     // before any access.
-    let r = unsafe { strata_lookup_pooled(t.0, &k2.t, std::ptr::null(), std::ptr::null(), pool_code(0), &mut out.t, &opts, std::ptr::null_mut()) };
+    let r = unsafe {
+        strata_lookup_pooled(t.0, &k2.t, std::ptr::null(), std::ptr::null(), pool_code(0), &mut out.t, &opts, std::ptr::null_mut())
+    };
     fails(r, Status::STRATA_INVALID_LAYOUT, &["keys: strides [1, 4] of a device tensor"]);
     gpu::sync(s);
 }
@@ -962,14 +955,20 @@ fn gpu_batch_of_26_tables_matches_separate_calls() {
         let keys: Vec<Desc> = cases
             .iter()
             .enumerate()
-            .map(|(i, c)| dev(Desc::compact(if round == 0 { bufs[i].0.ptr as *const u8 } else { c.bags.kb.as_ptr() }, c.bags.kd, &c.bags.key_shape())))
+            .map(|(i, c)| {
+                dev(Desc::compact(if round == 0 { bufs[i].0.ptr as *const u8 } else { c.bags.kb.as_ptr() }, c.bags.kd, &c.bags.key_shape()))
+            })
             .collect();
         let offs: Vec<Option<Desc>> = cases
             .iter()
             .enumerate()
             .map(|(i, c)| {
                 (c.pooling != 0 && c.bags.offsets.is_some()).then(|| {
-                    dev(Desc::compact(if round == 0 { bufs[i].1.ptr as *const u8 } else { obytes[i].as_ptr() }, I64, &[c.bags.b as i64 + 1]))
+                    dev(Desc::compact(
+                        if round == 0 { bufs[i].1.ptr as *const u8 } else { obytes[i].as_ptr() },
+                        I64,
+                        &[c.bags.b as i64 + 1],
+                    ))
                 })
             })
             .collect();
@@ -1006,7 +1005,12 @@ fn gpu_batch_of_26_tables_matches_separate_calls() {
         gpu::sync(s);
         for (i, c) in cases.iter().enumerate() {
             assert_eq!((stats[i].hits, stats[i].misses), (cpu_stats[i].hits, cpu_stats[i].misses), "round {round} request {i}");
-            assert!(bufs[i].3.read() == want[i], "round {round} request {i} (pooling {}, dim {}): rows differ from a separate call", c.pooling, c.dim);
+            assert!(
+                bufs[i].3.read() == want[i],
+                "round {round} request {i} (pooling {}, dim {}): rows differ from a separate call",
+                c.pooling,
+                c.dim
+            );
         }
         // An invalid request: nothing of the batch runs, and the error names it.
         let bad_out = Desc::compact(bufs[5].3.ptr as *const u8, cases[5].od, &[rows(&cases[5]) as i64 + 1, cases[5].dim as i64])

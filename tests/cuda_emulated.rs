@@ -531,11 +531,14 @@ fn pooled_wide_rows_strided_out_and_staged_tensors() {
             let gd = Desc::compact(got.as_mut_ptr(), F32, &[3, 10]);
             // SAFETY: the tensors describe live host buffers of the shapes they give. (strided views stay
             // within `kb` and `wb`).
-            let cpu = unsafe { t.table.lookup_request(&pooled(&k.t, Some(&o.t), Some(&w.t), Pooling::Mean, &wd.t), &LookupOptions::default()) }
-                .unwrap();
+            let cpu =
+                unsafe { t.table.lookup_request(&pooled(&k.t, Some(&o.t), Some(&w.t), Pooling::Mean, &wd.t), &LookupOptions::default()) }
+                    .unwrap();
             // SAFETY: the tensors describe live host buffers of the shapes they give.
-            let gpu = unsafe { placed.lookup_request(emu, t.table.source().unwrap(), &pooled(&k.t, Some(&o.t), Some(&w.t), Pooling::Mean, &gd.t), staged) }
-                .unwrap();
+            let gpu = unsafe {
+                placed.lookup_request(emu, t.table.source().unwrap(), &pooled(&k.t, Some(&o.t), Some(&w.t), Pooling::Mean, &gd.t), staged)
+            }
+            .unwrap();
             assert_eq!((gpu.hits, gpu.misses), (cpu.hits, cpu.misses));
             assert!(got == want, "strides {strides:?} {staged:?}");
         }
@@ -613,7 +616,9 @@ fn pooled_bad_offsets_in_place_fail_with_the_cpu_message() {
         for staged in [Staged::default(), Staged { offsets: true, ..Staged::default() }] {
             let src = t.table.source().unwrap();
             // SAFETY: the tensors describe live host buffers of the shapes they give.
-            let gpu = unsafe { placed.lookup_request(emu, src, &pooled(&k.t, Some(&o.t), None, Pooling::Sum, &ob.t), staged) }.unwrap_err().to_string();
+            let gpu = unsafe { placed.lookup_request(emu, src, &pooled(&k.t, Some(&o.t), None, Pooling::Sum, &ob.t), staged) }
+                .unwrap_err()
+                .to_string();
             assert_eq!(gpu, cpu, "offsets {offs:?} {staged:?}");
         }
     }
@@ -631,9 +636,11 @@ fn pooled_bad_offsets_in_place_fail_with_the_cpu_message() {
             .unwrap_err()
             .to_string();
         // SAFETY: the tensors describe live host buffers of the shapes they give.
-        let gpu = unsafe { placed.lookup_request(emu, t.table.source().unwrap(), &pooled(&k.t, offsets, weights, Pooling::Mean, out), Staged::default()) }
-            .unwrap_err()
-            .to_string();
+        let gpu = unsafe {
+            placed.lookup_request(emu, t.table.source().unwrap(), &pooled(&k.t, offsets, weights, Pooling::Mean, out), Staged::default())
+        }
+        .unwrap_err()
+        .to_string();
         assert_eq!(gpu, cpu);
     }
 }
@@ -662,9 +669,11 @@ fn pooled_missing_keys_as_errors_name_the_first_one_like_the_cpu_path() {
                 .unwrap_err()
                 .to_string();
             // SAFETY: the tensors describe live host buffers of the shapes they give.
-            let gpu = unsafe { placed.lookup_request(emu, table.source().unwrap(), &pooled(&k.t, Some(&o.t), None, Pooling::Sum, &ob.t), staged) }
-                .unwrap_err()
-                .to_string();
+            let gpu = unsafe {
+                placed.lookup_request(emu, table.source().unwrap(), &pooled(&k.t, Some(&o.t), None, Pooling::Sum, &ob.t), staged)
+            }
+            .unwrap_err()
+            .to_string();
             assert_eq!(gpu, cpu, "{placement:?} {staged:?}");
             assert!(cpu.contains("key 123 (element 5)"), "{cpu}");
         }
@@ -690,12 +699,7 @@ fn batch_matches_separate_cpu_calls() {
         make_table(&mut rng, 90, 300, BF16, true, 2.0),
         make_table(&mut rng, 200, 6, F32, true, 5.0),
     ];
-    let placements = [
-        Placement::Gather,
-        Placement::Gather,
-        Placement::Gather,
-        Placement::Cache { fraction: 0.4, threshold: 2.0 },
-    ];
+    let placements = [Placement::Gather, Placement::Gather, Placement::Gather, Placement::Cache { fraction: 0.4, threshold: 2.0 }];
     let placed: Vec<Emulated> =
         tables.iter().zip(placements).map(|(t, p)| Emulated::place(emu, t.table.source().unwrap(), p).unwrap()).collect();
     for round in 0..6 {
@@ -715,8 +719,7 @@ fn batch_matches_separate_cpu_calls() {
             })
             .collect();
         let rows = |c: &BatchCase| if c.pooling.is_some() { c.bags.b } else { c.bags.nnz };
-        let mut want: Vec<Vec<u8>> =
-            cases.iter().map(|c| vec![0xA5u8; rows(c) * tables[c.table].table.dim() * elem_size(c.od)]).collect();
+        let mut want: Vec<Vec<u8>> = cases.iter().map(|c| vec![0xA5u8; rows(c) * tables[c.table].table.dim() * elem_size(c.od)]).collect();
         let mut got = want.clone();
         let descs: Vec<_> = cases.iter().map(|c| (c.bags.keys_desc(), c.bags.offsets_desc(), c.bags.weights_desc())).collect();
         let outs = |bufs: &mut Vec<Vec<u8>>| -> Vec<Desc> {
@@ -736,7 +739,10 @@ fn batch_matches_separate_cpu_calls() {
                 None => unsafe { t.lookup(&k.t, &want_d[i].t, &LookupOptions::default()) }.unwrap(),
                 // SAFETY: the tensors describe live host buffers of the shapes they give.
                 Some(p) => unsafe {
-                    t.lookup_request(&pooled(&k.t, o.as_ref().map(|d| &d.t), w.as_ref().map(|d| &d.t), p, &want_d[i].t), &LookupOptions::default())
+                    t.lookup_request(
+                        &pooled(&k.t, o.as_ref().map(|d| &d.t), w.as_ref().map(|d| &d.t), p, &want_d[i].t),
+                        &LookupOptions::default(),
+                    )
                 }
                 .unwrap(),
             });
@@ -752,7 +758,14 @@ fn batch_matches_separate_cpu_calls() {
                     table: tables[c.table].table.source().unwrap(),
                     // SAFETY: the descriptions cover live host buffers of their shapes.
                     request: unsafe {
-                        Request::new(&k.t, o.as_ref().filter(|_| pooled).map(|d| &d.t), w.as_ref().map(|d| &d.t), c.pooling, &got_d[i].t, true)
+                        Request::new(
+                            &k.t,
+                            o.as_ref().filter(|_| pooled).map(|d| &d.t),
+                            w.as_ref().map(|d| &d.t),
+                            c.pooling,
+                            &got_d[i].t,
+                            true,
+                        )
                     },
                 }
             })
@@ -789,11 +802,8 @@ fn batch_is_validated_before_anything_runs() {
         // SAFETY: the descriptions cover live host buffers of their shapes.
         request: unsafe { Request::new(keys, None, weights, pooling, out, true) },
     };
-    let requests = [
-        req(&k.t, None, None, &o0.t),
-        req(&k2.t, None, Some(Pooling::Sum), &o1.t),
-        req(&k2.t, Some(&w.t), Some(Pooling::Mean), &o2.t),
-    ];
+    let requests =
+        [req(&k.t, None, None, &o0.t), req(&k2.t, None, Some(Pooling::Sum), &o1.t), req(&k2.t, Some(&w.t), Some(Pooling::Mean), &o2.t)];
     // SAFETY: every request's tensors describe live host buffers of the shapes they give.
     let e = unsafe { emulate::lookup_batch(emu, &requests, Staged::default()) }.unwrap_err().to_string();
     assert!(e.starts_with("requests[2].weights: shape [4]"), "{e}");

@@ -142,9 +142,15 @@ fn wrong_dtypes() {
 fn shape_mismatches() {
     let mut c = Case::new();
     let k = c.keys();
-    for (shape, strides) in [(vec![6i64, 3], vec![3i64, 1]), (vec![5, 4], vec![4, 1]), (vec![24], vec![1]), (vec![6, 4, 1], vec![4, 1, 1])] {
+    for (shape, strides) in [(vec![6i64, 3], vec![3i64, 1]), (vec![5, 4], vec![4, 1]), (vec![24], vec![1]), (vec![6, 4, 1], vec![4, 1, 1])]
+    {
         let mut o = Desc::new(c.out.as_mut_ptr().cast(), F32, &shape, &strides, 0);
-        c.expect(&k, &mut o, Status::STRATA_INVALID_ARGUMENT, &["out: shape", "expected [*keys.shape, dim] = [6, 4] or [numel(keys), dim] = [6, 4]"]);
+        c.expect(
+            &k,
+            &mut o,
+            Status::STRATA_INVALID_ARGUMENT,
+            &["out: shape", "expected [*keys.shape, dim] = [6, 4] or [numel(keys), dim] = [6, 4]"],
+        );
     }
     let k2 = Desc::compact(c.keys.as_ptr().cast(), I64, &[2, 3]);
     let mut o = Desc::compact(c.out.as_mut_ptr().cast(), F32, &[3, 2, 4]);
@@ -192,7 +198,10 @@ fn shape_mismatches() {
     let gpu_cases: [(TableOptions, &str); 6] = [
         (TableOptions { gpu_placement: 3, ..TableOptions::default() }, "opts->gpu_placement: 3; expected STRATA_GPU_STATIC (0)"),
         (TableOptions { gpu_sharding: -1, ..TableOptions::default() }, "opts->gpu_sharding: -1; expected STRATA_GPU_REPLICATE (0)"),
-        (TableOptions { gpu_cache_fraction: 1.5, ..TableOptions::default() }, "opts->gpu_cache_fraction: 1.5; expected a fraction in [0, 1]"),
+        (
+            TableOptions { gpu_cache_fraction: 1.5, ..TableOptions::default() },
+            "opts->gpu_cache_fraction: 1.5; expected a fraction in [0, 1]",
+        ),
         (TableOptions { gpu_cache_fraction: f32::NAN, ..TableOptions::default() }, "opts->gpu_cache_fraction: NaN"),
         (TableOptions { hit_rate_threshold: -0.5, ..TableOptions::default() }, "opts->hit_rate_threshold: -0.5; expected a number >= 0"),
         (
@@ -348,7 +357,8 @@ fn empty_tensors_on_unserved_devices_are_refused() {
         let offsets = [0i64];
         let od = Desc::compact(offsets.as_ptr().cast(), I64, &[1]);
         // SAFETY: as above.
-        let s = unsafe { strata_lookup_pooled(table.0, &k.t, &od.t, std::ptr::null(), 1, &mut o.t, std::ptr::null(), std::ptr::null_mut()) };
+        let s =
+            unsafe { strata_lookup_pooled(table.0, &k.t, &od.t, std::ptr::null(), 1, &mut o.t, std::ptr::null(), std::ptr::null_mut()) };
         fails(s, Status::STRATA_UNSUPPORTED_DEVICE, &[&format!("{arg}: device")]);
     }
 }

@@ -32,8 +32,8 @@ use dlpark::DlpackFlags;
 use dlpark::ffi::{DLDeviceType, DLManagedTensor, DLManagedTensorVersioned, DLPackVersion};
 use proptest::prelude::*;
 use strata::ffi::{
-    strata_lookup, strata_lookup_managed, strata_lookup_managed_versioned, strata_lookup_options,
-    strata_lookup_options_default, strata_lookup_stats,
+    strata_lookup, strata_lookup_managed, strata_lookup_managed_versioned, strata_lookup_options, strata_lookup_options_default,
+    strata_lookup_stats,
 };
 type LookupOptions = strata_lookup_options;
 type LookupStats = strata_lookup_stats;
@@ -146,9 +146,7 @@ fn run_case(case: &Case) -> Result<(), TestCaseError> {
     // The model.
     let mut v = Verdict::default();
     let (kminor12, ominor12) = match case.call {
-        Call::Versioned { minor, .. } if minor >= 2 => {
-            (kb.null_strides && !kb.shape.is_empty(), ob.null_strides && !ob.shape.is_empty())
-        }
+        Call::Versioned { minor, .. } if minor >= 2 => (kb.null_strides && !kb.shape.is_empty(), ob.null_strides && !ob.shape.is_empty()),
         _ => (false, false),
     };
     judge_tensor(&mut v, "keys", &kb, kd.is_some(), case.key_device, kminor12);
@@ -328,10 +326,7 @@ fn num_threads(odd: f64) -> impl Strategy<Value = Option<i32>> {
 
 /// Small cases with every kind of oddity.
 fn small_case() -> impl Strategy<Value = Case> {
-    let key_shape = (
-        prop::collection::vec(prop_oneof![1 => Just(0i64), 9 => 1i64..=5], 0..=4),
-        prop::option::weighted(0.02, any::<u8>()),
-    )
+    let key_shape = (prop::collection::vec(prop_oneof![1 => Just(0i64), 9 => 1i64..=5], 0..=4), prop::option::weighted(0.02, any::<u8>()))
         .prop_map(|(mut s, neg)| {
             if let (Some(i), false) = (neg, s.is_empty()) {
                 let n = s.len();
@@ -369,10 +364,7 @@ fn small_case() -> impl Strategy<Value = Case> {
 /// Lookups big enough to be split over threads (> 2048 keys, > 256 KiB of output) and often to
 /// take the streaming-store path (>= 4 MiB of output), on valid but varied layouts.
 fn large_case() -> impl Strategy<Value = Case> {
-    let key_shape = prop_oneof![
-        (2049i64..30000).prop_map(|n| vec![n]),
-        (40i64..170, 52i64..170).prop_map(|(a, b)| vec![a, b]),
-    ];
+    let key_shape = prop_oneof![(2049i64..30000).prop_map(|n| vec![n]), (40i64..170, 52i64..170).prop_map(|(a, b)| vec![a, b]),];
     let calm = |l: Layout| Layout { null_data: false, huge_byte_offset: false, ..l };
     (
         (table_spec(200..=3000, 16..=96), key_shape, layout(0.0).prop_map(calm), key_dtype(0.0), any::<u64>()),

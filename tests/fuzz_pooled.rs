@@ -41,8 +41,8 @@ use dlpark::ffi::{DLDataType, DLDataTypeCode, DLDeviceType, DLTensor};
 use proptest::prelude::*;
 use std::ptr::{null, null_mut};
 use strata::ffi::{
-    strata_lookup, strata_lookup_batch, strata_lookup_options, strata_lookup_options_default, strata_lookup_pooled,
-    strata_lookup_request, strata_lookup_request_default, strata_lookup_stats,
+    strata_lookup, strata_lookup_batch, strata_lookup_options, strata_lookup_options_default, strata_lookup_pooled, strata_lookup_request,
+    strata_lookup_request_default, strata_lookup_stats,
 };
 type LookupOptions = strata_lookup_options;
 type LookupStats = strata_lookup_stats;
@@ -211,7 +211,11 @@ impl Prepared {
 /// Reads the element at byte `off` of a buffer as int64 (`wide`) or int32 (offsets).
 fn read_int(b: &Buffer, off: usize, wide: bool) -> i64 {
     let x = b.bytes();
-    if wide { i64::from_ne_bytes(x[off..off + 8].try_into().unwrap()) } else { i32::from_ne_bytes(x[off..off + 4].try_into().unwrap()) as i64 }
+    if wide {
+        i64::from_ne_bytes(x[off..off + 8].try_into().unwrap())
+    } else {
+        i32::from_ne_bytes(x[off..off + 4].try_into().unwrap()) as i64
+    }
 }
 
 /// Writes the low `size` bytes of `v` at byte `off` of a buffer (an int32 element gets `v`
@@ -399,11 +403,14 @@ fn prepare(table: &Table, s: &ReqSpec, pooled_call: bool) -> Result<Prepared, Te
     // Out: [B, dim] (pooled) or [*keys.shape, dim] / [numel, dim] (plain), perturbed.
     let numel: i64 = kshape.iter().map(|&x| x.max(0)).product();
     let mut oshape = if pooled {
-        vec![nb.unwrap_or(match &s.form {
-            Form::Ragged(sizes) => sizes.len() as i64,
-            Form::Fixed(b, _) => *b,
-            Form::Shape(sh) => sh.first().copied().unwrap_or(1),
-        }), dim as i64]
+        vec![
+            nb.unwrap_or(match &s.form {
+                Form::Ragged(sizes) => sizes.len() as i64,
+                Form::Fixed(b, _) => *b,
+                Form::Shape(sh) => sh.first().copied().unwrap_or(1),
+            }),
+            dim as i64,
+        ]
     } else if s.out_shape == Some(255) {
         vec![numel, dim as i64]
     } else {
@@ -533,7 +540,15 @@ fn pooled_expected(table: &Table, kd: Kd, p: &Prepared, od: Fl, bounds: &[i64]) 
 /// Checks one prepared request after a call that returned `status` with message `msg` (`at`:
 /// what the message names before the argument, `requests[0].` for a batch of this request
 /// alone): the model's verdict, out's bytes and the stats.
-fn check(p: &Prepared, table: &Table, status: i32, at: &str, msg: &str, stats: &LookupStats, ctx: &dyn Fn() -> String) -> Result<(), TestCaseError> {
+fn check(
+    p: &Prepared,
+    table: &Table,
+    status: i32,
+    at: &str,
+    msg: &str,
+    stats: &LookupStats,
+    ctx: &dyn Fn() -> String,
+) -> Result<(), TestCaseError> {
     let v = &p.verdict;
     prop_assert_eq!(p.input_bytes(), p.inputs.clone(), "an input was written\n{}", ctx());
     if !v.must.is_empty() {
@@ -655,8 +670,13 @@ fn offsets_spec(odd: f64) -> impl Strategy<Value = OffsetsSpec> {
     let edits = prop::collection::vec((any::<u8>(), any::<u8>()), 0..3);
     let edits = prop_oneof![1000 - w(0.15) => Just(vec![]), w(0.15) => edits];
     let rank = prop_oneof![1000 - w(0.03) => Just(0u8), w(0.03) => 1u8..5];
-    (dtype, layout(odd * 0.5), device_code(odd), edits, rank)
-        .prop_map(|(dtype, layout, device, edits, rank)| OffsetsSpec { dtype, layout, device, edits, rank })
+    (dtype, layout(odd * 0.5), device_code(odd), edits, rank).prop_map(|(dtype, layout, device, edits, rank)| OffsetsSpec {
+        dtype,
+        layout,
+        device,
+        edits,
+        rank,
+    })
 }
 
 fn weights_spec(odd: f64) -> impl Strategy<Value = WeightsSpec> {
@@ -666,8 +686,13 @@ fn weights_spec(odd: f64) -> impl Strategy<Value = WeightsSpec> {
         w(0.04) => prop::sample::select(vec![(2u8, 16u8, 1u16), (2, 64, 1), (0, 32, 1), (4, 16, 1)]),
     ];
     let shape = prop_oneof![1000 - w(0.04) => Just(None), w(0.04) => any::<u8>().prop_map(Some)];
-    (dtype, layout(odd * 0.5), device_code(odd), shape, any::<u64>())
-        .prop_map(|(dtype, layout, device, shape, seed)| WeightsSpec { dtype, layout, device, shape, seed })
+    (dtype, layout(odd * 0.5), device_code(odd), shape, any::<u64>()).prop_map(|(dtype, layout, device, shape, seed)| WeightsSpec {
+        dtype,
+        layout,
+        device,
+        shape,
+        seed,
+    })
 }
 
 /// Keys, offsets and weights of a pooled request; `odd` scales the odds of every oddity.
@@ -686,7 +711,11 @@ fn pooled_req(odd: f64, max_bags: usize, max_hot: u8) -> impl Strategy<Value = R
         prop_oneof![1000 - w(0.02) => Just(false), w(0.02) => Just(true)],
     )
         .prop_map(|(b, l, o, given)| (Form::Fixed(b, l), given.then_some(o)));
-    let odd_rank = (prop::collection::vec(0i64..3, 0..=3).prop_filter("not 1-D or 2-D", |s| s.len() != 1 && s.len() != 2), offsets_spec(odd), any::<bool>())
+    let odd_rank = (
+        prop::collection::vec(0i64..3, 0..=3).prop_filter("not 1-D or 2-D", |s| s.len() != 1 && s.len() != 2),
+        offsets_spec(odd),
+        any::<bool>(),
+    )
         .prop_map(|(s, o, given)| (Form::Shape(s), given.then_some(o)));
     let form = prop_oneof![1000 => ragged, 700 => fixed, w(0.02) => odd_rank];
     let out_shape = prop_oneof![1000 - w(0.04) => Just(None), w(0.04) => (0u8..6).prop_map(Some)];
@@ -1011,11 +1040,8 @@ fn plain_req(odd: f64) -> impl Strategy<Value = ReqSpec> {
         500 => Just(Some(255u8)),
         w(0.04) => (0u8..6).prop_map(Some),
     ];
-    (
-        (shape, key_dtype(odd), layout(odd), any::<u64>()),
-        (out_shape, layout(odd), out_dtype(odd), any::<bool>()),
-    )
-        .prop_map(|(k, o)| ReqSpec {
+    ((shape, key_dtype(odd), layout(odd), any::<u64>()), (out_shape, layout(odd), out_dtype(odd), any::<bool>())).prop_map(|(k, o)| {
+        ReqSpec {
             form: Form::Shape(k.0),
             offsets: None,
             weights: None,
@@ -1029,7 +1055,8 @@ fn plain_req(odd: f64) -> impl Strategy<Value = ReqSpec> {
             out_dtype: o.2,
             out_device: DLDeviceType::CPU.0,
             want_stats: o.3,
-        })
+        }
+    })
 }
 
 /// A request of a batch: valid (calm layouts) or, at `bad`, a request with oddities.
@@ -1059,7 +1086,10 @@ fn defect() -> impl Strategy<Value = Defect> {
 
 fn batch_case() -> impl Strategy<Value = BatchCase> {
     (
-        prop::collection::vec(table_spec(0..=30, 1..=70).prop_map(|t| TableSpec { missing_error: t.missing_error && t.seed % 4 == 0, ..t }), 1..=4),
+        prop::collection::vec(
+            table_spec(0..=30, 1..=70).prop_map(|t| TableSpec { missing_error: t.missing_error && t.seed % 4 == 0, ..t }),
+            1..=4,
+        ),
         prop::collection::vec(batch_req(false), 1..=30),
         // A request with oddities at a random position (it may still be valid: the model says).
         prop::option::weighted(0.3, (any::<u8>(), batch_req(true))),
@@ -1111,7 +1141,16 @@ fn empty_cuda_requests_without_a_driver_are_refused() {
     if cuda_present() {
         return; // the offsets below are host memory: only sound where no driver could read them
     }
-    let t = Table::build(&TableSpec { dtype: Fl::F32, dim: 4, rows: 3, keyed: None, seed: 1, default_value: 0.0, missing_error: false, vpad: 0 });
+    let t = Table::build(&TableSpec {
+        dtype: Fl::F32,
+        dim: 4,
+        rows: 3,
+        keyed: None,
+        seed: 1,
+        default_value: 0.0,
+        missing_error: false,
+        vpad: 0,
+    });
     let mut keys = [0i64; 1];
     let mut offsets = [1i64];
     let mut out = [0f32; 1];

@@ -60,11 +60,7 @@ fn code_of(text: &str) -> String {
 
 /// The whole file without comments, test modules included.
 fn comments_out(text: &str) -> String {
-    text.lines()
-        .filter(|l| !l.trim_start().starts_with("//"))
-        .map(|l| l.split("//").next().unwrap_or(""))
-        .collect::<Vec<_>>()
-        .join("\n")
+    text.lines().filter(|l| !l.trim_start().starts_with("//")).map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n")
 }
 
 /// Every `crate::name` the code refers to, including `use crate::{a, b::c}` groups.
@@ -343,7 +339,12 @@ fn expand(tree: &str) -> Vec<String> {
         .into_iter()
         .map(|i| i.trim().to_string())
         .filter(|i| !i.is_empty())
-        .flat_map(|i| expand(&i).into_iter().map(|e| if e == "self" { prefix.trim_end_matches("::").to_string() } else { format!("{prefix}{e}") }).collect::<Vec<_>>())
+        .flat_map(|i| {
+            expand(&i)
+                .into_iter()
+                .map(|e| if e == "self" { prefix.trim_end_matches("::").to_string() } else { format!("{prefix}{e}") })
+                .collect::<Vec<_>>()
+        })
         .collect()
 }
 
@@ -430,7 +431,8 @@ fn modules_inside_each_folder_form_no_cycle() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let tree = Tree::of(&src);
     let mut cycles = Vec::new();
-    let folders: BTreeSet<Vec<String>> = tree.modules.keys().filter(|m| tree.modules.keys().any(|c| c.len() == m.len() + 1 && c.starts_with(m))).cloned().collect();
+    let folders: BTreeSet<Vec<String>> =
+        tree.modules.keys().filter(|m| tree.modules.keys().any(|c| c.len() == m.len() + 1 && c.starts_with(m))).cloned().collect();
     for folder in &folders {
         let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for (m, f) in &tree.modules {

@@ -26,9 +26,7 @@ fn offsets(shape: &[i64], strides: &[i64]) -> Vec<i64> {
 
 /// Byte positions of each element: `byte_offset + offset * size`, all non-negative.
 fn positions(offs: &[i64], byte_offset: u64, size: usize) -> Vec<usize> {
-    offs.iter()
-        .map(|&o| usize::try_from(byte_offset as i64 + o * size as i64).expect("layout reaches before its buffer"))
-        .collect()
+    offs.iter().map(|&o| usize::try_from(byte_offset as i64 + o * size as i64).expect("layout reaches before its buffer")).collect()
 }
 
 /// How the keys and the output of one lookup are laid out.
@@ -139,7 +137,11 @@ impl Fixture {
                 (false, _) => k as u64 as i128,
             };
             let row = self.row(kv);
-            if row.is_some() { hits += 1 } else { misses += 1 }
+            if row.is_some() {
+                hits += 1
+            } else {
+                misses += 1
+            }
             for c in 0..self.dim {
                 let v = row.map_or(self.default, |r| self.vectors[r * self.dim + c]);
                 let flat = i * self.dim + c;
@@ -151,10 +153,7 @@ impl Fixture {
             let first = obuf.iter().zip(&expect_bytes).position(|(a, b)| a != b).unwrap();
             panic!(
                 "output differs from the reference at byte {} (out starts at {}): got {:02x}, want {:02x}",
-                first,
-                base,
-                obuf[first],
-                expect_bytes[first]
+                first, base, obuf[first], expect_bytes[first]
             );
         }
         assert_eq!((stats.hits, stats.misses), (hits, misses));
@@ -182,9 +181,7 @@ fn every_key_and_out_dtype_dense() {
 fn every_key_and_out_dtype_keyed() {
     let mut rng = Rng(2);
     let (f, tkeys) = Fixture::keyed(&mut rng, 500, 33, 0.75);
-    let keys: Vec<i64> = (0..1000)
-        .map(|_| if rng.below(4) == 0 { rng.next() as i64 } else { tkeys[rng.below(500) as usize] })
-        .collect();
+    let keys: Vec<i64> = (0..1000).map(|_| if rng.below(4) == 0 { rng.next() as i64 } else { tkeys[rng.below(500) as usize] }).collect();
     for kd in KEY_DTYPES {
         for od in OUT_DTYPES {
             f.check(&keys, &Layout::compact(kd, &[keys.len() as i64], od, 33), 0);
@@ -257,9 +254,8 @@ fn threads_do_not_change_results_and_large_batches_stream() {
     let mut rng = Rng(5);
     let (f, tkeys) = Fixture::keyed(&mut rng, 20_000, 64, -1.0);
     // 40K keys x 64 x 4 bytes = 10 MB: above the streaming-store threshold and many tasks.
-    let keys: Vec<i64> = (0..40_000)
-        .map(|_| if rng.below(10) == 0 { rng.next() as i64 } else { tkeys[rng.below(20_000) as usize] })
-        .collect();
+    let keys: Vec<i64> =
+        (0..40_000).map(|_| if rng.below(10) == 0 { rng.next() as i64 } else { tkeys[rng.below(20_000) as usize] }).collect();
     let mut seen = None;
     for threads in [1, 2, 3, 0, 64] {
         let s = f.check(&keys, &Layout::compact(I64, &[40_000], F32, 64), threads);
@@ -275,9 +271,8 @@ fn threads_do_not_change_results_and_large_batches_stream() {
 fn many_host_threads_share_one_table() {
     let mut rng = Rng(6);
     let (f, tkeys) = Fixture::keyed(&mut rng, 5000, 16, 3.0);
-    let batches: Vec<Vec<i64>> = (0..8)
-        .map(|_| (0..3000).map(|_| if rng.below(5) == 0 { -7 } else { tkeys[rng.below(5000) as usize] }).collect())
-        .collect();
+    let batches: Vec<Vec<i64>> =
+        (0..8).map(|_| (0..3000).map(|_| if rng.below(5) == 0 { -7 } else { tkeys[rng.below(5000) as usize] }).collect()).collect();
     std::thread::scope(|s| {
         for (t, keys) in batches.iter().enumerate() {
             let f = &f;
@@ -333,7 +328,8 @@ fn copied_tables_from_strided_vectors_and_int32_keys() {
     // SAFETY: v and k describe big and keys, alive past the call (strata copies the rows it reads);
     // t is a reference.
     ok(unsafe { strata_table_from_dlpack(&v.t, &k.t, std::ptr::null(), &mut t) });
-    let vectors: Vec<f32> = (0..rows).flat_map(|r| (0..dim).map(move |c| (r, c))).map(|(r, c)| big[1 + r * (2 * dim + 1) + 2 * c]).collect();
+    let vectors: Vec<f32> =
+        (0..rows).flat_map(|r| (0..dim).map(move |c| (r, c))).map(|(r, c)| big[1 + r * (2 * dim + 1) + 2 * c]).collect();
     drop(big);
     let rows_of = keys.iter().enumerate().map(|(i, &k)| (k as i64, i)).collect();
     let f = Fixture { table: Owned(t), vectors, dim, rows_of: Some(rows_of), rows, default: 0.0 };

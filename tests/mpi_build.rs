@@ -37,7 +37,10 @@ fn distributed_entry_points_without_mpi() {
     let (want, needles): (Status, &[&str]) = if cfg!(feature = "mpi") {
         (Status::STRATA_INVALID_ARGUMENT, &["comm: MPI is not initialised; call MPI_Init"])
     } else {
-        (Status::STRATA_UNSUPPORTED_DEVICE, &["comm: distributed tables need a build with MPI support (cargo feature `mpi`), which this one lacks"])
+        (
+            Status::STRATA_UNSUPPORTED_DEVICE,
+            &["comm: distributed tables need a build with MPI support (cargo feature `mpi`), which this one lacks"],
+        )
     };
     assert_eq!(strata_mpi_available(), cfg!(feature = "mpi") as i32);
     one_partition(&data, |d| {

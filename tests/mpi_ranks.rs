@@ -7,9 +7,9 @@
 //! zero copy, HugeCTR shares, pooled and batched lookups (tests/mpi/pooled.rs), and each error path
 //! failing on every rank.
 
-mod common;
 #[path = "mpi/cases.rs"]
 mod cases;
+mod common;
 #[path = "mpi/desc.rs"]
 mod desc;
 #[path = "mpi/pooled.rs"]

@@ -104,7 +104,9 @@ fn rows(t: *mut Table, keys: &[i64], dim: usize) -> Vec<f32> {
 
 fn expect(global: &[f32], dim: usize, keys: &[i64]) -> Vec<f32> {
     let n = (global.len() / dim) as i64;
-    keys.iter().flat_map(|&k| if (0..n).contains(&k) { global[k as usize * dim..(k as usize + 1) * dim].to_vec() } else { vec![0.0; dim] }).collect()
+    keys.iter()
+        .flat_map(|&k| if (0..n).contains(&k) { global[k as usize * dim..(k as usize + 1) * dim].to_vec() } else { vec![0.0; dim] })
+        .collect()
 }
 
 #[test]

@@ -231,9 +231,10 @@ fn crash_test(test_name: &str, via_server: bool) {
         child(Path::new(&dir), round, std::env::var_os(VIA_SERVER_ENV).is_some());
         return;
     }
-    let mut rng = std::env::var("STRATA_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
-    });
+    let mut rng = std::env::var("STRATA_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64);
     eprintln!("persistent_crash: STRATA_CRASH_SEED={rng}");
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("ps");

@@ -42,7 +42,13 @@ impl Fixture {
     /// Random keys: mostly the table's, some missing.
     fn draw_keys(&self, rng: &mut Rng, n: usize) -> Vec<i64> {
         (0..n)
-            .map(|_| if rng.below(10) == 0 { 1_000_000_007 + rng.below(1000) as i64 } else { self.keys[rng.below(self.keys.len() as u64) as usize] })
+            .map(|_| {
+                if rng.below(10) == 0 {
+                    1_000_000_007 + rng.below(1000) as i64
+                } else {
+                    self.keys[rng.below(self.keys.len() as u64) as usize]
+                }
+            })
             .collect()
     }
 }
@@ -138,7 +144,8 @@ fn ragged_bags_every_pooling_weighted_or_not_every_dtype() {
             for weighted in [false, true] {
                 let (offsets, bags) = ragged(&mut rng, 40, 9);
                 let nnz = *offsets.last().unwrap() as usize;
-                let keys: Vec<i64> = fx.draw_keys(&mut rng, nnz).into_iter().map(|k| if kd == U32 || kd == I32 { k & 0x3fff_ffff } else { k }).collect();
+                let keys: Vec<i64> =
+                    fx.draw_keys(&mut rng, nnz).into_iter().map(|k| if kd == U32 || kd == I32 { k & 0x3fff_ffff } else { k }).collect();
                 let weights: Vec<f32> = (0..nnz).map(|_| rng.f32() * 2.0 - 0.5).collect();
                 let kb = key_bytes(&keys, kd);
                 let ob = offset_bytes(&offsets, offd);
@@ -235,24 +242,52 @@ fn every_bad_input_is_named() {
     case(&[], Status::STRATA_INVALID_ARGUMENT, &["offsets: shape [0]"]);
     let fo = [0f32, 3.0, 6.0];
     let fdesc = Desc::compact(fo.as_ptr().cast(), F32, &[3]);
-    fails(pooled(&fx.table, &kdesc, Some(&fdesc), None, 1, &mut out, None), Status::STRATA_UNSUPPORTED_DTYPE, &["offsets: dtype float32; expected int32 or int64"]);
+    fails(
+        pooled(&fx.table, &kdesc, Some(&fdesc), None, 1, &mut out, None),
+        Status::STRATA_UNSUPPORTED_DTYPE,
+        &["offsets: dtype float32; expected int32 or int64"],
+    );
     let good = [0i64, 3, 6];
     let gdesc = Desc::compact(good.as_ptr().cast(), I64, &[3]);
     let w5 = [1f32; 5];
     let wdesc = Desc::compact(w5.as_ptr().cast(), F32, &[5]);
-    fails(pooled(&fx.table, &kdesc, Some(&gdesc), Some(&wdesc), 1, &mut out, None), Status::STRATA_INVALID_ARGUMENT, &["weights: shape [5]; expected the keys' shape [6]"]);
+    fails(
+        pooled(&fx.table, &kdesc, Some(&gdesc), Some(&wdesc), 1, &mut out, None),
+        Status::STRATA_INVALID_ARGUMENT,
+        &["weights: shape [5]; expected the keys' shape [6]"],
+    );
     let wi = [1i32; 6];
     let widesc = Desc::compact(wi.as_ptr().cast(), I32, &[6]);
-    fails(pooled(&fx.table, &kdesc, Some(&gdesc), Some(&widesc), 1, &mut out, None), Status::STRATA_UNSUPPORTED_DTYPE, &["weights: dtype int32; expected float32"]);
+    fails(
+        pooled(&fx.table, &kdesc, Some(&gdesc), Some(&widesc), 1, &mut out, None),
+        Status::STRATA_UNSUPPORTED_DTYPE,
+        &["weights: dtype int32; expected float32"],
+    );
     for p in [0, 4, -1] {
         fails(pooled(&fx.table, &kdesc, Some(&gdesc), None, p, &mut out, None), Status::STRATA_INVALID_ARGUMENT, &["pooling: "]);
     }
-    fails(pooled(&fx.table, &kdesc, None, None, 1, &mut out, None), Status::STRATA_INVALID_ARGUMENT, &["offsets: is NULL but keys are 1-D"]);
-    fails(pooled(&fx.table, &k2, Some(&gdesc), None, 1, &mut out, None), Status::STRATA_INVALID_ARGUMENT, &["offsets: given with 2-D keys"]);
+    fails(
+        pooled(&fx.table, &kdesc, None, None, 1, &mut out, None),
+        Status::STRATA_INVALID_ARGUMENT,
+        &["offsets: is NULL but keys are 1-D"],
+    );
+    fails(
+        pooled(&fx.table, &k2, Some(&gdesc), None, 1, &mut out, None),
+        Status::STRATA_INVALID_ARGUMENT,
+        &["offsets: given with 2-D keys"],
+    );
     let (_buf, mut out3) = out_buffer(3, 3, F32, 3, 1);
-    fails(pooled(&fx.table, &kdesc, Some(&gdesc), None, 1, &mut out3, None), Status::STRATA_INVALID_ARGUMENT, &["out: shape [3, 3]; expected [B, dim] = [2, 3]"]);
+    fails(
+        pooled(&fx.table, &kdesc, Some(&gdesc), None, 1, &mut out3, None),
+        Status::STRATA_INVALID_ARGUMENT,
+        &["out: shape [3, 3]; expected [B, dim] = [2, 3]"],
+    );
     let (_buf, mut outd) = out_buffer(2, 4, F32, 4, 1);
-    fails(pooled(&fx.table, &k2, None, None, 1, &mut outd, None), Status::STRATA_INVALID_ARGUMENT, &["out: shape [2, 4]; expected [B, dim] = [2, 3]"]);
+    fails(
+        pooled(&fx.table, &k2, None, None, 1, &mut outd, None),
+        Status::STRATA_INVALID_ARGUMENT,
+        &["out: shape [2, 4]; expected [B, dim] = [2, 3]"],
+    );
     let k3 = Desc::compact(keys.as_ptr().cast(), I64, &[1, 2, 3]);
     fails(pooled(&fx.table, &k3, None, None, 1, &mut out, None), Status::STRATA_INVALID_ARGUMENT, &["keys: ndim = 3"]);
     // NULL table, keys, out.
@@ -267,7 +302,11 @@ fn every_bad_input_is_named() {
     shared[..6].copy_from_slice(&keys);
     let sk = Desc::compact(shared.as_ptr().cast(), I64, &[6]);
     let mut so = Desc::compact(shared.as_ptr().cast(), F32, &[2, 3]);
-    fails(pooled(&fx.table, &sk, Some(&gdesc), None, 1, &mut so, None), Status::STRATA_INVALID_LAYOUT, &["out: overlaps the memory of keys"]);
+    fails(
+        pooled(&fx.table, &sk, Some(&gdesc), None, 1, &mut so, None),
+        Status::STRATA_INVALID_LAYOUT,
+        &["out: overlaps the memory of keys"],
+    );
 }
 
 /// A batch of many tables (different dims and dtypes), plain and pooled requests mixed, equals
@@ -303,7 +342,18 @@ fn a_batch_equals_separate_calls() {
             let od = Desc::compact(offsets.as_ptr().cast(), I64, &[offsets.len() as i64]);
             let wd = Desc::compact(weights.as_ptr().cast(), F32, &[nnz as i64]);
             let dt = if i % 2 == 0 { F32 } else { F16 };
-            Req { out: out_buffer(rows, fx.dim, dt, fx.dim, 1), alone: out_buffer(rows, fx.dim, dt, fx.dim, 1), keys, _offsets: offsets, weights, pooling, kd, od, wd, bags }
+            Req {
+                out: out_buffer(rows, fx.dim, dt, fx.dim, 1),
+                alone: out_buffer(rows, fx.dim, dt, fx.dim, 1),
+                keys,
+                _offsets: offsets,
+                weights,
+                pooling,
+                kd,
+                od,
+                wd,
+                bags,
+            }
         })
         .collect();
     let mut stats: Vec<LookupStats> = (0..reqs.len()).map(|_| strata_lookup_stats_default()).collect();
@@ -351,7 +401,8 @@ fn a_batch_validates_every_request_first() {
     let kd = Desc::compact(keys.as_ptr().cast(), I64, &[5]);
     let (buf0, mut out0) = out_buffer(5, 4, F32, 4, 1);
     let (_buf, mut bad) = out_buffer(5, 3, F32, 3, 1);
-    let mk = |out: *mut dlpark::ffi::DLTensor| strata_lookup_request { table: fx.table.0, keys: &kd.t, out, ..strata_lookup_request_default() };
+    let mk =
+        |out: *mut dlpark::ffi::DLTensor| strata_lookup_request { table: fx.table.0, keys: &kd.t, out, ..strata_lookup_request_default() };
     let requests = [mk(&mut out0.t), mk(&mut bad.t)];
     // SAFETY: live descriptions.
     let s = unsafe { strata_lookup_batch(requests.as_ptr(), 2, null()) };
@@ -371,12 +422,20 @@ fn a_batch_validates_every_request_first() {
     let mut r = [mk(&mut out0.t)];
     r[0].offsets = &od.t;
     // SAFETY: live descriptions.
-    fails(unsafe { strata_lookup_batch(r.as_ptr(), 1, null()) }, Status::STRATA_INVALID_ARGUMENT, &["requests[0].offsets: given with pooling = STRATA_POOL_NONE"]);
+    fails(
+        unsafe { strata_lookup_batch(r.as_ptr(), 1, null()) },
+        Status::STRATA_INVALID_ARGUMENT,
+        &["requests[0].offsets: given with pooling = STRATA_POOL_NONE"],
+    );
     // struct_size rules: 0, and elements that disagree.
     let mut r = [mk(&mut out0.t), mk(&mut out0.t)];
     r[0].struct_size = 0;
     // SAFETY: live descriptions.
-    fails(unsafe { strata_lookup_batch(r.as_ptr(), 2, null()) }, Status::STRATA_INVALID_ARGUMENT, &["struct_size is 0", "strata_lookup_request_default()"]);
+    fails(
+        unsafe { strata_lookup_batch(r.as_ptr(), 2, null()) },
+        Status::STRATA_INVALID_ARGUMENT,
+        &["struct_size is 0", "strata_lookup_request_default()"],
+    );
     assert!(buf0.iter().all(|&b| b == POISON));
 }
 
@@ -415,7 +474,12 @@ fn server_tables_pool_through_their_tiers() {
     let mut stats = strata_lookup_stats_default();
     // SAFETY: a live server table and this test's buffers.
     ok(unsafe { strata_lookup_pooled(t, &kd.t, &od.t, null(), 1, &mut out.t, null(), &mut stats) });
-    let row = |k: i64| -> Vec<f32> { match keys.iter().position(|&x| x == k) { Some(r) => vectors[r * dim..(r + 1) * dim].to_vec(), None => vec![2.0; dim] } };
+    let row = |k: i64| -> Vec<f32> {
+        match keys.iter().position(|&x| x == k) {
+            Some(r) => vectors[r * dim..(r + 1) * dim].to_vec(),
+            None => vec![2.0; dim],
+        }
+    };
     let mut want = vec![0f32; 3 * dim];
     for (b, (lo, hi)) in [(0usize, 3usize), (3, 3), (3, 6)].into_iter().enumerate() {
         for &k in &q[lo..hi] {

@@ -14,11 +14,7 @@ fn sparse(dir: &Path, name: &str, keys: &[i64], dim: usize) -> std::path::PathBu
     let d = dir.join(name);
     std::fs::create_dir_all(&d).unwrap();
     std::fs::write(d.join("key"), keys.iter().flat_map(|k| k.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
-    let rows: Vec<u8> = keys
-        .iter()
-        .flat_map(|&k| (0..dim).map(move |c| value(k, c)))
-        .flat_map(|v| v.to_le_bytes())
-        .collect();
+    let rows: Vec<u8> = keys.iter().flat_map(|&k| (0..dim).map(move |c| value(k, c))).flat_map(|v| v.to_le_bytes()).collect();
     std::fs::write(d.join("emb_vector"), rows).unwrap();
     d
 }
@@ -312,7 +308,8 @@ fn lookups_never_see_torn_rows_during_upserts() {
         let (keys, stop) = (&keys, &stop);
         sc.spawn(move || {
             for version in 1..=30 {
-                let rows: Vec<f32> = keys.iter().flat_map(|&k| std::iter::repeat_n(((k - 100_000) * 100 + version + 10_000) as f32, 16)).collect();
+                let rows: Vec<f32> =
+                    keys.iter().flat_map(|&k| std::iter::repeat_n(((k - 100_000) * 100 + version + 10_000) as f32, 16)).collect();
                 ok(upsert(t as *mut Table, keys, &rows, 16));
             }
             stop.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -341,7 +338,11 @@ fn server_level_errors() {
     let mut t = null_mut();
     // SAFETY: s.0 is a live server (Srv); m is a NUL-terminated string alive past the call; t is a
     // reference.
-    fails(unsafe { strata_server_table(s.0, m.as_ptr(), 0, &mut t) }, Status::STRATA_INVALID_ARGUMENT, &["model: \"nope\" is not in the configuration", "wdl"]);
+    fails(
+        unsafe { strata_server_table(s.0, m.as_ptr(), 0, &mut t) },
+        Status::STRATA_INVALID_ARGUMENT,
+        &["model: \"nope\" is not in the configuration", "wdl"],
+    );
     let m = CString::new("wdl").unwrap();
     // SAFETY: s.0 is a live server (Srv); m is a NUL-terminated string alive past the call; t is a
     // reference.
@@ -409,10 +410,8 @@ fn concurrent_opens_and_frees_of_one_file_under_different_spellings() {
     let persistent = format!(r#"{{ "type": "rocks_db", "path": "{}" }}"#, db.display());
     std::fs::write(dir.path().join("ps.json"), config(dir.path(), volatile, &persistent)).unwrap();
     std::fs::create_dir_all(dir.path().join("sub")).unwrap();
-    let spellings: Vec<CString> = ["ps.json", "./ps.json", "sub/../ps.json"]
-        .iter()
-        .map(|s| CString::new(dir.path().join(s).to_str().unwrap()).unwrap())
-        .collect();
+    let spellings: Vec<CString> =
+        ["ps.json", "./ps.json", "sub/../ps.json"].iter().map(|s| CString::new(dir.path().join(s).to_str().unwrap()).unwrap()).collect();
     std::thread::scope(|scope| {
         for id in 0..8usize {
             let spellings = &spellings;

@@ -33,9 +33,7 @@ pub fn medians(rounds: usize, cases: &mut [&mut dyn FnMut()]) -> Vec<f64> {
 /// the numbers: random row reads slow down markedly when the tables get only 4 KiB pages.
 pub fn huge_pages() -> String {
     let rollup = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap_or_default();
-    let field = |name: &str| {
-        rollup.lines().find(|l| l.starts_with(name)).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-    };
+    let field = |name: &str| rollup.lines().find(|l| l.starts_with(name)).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok());
     match (field("AnonHugePages:"), field("Anonymous:")) {
         (Some(h), Some(a)) => format!("huge pages: {} of {} MiB of anonymous memory", h / 1024, a / 1024),
         _ => "huge pages: unknown (no /proc/self/smaps_rollup)".into(),
@@ -58,13 +56,13 @@ pub fn same_pages_as_the_anchor() -> String {
     }
     let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
     if tunables.split(':').any(|t| t == TUNABLE) {
-        return format!("the benchmark's own buffers and the anchor's on huge pages where the kernel grants them (GLIBC_TUNABLES={tunables})");
+        return format!(
+            "the benchmark's own buffers and the anchor's on huge pages where the kernel grants them (GLIBC_TUNABLES={tunables})"
+        );
     }
     let joined = if tunables.is_empty() { TUNABLE.to_string() } else { format!("{tunables}:{TUNABLE}") };
     let exe = std::env::current_exe().expect("the benchmark's own path");
-    let err = std::os::unix::process::CommandExt::exec(
-        Command::new(exe).args(std::env::args_os().skip(1)).env("GLIBC_TUNABLES", joined),
-    );
+    let err = std::os::unix::process::CommandExt::exec(Command::new(exe).args(std::env::args_os().skip(1)).env("GLIBC_TUNABLES", joined));
     panic!("re-executing the benchmark with GLIBC_TUNABLES failed: {err}");
 }
 
@@ -109,9 +107,7 @@ pub fn run_anchor(name: &str, env: &str, libs: &[&str], args: &[usize]) -> Resul
     let mut peak = (0u64, 0u64);
     while child.try_wait().map_err(|e| format!("running the anchor: {e}"))?.is_none() {
         let text = std::fs::read_to_string(&rollup).unwrap_or_default();
-        let field = |name: &str| {
-            text.lines().find(|l| l.starts_with(name)).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        };
+        let field = |name: &str| text.lines().find(|l| l.starts_with(name)).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok());
         if let (Some(h), Some(a)) = (field("AnonHugePages:"), field("Anonymous:")) {
             peak = peak.max((h, a));
         }

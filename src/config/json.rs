@@ -498,11 +498,10 @@ pub(super) fn read(text: &str) -> Result<(PsJson, Vec<IgnoredField>), Problem> {
     let value: Value = serde_json::from_str(&text).map_err(|e| Problem::new(ROOT, json_error_message(&e)))?;
     let mut ignored = Vec::new();
     let mut note = |path: serde_ignored::Path| ignored.push(ignored_field(&path));
-    let doc: Obj<PsJson> = serde_path_to_error::deserialize(serde_ignored::Deserializer::new(&value, &mut note))
-        .map_err(|e| {
-            let path = if e.path().iter().next().is_none() { ROOT.to_string() } else { e.path().to_string() };
-            Problem { path, msg: e.into_inner().to_string() }
-        })?;
+    let doc: Obj<PsJson> = serde_path_to_error::deserialize(serde_ignored::Deserializer::new(&value, &mut note)).map_err(|e| {
+        let path = if e.path().iter().next().is_none() { ROOT.to_string() } else { e.path().to_string() };
+        Problem { path, msg: e.into_inner().to_string() }
+    })?;
     Ok((doc.0, ignored))
 }
 

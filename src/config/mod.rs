@@ -334,11 +334,8 @@ impl Default for PersistentDbConfig {
 /// Reads `path` and parses it with [`parse`]; relative paths inside are resolved against the
 /// file's folder (made absolute). A file that cannot be read is an [`Error::Io`].
 pub fn load(path: &Path) -> Result<PsConfig> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-        arg: "ps_json_path",
-        path: path.display().to_string(),
-        source,
-    })?;
+    let text =
+        std::fs::read_to_string(path).map_err(|source| Error::Io { arg: "ps_json_path", path: path.display().to_string(), source })?;
     let parent = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),

@@ -82,10 +82,7 @@ fn values_of_the_wrong_kind_say_what_they_are() {
     assert_eq!(read::<json::List<Uint>>("{}").unwrap_err(), "expected an array, got an object");
     assert_eq!(read::<json::Obj<ModelJson>>("[1]").unwrap_err(), "expected an object, got an array");
     // null is a value, not an absent field.
-    assert_eq!(
-        read::<json::Obj<ModelJson>>(r#"{"embedding_table_names": null}"#).unwrap_err(),
-        "expected an array, got null"
-    );
+    assert_eq!(read::<json::Obj<ModelJson>>(r#"{"embedding_table_names": null}"#).unwrap_err(), "expected an array, got null");
 }
 
 #[test]
@@ -93,14 +90,8 @@ fn ranges_are_checked_with_the_number_as_written() {
     let n = |s: &str| read::<Float>(s).unwrap();
     assert_eq!(validate::uint(&Uint(7), "x", 1).unwrap(), 7);
     assert_eq!(msg(validate::uint(&Uint(0), "x", 1)), "0 is too small; expected an integer >= 1");
-    assert_eq!(
-        msg(validate::float(&n("1.5"), "x", Range::Fraction)),
-        "1.5 is out of range; expected a fraction in [0, 1]"
-    );
-    assert_eq!(
-        msg(validate::float(&n("0"), "x", Range::PositiveFraction)),
-        "0 is out of range; expected a fraction in (0, 1]"
-    );
+    assert_eq!(msg(validate::float(&n("1.5"), "x", Range::Fraction)), "1.5 is out of range; expected a fraction in [0, 1]");
+    assert_eq!(msg(validate::float(&n("0"), "x", Range::PositiveFraction)), "0 is out of range; expected a fraction in (0, 1]");
     assert_eq!(msg(validate::float(&n("-1"), "x", Range::NonNegative)), "-1 is out of range; expected a number >= 0");
     assert_eq!(msg(validate::float32(&n("1e39"), "x", Range::Any)), "1e+39 is out of range for a 32-bit float");
     assert_eq!(msg(validate::device(&DeviceId(-1), "x")), "-1 is not a device id; expected an integer >= 0");
@@ -147,10 +138,7 @@ fn defaults_are_hps_defaults() {
 #[test]
 fn json_errors_carry_line_and_column() {
     let e = serde_json::from_str::<Value>("{\n  \"a\": 1\n  \"b\": 2}").unwrap_err();
-    assert_eq!(
-        json::json_error_message(&e),
-        "invalid JSON at line 3, column 3: expected `,` or `}`; expected a JSON object"
-    );
+    assert_eq!(json::json_error_message(&e), "invalid JSON at line 3, column 3: expected `,` or `}`; expected a JSON object");
 }
 
 #[test]

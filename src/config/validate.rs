@@ -8,15 +8,15 @@
 //! same order, each object's keys sorted.
 
 use super::json::{
-    Choice, DatabaseType, DeviceId, Float, IgnoredField, List, ModelJson, Obj, PersistentDbJson, PsJson, Text, Uint,
-    UpdateSourceJson, UpdateSourceType, VolatileDbJson,
+    Choice, DatabaseType, DeviceId, Float, IgnoredField, List, ModelJson, Obj, PersistentDbJson, PsJson, Text, Uint, UpdateSourceJson,
+    UpdateSourceType, VolatileDbJson,
 };
 use super::{
-    EmbeddingCacheType, ModelConfig, PersistentDbConfig, PersistentDbKind, Problem, PsConfig, ROOT, RedisConfig, Secret,
-    VolatileDbConfig, VolatileDbKind, index, join,
+    EmbeddingCacheType, ModelConfig, PersistentDbConfig, PersistentDbKind, Problem, PsConfig, ROOT, RedisConfig, Secret, VolatileDbConfig,
+    VolatileDbKind, index, join,
 };
-use crate::storage::hugectr::{self, FolderProblem, SizeMismatch};
 use crate::limits::MAX_DIM;
+use crate::storage::hugectr::{self, FolderProblem, SizeMismatch};
 use std::path::{Path, PathBuf};
 
 type Checked<T> = Result<T, Problem>;
@@ -51,10 +51,8 @@ pub(super) fn validate(doc: &PsJson, ignored: Vec<IgnoredField>, file: &str, bas
 // ---------------------------------------------------------------------------------------------
 // The fields each object may hold without being used: what to say about each.
 
-const TOP_IGNORED: &[(&str, &str)] = &[(
-    "fuse_embedding_table",
-    "strata looks each table up on its own; table fusion is an HPS GPU-plugin optimisation",
-)];
+const TOP_IGNORED: &[(&str, &str)] =
+    &[("fuse_embedding_table", "strata looks each table up on its own; table fusion is an HPS GPU-plugin optimisation")];
 
 const DENSE: &str = "the dense network is not served by strata";
 const MODEL_IGNORED: &[(&str, &str)] = &[
@@ -114,7 +112,10 @@ fn redis_unused(v: &VolatileDbJson, kind: VolatileDbKind) -> Vec<String> {
         (given("num_node_connections", v.num_node_connections.is_some()), REDIS),
         (given("enable_tls", v.enable_tls.is_some()), REDIS),
         (given("strata_redis_timeout_ms", v.strata_redis_timeout_ms.is_some()), REDIS),
-        (given("refresh_time_after_fetch", v.refresh_time_after_fetch.is_some()), "HPS 3.x option, used by redis_cluster only; the overflow policy decides what is tracked"),
+        (
+            given("refresh_time_after_fetch", v.refresh_time_after_fetch.is_some()),
+            "HPS 3.x option, used by redis_cluster only; the overflow policy decides what is tracked",
+        ),
         (given("max_get_batch_size", v.max_get_batch_size.is_some()), OLD_BATCH),
         (given("max_set_batch_size", v.max_set_batch_size.is_some()), OLD_BATCH),
     ];
@@ -223,8 +224,7 @@ fn non_empty<'a>(v: &'a Text, at: &str) -> Checked<&'a str> {
 
 /// An integer of at least `min`, as a `usize`.
 pub(super) fn uint(v: &Uint, at: &str, min: usize) -> Checked<usize> {
-    let u = usize::try_from(v.0)
-        .map_err(|_| Problem::new(at, format!("{} does not fit in this machine's size type", v.0)))?;
+    let u = usize::try_from(v.0).map_err(|_| Problem::new(at, format!("{} does not fit in this machine's size type", v.0)))?;
     if u < min {
         return Err(Problem::new(at, format!("{u} is too small; expected an integer >= {min}")));
     }
@@ -234,8 +234,7 @@ pub(super) fn uint(v: &Uint, at: &str, min: usize) -> Checked<usize> {
 /// A finite number in `range`.
 pub(super) fn float(v: &Float, at: &str, range: Range) -> Checked<f64> {
     let n = &v.0;
-    let x =
-        n.as_f64().filter(|x| x.is_finite()).ok_or_else(|| Problem::new(at, format!("{n} is not a finite number")))?;
+    let x = n.as_f64().filter(|x| x.is_finite()).ok_or_else(|| Problem::new(at, format!("{n} is not a finite number")))?;
     let (ok, expected) = match range {
         Range::Fraction => ((0.0..=1.0).contains(&x), "a fraction in [0, 1]"),
         Range::PositiveFraction => (x > 0.0 && x <= 1.0, "a fraction in (0, 1]"),
@@ -259,8 +258,7 @@ pub(super) fn float32(v: &Float, at: &str, range: Range) -> Checked<f32> {
 
 /// A CUDA device ordinal: an integer in [0, i32::MAX].
 pub(super) fn device(v: &DeviceId, at: &str) -> Checked<i32> {
-    let u = u64::try_from(v.0)
-        .map_err(|_| Problem::new(at, format!("{} is not a device id; expected an integer >= 0", v.0)))?;
+    let u = u64::try_from(v.0).map_err(|_| Problem::new(at, format!("{} is not a device id; expected an integer >= 0", v.0)))?;
     let u = uint(&Uint(u), at, 0)?;
     i32::try_from(u).map_err(|_| Problem::new(at, format!("{u} is too large for a device id")))
 }
@@ -290,34 +288,21 @@ pub(super) fn volatile_db(v: &VolatileDbJson) -> Checked<VolatileDbConfig> {
         Some(DatabaseType::MultiProcessHashMap) => {
             return Err(Problem::new(
                 at,
-                format!(
-                    "\"{s}\" is not supported: strata has no shared-memory volatile tier; expected {}",
-                    one_of(ACCEPTED)
-                ),
+                format!("\"{s}\" is not supported: strata has no shared-memory volatile tier; expected {}", one_of(ACCEPTED)),
             ));
         }
         Some(DatabaseType::RocksDb) => {
             return Err(Problem::new(
                 at,
-                format!(
-                    "\"{s}\" is a persistent database type (use it in persistent_db); expected {}",
-                    one_of(ACCEPTED)
-                ),
+                format!("\"{s}\" is a persistent database type (use it in persistent_db); expected {}", one_of(ACCEPTED)),
             ));
         }
         None => {
-            return Err(Problem::new(
-                at,
-                format!("unknown volatile database type \"{s}\"; expected {}", one_of(ACCEPTED)),
-            ));
+            return Err(Problem::new(at, format!("unknown volatile database type \"{s}\"; expected {}", one_of(ACCEPTED))));
         }
     };
-    let overflow_policy = known(
-        &v.overflow_policy,
-        "volatile_db.overflow_policy",
-        "overflow policy",
-        &["evict_random", "evict_least_used", "evict_oldest"],
-    )?;
+    let overflow_policy =
+        known(&v.overflow_policy, "volatile_db.overflow_policy", "overflow policy", &["evict_random", "evict_least_used", "evict_oldest"])?;
     let max_batch_size = uint(&v.max_batch_size, "volatile_db.max_batch_size", 1)?;
     let redis = match kind {
         VolatileDbKind::RedisCluster => Some(redis(v, max_batch_size)?),
@@ -359,22 +344,14 @@ pub(super) fn persistent_db(p: &PersistentDbJson, base_dir: &Path) -> Checked<Pe
     let kind = match p.kind.value {
         Some(DatabaseType::Disabled) => PersistentDbKind::Disabled,
         Some(DatabaseType::RocksDb) => PersistentDbKind::RocksDb,
-        Some(
-            DatabaseType::HashMap
-            | DatabaseType::ParallelHashMap
-            | DatabaseType::MultiProcessHashMap
-            | DatabaseType::RedisCluster,
-        ) => {
+        Some(DatabaseType::HashMap | DatabaseType::ParallelHashMap | DatabaseType::MultiProcessHashMap | DatabaseType::RedisCluster) => {
             return Err(Problem::new(
                 at,
                 format!("\"{s}\" is a volatile database type (use it in volatile_db); expected {}", one_of(ACCEPTED)),
             ));
         }
         None => {
-            return Err(Problem::new(
-                at,
-                format!("unknown persistent database type \"{s}\"; expected {}", one_of(ACCEPTED)),
-            ));
+            return Err(Problem::new(at, format!("unknown persistent database type \"{s}\"; expected {}", one_of(ACCEPTED))));
         }
     };
     let path = match &p.path {
@@ -385,10 +362,7 @@ pub(super) fn persistent_db(p: &PersistentDbJson, base_dir: &Path) -> Checked<Pe
             if resolved.exists() && !resolved.is_dir() {
                 return Err(Problem::new(
                     at,
-                    format!(
-                        "{} exists and is not a folder; expected the persistent store's folder",
-                        resolved.display()
-                    ),
+                    format!("{} exists and is not a folder; expected the persistent store's folder", resolved.display()),
                 ));
             }
             resolved
@@ -415,10 +389,7 @@ fn update_source(u: &UpdateSourceJson) -> Checked<()> {
                 "\"{s}\" is not supported: strata takes no updates from Kafka; apply them with strata_table_upsert / strata_table_erase, and set type to \"null\" or remove update_source"
             ),
         )),
-        None => Err(Problem::new(
-            at,
-            format!("unknown update source type \"{s}\"; expected \"null\" (strata supports no update source)"),
-        )),
+        None => Err(Problem::new(at, format!("unknown update source type \"{s}\"; expected \"null\" (strata supports no update source)"))),
     }
 }
 
@@ -462,10 +433,7 @@ impl Pass<'_> {
             if let Some(i) = (0..j).find(|&i| out[i].model == out[j].model) {
                 return Err(Problem::new(
                     &format!("models[{j}].model"),
-                    format!(
-                        "duplicate model name \"{}\" (also models[{i}].model); expected unique names",
-                        out[j].model
-                    ),
+                    format!("duplicate model name \"{}\" (also models[{i}].model); expected unique names", out[j].model),
                 ));
             }
         }
@@ -486,10 +454,7 @@ impl Pass<'_> {
         let sparse_path = at("sparse_files");
         let sparse = required(&m.sparse_files, &sparse_path, "one HugeCTR sparse model folder per embedding table")?;
         if sparse.is_empty() {
-            return Err(Problem::new(
-                &sparse_path,
-                "is empty; expected at least one sparse model folder (one per embedding table)",
-            ));
+            return Err(Problem::new(&sparse_path, "is empty; expected at least one sparse model folder (one per embedding table)"));
         }
         let sparse_files = each(sparse, &sparse_path, |f, at| {
             let s = non_empty(f, at)?;
@@ -504,8 +469,7 @@ impl Pass<'_> {
         let tables = sparse_files.len();
 
         let vecsize_path = at("embedding_vecsize_per_table");
-        let vecsize =
-            required(&m.embedding_vecsize_per_table, &vecsize_path, "the number of floats per row of each table")?;
+        let vecsize = required(&m.embedding_vecsize_per_table, &vecsize_path, "the number of floats per row of each table")?;
         let vecsize = each(vecsize, &vecsize_path, |v, at| {
             let d = uint(v, at, 1)?;
             if d > MAX_DIM {
@@ -514,11 +478,8 @@ impl Pass<'_> {
             Ok(d)
         })?;
         let maxnum_path = at("maxnum_catfeature_query_per_table_per_sample");
-        let maxnum = required(
-            &m.maxnum_catfeature_query_per_table_per_sample,
-            &maxnum_path,
-            "the most keys one sample looks up in each table",
-        )?;
+        let maxnum =
+            required(&m.maxnum_catfeature_query_per_table_per_sample, &maxnum_path, "the most keys one sample looks up in each table")?;
         let maxnum = each(maxnum, &maxnum_path, |v, at| uint(v, at, 1))?;
         let names = m
             .embedding_table_names
@@ -550,8 +511,7 @@ impl Pass<'_> {
                 ));
             }
         }
-        let embedding_table_names =
-            names.unwrap_or_else(|| (0..tables).map(|i| format!("sparse_embedding{i}")).collect());
+        let embedding_table_names = names.unwrap_or_else(|| (0..tables).map(|i| format!("sparse_embedding{i}")).collect());
         for j in 0..tables {
             if let Some(i) = (0..j).find(|&i| embedding_table_names[i] == embedding_table_names[j]) {
                 return Err(Problem::new(
@@ -598,16 +558,8 @@ impl Pass<'_> {
             hit_rate_threshold: float32(&m.hit_rate_threshold, &at("hit_rate_threshold"), Range::NonNegative)?,
             use_static_table,
             embedding_cache_type,
-            num_of_worker_buffer_in_pool: uint(
-                &m.num_of_worker_buffer_in_pool,
-                &at("num_of_worker_buffer_in_pool"),
-                1,
-            )?,
-            num_of_refresher_buffer_in_pool: uint(
-                &m.num_of_refresher_buffer_in_pool,
-                &at("num_of_refresher_buffer_in_pool"),
-                1,
-            )?,
+            num_of_worker_buffer_in_pool: uint(&m.num_of_worker_buffer_in_pool, &at("num_of_worker_buffer_in_pool"), 1)?,
+            num_of_refresher_buffer_in_pool: uint(&m.num_of_refresher_buffer_in_pool, &at("num_of_refresher_buffer_in_pool"), 1)?,
             cache_refresh_percentage_per_iteration: float32(
                 &m.cache_refresh_percentage_per_iteration,
                 &at("cache_refresh_percentage_per_iteration"),
@@ -630,10 +582,9 @@ fn check_sparse_folder(dir: &Path, dim: usize, model: usize, table: usize) -> Ch
         FolderProblem::Lacks(name) => format!("{}: lacks `{name}`; {WHAT}", dir.display()),
         FolderProblem::NotAFile(f) => format!("{}: is not a file; {WHAT}", f.display()),
         FolderProblem::Io(f, e) => format!("{}: {e}", f.display()),
-        FolderProblem::Sizes(SizeMismatch::PartialKey { key_bytes }) => format!(
-            "{}: {key_bytes} bytes is not a whole number of int64 keys (8 bytes each)",
-            dir.join("key").display()
-        ),
+        FolderProblem::Sizes(SizeMismatch::PartialKey { key_bytes }) => {
+            format!("{}: {key_bytes} bytes is not a whole number of int64 keys (8 bytes each)", dir.join("key").display())
+        }
         FolderProblem::Sizes(SizeMismatch::Vectors { rows, vec_bytes, expected }) => format!(
             "{}: {vec_bytes} bytes; expected {expected} ({rows} keys in `key` x {dim} float32 per row from models[{model}].embedding_vecsize_per_table[{table}])",
             dir.join("emb_vector").display()

@@ -39,10 +39,9 @@ impl<T: Plain> Buf<T> {
     pub fn resize(&mut self, len: usize) -> crate::error::Result<()> {
         if len > self.cap {
             let cap = len.saturating_add(len / 4);
-            let bytes = cap.checked_mul(std::mem::size_of::<T>()).ok_or(crate::error::Error::OutOfMemory {
-                what: "distributed lookup buffers",
-                bytes: usize::MAX,
-            })?;
+            let bytes = cap
+                .checked_mul(std::mem::size_of::<T>())
+                .ok_or(crate::error::Error::OutOfMemory { what: "distributed lookup buffers", bytes: usize::MAX })?;
             self.map = Some(anon(bytes, "distributed lookup buffers")?);
             self.cap = cap;
         }

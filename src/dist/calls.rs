@@ -10,11 +10,11 @@
 //!   every request is checked, and at the end; every distributed request runs between them.
 
 use super::table::DistTable;
+use crate::dlpack::FloatDtype;
 use crate::error::{Error, Result};
 use crate::model::{LookupOptions, LookupStats, Planned, Pooling, Request, TableInfo, plan_pooled};
 use crate::partition::TableDescription;
 use crate::table::{Call, Collective, DistTiming, TableImpl};
-use crate::dlpack::FloatDtype;
 use dlpark::ffi::{DLDevice, DLDeviceType, DLTensor};
 
 impl TableImpl for DistTable {

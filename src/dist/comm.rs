@@ -6,7 +6,7 @@
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::util::threads;
-use mpi::datatype::{Equivalence, Partition, PartitionMut, UserDatatype, View, MutView};
+use mpi::datatype::{Equivalence, MutView, Partition, PartitionMut, UserDatatype, View};
 use mpi::ffi;
 use mpi::raw::FromRaw;
 use mpi::topology::{Communicator, CommunicatorRelation, SimpleCommunicator};

@@ -17,14 +17,14 @@
 //! three times for a remote one (table to the send buffer, the exchange, the receive buffer to
 //! `out`). The buffers are kept between calls, in huge-page memory, and never zeroed.
 
-use super::scratch::Scratch;
 use super::comm::{Comm, displs, size};
+use super::scratch::Scratch;
 use super::table::{DistTable, LocalPart, Route};
 use crate::dlpack::{FloatDtype, KeyDtype, Walk};
 use crate::error::{Error, Result};
 use crate::exec::cpu::{Found, Gather};
-use crate::kernels::{RowFn, prefetch_row, row_fn, store_fence};
 use crate::exec::pool;
+use crate::kernels::{RowFn, prefetch_row, row_fn, store_fence};
 use crate::model::{KeySource, OutTarget};
 use crate::model::{LookupOptions, LookupStats, Plan, Request, plan};
 use crate::model::{MissingKey, Rows, StaticTable};

@@ -1,22 +1,22 @@
 //! [`DistTable`]: who owns which rows, this rank's share, and how the table is built
 //! collectively from a description or a HugeCTR folder.
 
-use crate::util::lock::lock;
 use super::DistTiming;
 use super::channel::{self, Channel};
 use super::comm::Comm;
 use super::scratch::Scratch;
 use crate::dlpack::FloatDtype;
 use crate::error::{Error, Result};
-use crate::storage::hugectr::SparseFolder;
-use crate::storage::index::KeyIndex;
-use crate::util::hash::mix;
+use crate::model::{MissingKey, StaticTable, TableInfo, TableOptions};
 use crate::partition::claims::{ClaimedPart, RankClaim, merge_claims, summaries_agree, summary_dtype};
 use crate::partition::{
     Description, Layout, Part, RowPart, TableDescription, check_row_split, describe_parts, grid_name, table_from, validate,
 };
+use crate::storage::hugectr::SparseFolder;
+use crate::storage::index::KeyIndex;
 use crate::storage::store::Store;
-use crate::model::{MissingKey, StaticTable, TableInfo, TableOptions};
+use crate::util::hash::mix;
+use crate::util::lock::lock;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -280,12 +280,7 @@ impl DistTable {
 /// # Safety
 /// As for [`validate`]; borrowed partitions must stay valid and unchanged until the tables
 /// built over them are dropped.
-unsafe fn local_partitions(
-    d: Description<'_>,
-    rank: usize,
-    size: usize,
-    options: TableOptions,
-) -> Result<(RankClaim, Vec<LocalPart>)> {
+unsafe fn local_partitions(d: Description<'_>, rank: usize, size: usize, options: TableOptions) -> Result<(RankClaim, Vec<LocalPart>)> {
     // SAFETY: our caller guarantees every tensor of d (and of its get) is valid DLPack memory
     // that stays readable, as validate requires.
     let layout = unsafe { validate(d) }?;
@@ -354,13 +349,7 @@ unsafe fn local_partitions(
             local.push(LocalPart { start, table });
         }
     }
-    let claim = RankClaim {
-        shape: [rows, dim],
-        parts: claimed,
-        dtype,
-        default_value: options.default_value,
-        missing: options.missing,
-    };
+    let claim = RankClaim { shape: [rows, dim], parts: claimed, dtype, default_value: options.default_value, missing: options.missing };
     Ok((claim, local))
 }
 

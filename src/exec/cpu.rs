@@ -8,11 +8,11 @@
 //! caller), so participants never write the same bytes.
 
 use crate::dlpack::FloatDtype;
+use crate::error::{Error, Result};
 use crate::exec::pool;
 use crate::kernels::{RowFn, prefetch_row as prefetch_lines, row_fn, store_fence};
-use crate::storage::index::KeyIndex;
-use crate::error::{Error, Result};
 use crate::model::{KeySource, LookupOptions, LookupStats, MissingKey, OutTarget, Plan, Rows, StaticTable, plan};
+use crate::storage::index::KeyIndex;
 use dlpark::ffi::DLTensor;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -169,7 +169,9 @@ impl<'a> Gather<'a> {
         match &self.table.rows {
             // A few keys (online inference, batches of many small requests) use small buffers:
             // zeroing the full chunk's stack buffers would cost more than the lookup.
-            Rows::Dense if hi - lo <= SMALL => self.range_with::<_, SMALL>(&Dense(self.table.store.rows() as u64), lo, hi, rowf, track_first, found),
+            Rows::Dense if hi - lo <= SMALL => {
+                self.range_with::<_, SMALL>(&Dense(self.table.store.rows() as u64), lo, hi, rowf, track_first, found)
+            }
             Rows::Keyed(ix) if hi - lo <= SMALL => self.range_with::<_, SMALL>(ix, lo, hi, rowf, track_first, found),
             Rows::Dense => self.range_with::<_, CHUNK>(&Dense(self.table.store.rows() as u64), lo, hi, rowf, track_first, found),
             Rows::Keyed(ix) => self.range_with::<_, CHUNK>(ix, lo, hi, rowf, track_first, found),

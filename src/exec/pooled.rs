@@ -106,7 +106,15 @@ impl<'a> Rowset<'a> {
             Rows::Dense => Some((st.row_ptr_or_base(), st.row_stride() * st.dtype().size(), st.rows())),
             Rows::Keyed(_) => None,
         };
-        Rowset { dtype: t.dtype(), dim: t.dim(), default: t.default_row(), missing_error: RowSource::missing_is_error(t), fill, dense, groups: true }
+        Rowset {
+            dtype: t.dtype(),
+            dim: t.dim(),
+            default: t.default_row(),
+            missing_error: RowSource::missing_is_error(t),
+            fill,
+            dense,
+            groups: true,
+        }
     }
 }
 
@@ -134,7 +142,8 @@ impl<'a> PooledTasks<'a> {
     pub(super) fn new(p: &'a PooledPlan, rows: &'a Rowset<'a>) -> Self {
         let bytes = p.nnz.saturating_mul(rows.dim * rows.dtype.size()).max(p.b * rows.dim * 4);
         let group = (TASK_KEYS * p.b / p.nnz.max(1)).clamp(1, p.b.max(1));
-        let k = Kernels { pool: Pooler::new(rows.dtype, rows.dim), write: row_fn(FloatDtype::F32, p.out.dtype, p.out.col_stride == 1, false) };
+        let k =
+            Kernels { pool: Pooler::new(rows.dtype, rows.dim), write: row_fn(FloatDtype::F32, p.out.dtype, p.out.col_stride == 1, false) };
         PooledTasks { p, rows, k, group, tasks: p.b.div_ceil(group), bytes }
     }
 
@@ -201,7 +210,9 @@ fn finish(p: &PooledPlan, k: Kernels, b: usize, acc: Option<&mut [f32]>, zeros: 
     p.out.walk.fill(b, &mut off);
     // SAFETY: the plan validated out as [B, dim] with non-overlapping rows; b < B, and row holds
     // dim float32 values.
-    unsafe { (k.write)(row.as_ptr() as *const u8, p.out.ptr.wrapping_offset(off[0] * p.out.dtype.size() as isize), zeros.len(), p.out.col_stride) };
+    unsafe {
+        (k.write)(row.as_ptr() as *const u8, p.out.ptr.wrapping_offset(off[0] * p.out.dtype.size() as isize), zeros.len(), p.out.col_stride)
+    };
 }
 
 /// Pools bags `b0 .. b1` (at most [`GROUP_KEYS`] keys) whole: their keys become rows (a dense
@@ -281,7 +292,17 @@ fn group(p: &PooledPlan, rows: &Rowset, b0: usize, b1: usize, k: Kernels, s: &mu
             s.pooled.resize(nb * dim, 0.0);
             // SAFETY: as above, with the pooled rows written into s.pooled.
             unsafe {
-                k.pool.pool_bags(source, misses != 0, &s.starts, weights, rows.default, divide, s.pooled.as_mut_ptr() as *mut u8, FloatDtype::F32, dim)
+                k.pool.pool_bags(
+                    source,
+                    misses != 0,
+                    &s.starts,
+                    weights,
+                    rows.default,
+                    divide,
+                    s.pooled.as_mut_ptr() as *mut u8,
+                    FloatDtype::F32,
+                    dim,
+                )
             };
             let size = p.out.dtype.size() as isize;
             let mut off = [0isize; 1];
@@ -289,7 +310,9 @@ fn group(p: &PooledPlan, rows: &Rowset, b0: usize, b1: usize, k: Kernels, s: &mu
                 p.out.walk.fill(b0 + j, &mut off);
                 // SAFETY: the plan validated out as [B, dim] with non-overlapping rows; row
                 // b0 + j < B; the source holds dim float32 values.
-                unsafe { (k.write)(s.pooled[j * dim..].as_ptr() as *const u8, p.out.ptr.wrapping_offset(off[0] * size), dim, p.out.col_stride) };
+                unsafe {
+                    (k.write)(s.pooled[j * dim..].as_ptr() as *const u8, p.out.ptr.wrapping_offset(off[0] * size), dim, p.out.col_stride)
+                };
             }
         }
     }
@@ -434,7 +457,21 @@ pub(crate) fn pool_tiered(t: &TieredTable, p: &PooledPlan) -> Result<LookupStats
         }
         Ok(())
     };
-    let found = missing(p, run(p, &Rowset { dtype: FloatDtype::F32, dim, default: t.default_row(), missing_error: t.missing_is_error(), fill: &fill, dense: None, groups: false })?)?;
+    let found = missing(
+        p,
+        run(
+            p,
+            &Rowset {
+                dtype: FloatDtype::F32,
+                dim,
+                default: t.default_row(),
+                missing_error: t.missing_is_error(),
+                fill: &fill,
+                dense: None,
+                groups: false,
+            },
+        )?,
+    )?;
     let (vh, ph) = (vh.into_inner(), ph.into_inner());
     t.record_lookup(p.nnz as u64, vh, ph, found.misses);
     Ok(LookupStats { hits: found.hits, misses: found.misses, volatile_hits: vh, persistent_hits: ph })

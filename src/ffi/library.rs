@@ -31,10 +31,7 @@ pub extern "C" fn strata_last_error() -> *const c_char {
 /// `"STRATA_UNKNOWN_STATUS"` for a value that is not one. The string is static.
 #[unsafe(no_mangle)]
 pub extern "C" fn strata_status_name(status: i32) -> *const c_char {
-    Status::ALL
-        .iter()
-        .find(|s| **s as i32 == status)
-        .map_or(c"STRATA_UNKNOWN_STATUS".as_ptr(), |s| s.name().as_ptr())
+    Status::ALL.iter().find(|s| **s as i32 == status).map_or(c"STRATA_UNKNOWN_STATUS".as_ptr(), |s| s.name().as_ptr())
 }
 
 /// 1 when this build has CUDA support and a CUDA driver with at least one device is present,
@@ -108,10 +105,7 @@ mod tests {
         assert_eq!(STRATA_VERSION_MAJOR.to_string(), env!("CARGO_PKG_VERSION_MAJOR"));
         assert_eq!(STRATA_VERSION_MINOR.to_string(), env!("CARGO_PKG_VERSION_MINOR"));
         assert_eq!(STRATA_VERSION_PATCH.to_string(), env!("CARGO_PKG_VERSION_PATCH"));
-        assert_eq!(
-            STRATA_VERSION_NUMBER,
-            STRATA_VERSION_MAJOR * 10000 + STRATA_VERSION_MINOR * 100 + STRATA_VERSION_PATCH
-        );
+        assert_eq!(STRATA_VERSION_NUMBER, STRATA_VERSION_MAJOR * 10000 + STRATA_VERSION_MINOR * 100 + STRATA_VERSION_PATCH);
     }
 
     #[test]

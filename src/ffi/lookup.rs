@@ -1,16 +1,16 @@
 //! `strata_lookup` and its managed-tensor variants.
 
+use super::boundary::opt_ref;
 use super::boundary::{arg_ref, boundary};
 use super::sized::{OutStruct, in_array, out_struct, read_in};
+use super::status::Status;
 use super::table::{strata_table, table_arg};
 use super::tensor::check_managed;
-use super::boundary::opt_ref;
-use super::status::Status;
 use super::types::{pooling_of, strata_lookup_options, strata_lookup_request, strata_lookup_stats};
 use crate::error::Error;
-use crate::table::{BatchRequest, Call};
 use crate::error::Result;
 use crate::model::{LookupOptions, Request};
+use crate::table::{BatchRequest, Call};
 use dlpark::ManagedTensorBase;
 use dlpark::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLTensor};
 
@@ -239,8 +239,8 @@ pub unsafe extern "C" fn strata_lookup_pooled(
         let table = unsafe { table_arg(table, "table") }?;
         // (On a distributed table the other ranks learn of a bad argument here.)
         // SAFETY: the pointers are NULL or valid, as this export's # Safety section requires.
-        let (r, opts, stats) = unsafe { pooled_args(keys, offsets, weights, pooling, out, opts, stats) }
-            .map_err(|e| table.refuse(Call::Pooled, e))?;
+        let (r, opts, stats) =
+            unsafe { pooled_args(keys, offsets, weights, pooling, out, opts, stats) }.map_err(|e| table.refuse(Call::Pooled, e))?;
         let found = table.lookup_request(&r, &opts)?;
         if let Some(s) = stats {
             s.write(&found.into());

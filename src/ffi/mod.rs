@@ -32,6 +32,6 @@ pub use lookup::*;
 pub use partition::*;
 pub use partition_types::*;
 pub use server::*;
-pub use table::*;
 pub use status::Status;
+pub use table::*;
 pub use types::*;

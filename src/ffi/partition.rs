@@ -2,12 +2,10 @@
 //! tables spread over MPI ranks.
 
 use super::boundary::{arg_ref, boundary, c_path, opt_ref, out_handle};
-use super::partition_types::{
-    OwnedPartitioned, description, strata_partition, strata_partition_location, strata_partitioned,
-};
-use super::table::{strata_table, table_arg, table_options};
+use super::partition_types::{OwnedPartitioned, description, strata_partition, strata_partition_location, strata_partitioned};
 use super::status::Status;
-use super::types::{strata_table_options};
+use super::table::{strata_table, table_arg, table_options};
+use super::types::strata_table_options;
 use crate::partition::validate;
 use std::ffi::c_char;
 

@@ -3,14 +3,14 @@
 
 use super::boundary::{arg_mut, arg_ref, boundary, c_str, out_handle, write_opt};
 use super::sized::out_struct_required;
-use super::table::{strata_table, table_arg};
 use super::status::Status;
-use super::types::{strata_table_stats};
+use super::table::{strata_table, table_arg};
+use super::types::strata_table_stats;
 use crate::error::{Error, Result};
 use crate::server::Server;
+use crate::util::lock::lock;
 use dlpark::ffi::DLTensor;
 use std::ffi::c_char;
-use crate::util::lock::lock;
 use std::path::Path;
 use std::sync::{Arc, Mutex, Weak};
 
@@ -133,11 +133,7 @@ pub unsafe extern "C" fn strata_server_open(ps_json_path: *const c_char, out: *m
 /// `json` is NULL or a NUL-terminated string; `base_dir` is NULL or a NUL-terminated string; `out`
 /// is NULL or writable.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn strata_server_open_json(
-    json: *const c_char,
-    base_dir: *const c_char,
-    out: *mut *mut strata_server,
-) -> Status {
+pub unsafe extern "C" fn strata_server_open_json(json: *const c_char, base_dir: *const c_char, out: *mut *mut strata_server) -> Status {
     boundary(|| {
         // SAFETY: `out` is NULL or valid as this export's # Safety section requires.
         let out = unsafe { out_handle(out, "out") }?;
@@ -227,9 +223,10 @@ pub unsafe extern "C" fn strata_server_model(
         let server = &unsafe { server_arg(server) }?.shared.server;
         // SAFETY: `name` is NULL or valid as this export's # Safety section requires.
         let name = unsafe { arg_mut(name, "name") }?;
-        let m = usize::try_from(index).ok().and_then(|i| server.models().get(i)).ok_or_else(|| {
-            Error::invalid("index", format!("{index}; the server has models 0..{}", server.models().len()))
-        })?;
+        let m = usize::try_from(index)
+            .ok()
+            .and_then(|i| server.models().get(i))
+            .ok_or_else(|| Error::invalid("index", format!("{index}; the server has models 0..{}", server.models().len())))?;
         *name = m.name.as_ptr();
         // SAFETY: `num_tables` is NULL or valid as this export's # Safety section requires.
         unsafe { write_opt(num_tables, m.tables.len() as i32) };
@@ -288,9 +285,10 @@ pub unsafe extern "C" fn strata_server_warning(server: *const strata_server, ind
         let server = &unsafe { server_arg(server) }?.shared.server;
         // SAFETY: `text` is NULL or valid as this export's # Safety section requires.
         let text = unsafe { arg_mut(text, "text") }?;
-        let w = usize::try_from(index).ok().and_then(|i| server.warnings().get(i)).ok_or_else(|| {
-            Error::invalid("index", format!("{index}; the server has warnings 0..{}", server.warnings().len()))
-        })?;
+        let w = usize::try_from(index)
+            .ok()
+            .and_then(|i| server.warnings().get(i))
+            .ok_or_else(|| Error::invalid("index", format!("{index}; the server has warnings 0..{}", server.warnings().len())))?;
         *text = w.as_ptr();
         Ok(())
     })

@@ -338,10 +338,7 @@ mod tests {
         let a = unsafe { in_array(mixed.as_ptr() as *const V2, 2, "desc", "partitions[2].locations") }.unwrap();
         assert_eq!(a.get(0).unwrap().extra, 7);
         let e = a.get(1).unwrap_err().to_string();
-        assert!(
-            e.starts_with("desc: partitions[2].locations[1].struct_size = 16, but partitions[2].locations[0].struct_size = 24"),
-            "{e}"
-        );
+        assert!(e.starts_with("desc: partitions[2].locations[1].struct_size = 16, but partitions[2].locations[0].struct_size = 24"), "{e}");
         assert!(e.contains("initialise each with strata_test_default()"), "{e}");
     }
 

@@ -4,12 +4,12 @@ use super::boundary::{arg_ref, boundary, c_path, opt_ref, out_handle};
 pub use super::handle::strata_table;
 pub(crate) use super::handle::table_arg;
 use super::sized::{out_struct_required, read_in};
-use super::tensor::check_managed;
 use super::status::Status;
+use super::tensor::check_managed;
 use super::types::{strata_table_info, strata_table_options};
 use crate::error::Result;
-use crate::table::Table;
 use crate::model::TableOptions;
+use crate::table::Table;
 use dlpark::ManagedTensorBase;
 use dlpark::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLTensor};
 use std::ffi::c_char;
@@ -224,4 +224,3 @@ pub unsafe extern "C" fn strata_table_get_info(table: *const strata_table, info:
         Ok(())
     })
 }
-

@@ -5,14 +5,12 @@
 
 use super::sized::Extensible;
 use crate::error::{Error, Result};
-use crate::model::{LookupOptions, LookupStats, Pooling};
-use crate::model::{GpuOptions, GpuPlacement, GpuSharding, MissingKey, TableInfo, TableOptions};
 use crate::model::TableStats;
+use crate::model::{GpuOptions, GpuPlacement, GpuSharding, MissingKey, TableInfo, TableOptions};
+use crate::model::{LookupOptions, LookupStats, Pooling};
 use dlpark::ffi::{DLDataType, DLTensor};
 use std::ffi::c_void;
 use std::mem::size_of;
-
-
 
 /// What a lookup does with a key the table does not hold (`strata_table_options.missing_key`).
 #[repr(i32)]
@@ -78,7 +76,9 @@ pub(crate) fn pooling_of(v: i32, arg: &'static str) -> Result<Option<Pooling>> {
         3 => Ok(Some(Pooling::Sqrtn)),
         p => Err(Error::invalid(
             arg,
-            format!("{p}; expected STRATA_POOL_SUM (1), STRATA_POOL_MEAN (2) or STRATA_POOL_SQRTN (3), or STRATA_POOL_NONE (0) for a plain lookup"),
+            format!(
+                "{p}; expected STRATA_POOL_SUM (1), STRATA_POOL_MEAN (2) or STRATA_POOL_SQRTN (3), or STRATA_POOL_NONE (0) for a plain lookup"
+            ),
         )),
     }
 }
@@ -453,10 +453,7 @@ mod tests {
             ],
             [0, 8, 12, 16, 20, 24, 28]
         );
-        assert_eq!(
-            [offset_of!(strata_lookup_options, stream), offset_of!(strata_lookup_options, num_threads)],
-            [8, 16]
-        );
+        assert_eq!([offset_of!(strata_lookup_options, stream), offset_of!(strata_lookup_options, num_threads)], [8, 16]);
         assert_eq!(
             [
                 offset_of!(strata_lookup_stats, hits),
@@ -495,7 +492,6 @@ mod tests {
         assert_eq!(size_of::<strata_table_stats>(), 96);
         assert_eq!(size_of::<strata_table_info>(), 48);
     }
-
 
     #[test]
     fn out_of_range_options_name_their_field() {

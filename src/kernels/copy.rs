@@ -198,9 +198,7 @@ unsafe fn f32_to_f16(src: *const u8, dst: *mut u8, dim: usize, _: usize) {
     // SAFETY: the RowFn contract: src holds dim aligned f32 and dst dim aligned, contiguous f16
     // (row_fn picks this kernel only for col_stride 1), and the two do not overlap, so the
     // shared and the mutable slice alias nothing.
-    let (s, d) = unsafe {
-        (std::slice::from_raw_parts(src as *const f32, dim), std::slice::from_raw_parts_mut(dst as *mut f16, dim))
-    };
+    let (s, d) = unsafe { (std::slice::from_raw_parts(src as *const f32, dim), std::slice::from_raw_parts_mut(dst as *mut f16, dim)) };
     d.convert_from_f32_slice(s);
 }
 
@@ -208,9 +206,7 @@ unsafe fn f32_to_bf16(src: *const u8, dst: *mut u8, dim: usize, _: usize) {
     // SAFETY: the RowFn contract: src holds dim aligned f32 and dst dim aligned, contiguous bf16
     // (row_fn picks this kernel only for col_stride 1), and the two do not overlap, so the
     // shared and the mutable slice alias nothing.
-    let (s, d) = unsafe {
-        (std::slice::from_raw_parts(src as *const f32, dim), std::slice::from_raw_parts_mut(dst as *mut bf16, dim))
-    };
+    let (s, d) = unsafe { (std::slice::from_raw_parts(src as *const f32, dim), std::slice::from_raw_parts_mut(dst as *mut bf16, dim)) };
     d.convert_from_f32_slice(s);
 }
 
@@ -218,9 +214,7 @@ unsafe fn f16_to_f32(src: *const u8, dst: *mut u8, dim: usize, _: usize) {
     // SAFETY: the RowFn contract: src holds dim aligned f16 and dst dim aligned, contiguous f32
     // (row_fn picks this kernel only for col_stride 1), and the two do not overlap, so the
     // shared and the mutable slice alias nothing.
-    let (s, d) = unsafe {
-        (std::slice::from_raw_parts(src as *const f16, dim), std::slice::from_raw_parts_mut(dst as *mut f32, dim))
-    };
+    let (s, d) = unsafe { (std::slice::from_raw_parts(src as *const f16, dim), std::slice::from_raw_parts_mut(dst as *mut f32, dim)) };
     s.convert_to_f32_slice(d);
 }
 
@@ -228,12 +222,9 @@ unsafe fn bf16_to_f32(src: *const u8, dst: *mut u8, dim: usize, _: usize) {
     // SAFETY: the RowFn contract: src holds dim aligned bf16 and dst dim aligned, contiguous f32
     // (row_fn picks this kernel only for col_stride 1), and the two do not overlap, so the
     // shared and the mutable slice alias nothing.
-    let (s, d) = unsafe {
-        (std::slice::from_raw_parts(src as *const bf16, dim), std::slice::from_raw_parts_mut(dst as *mut f32, dim))
-    };
+    let (s, d) = unsafe { (std::slice::from_raw_parts(src as *const bf16, dim), std::slice::from_raw_parts_mut(dst as *mut f32, dim)) };
     s.convert_to_f32_slice(d);
 }
-
 
 /// The row kernel for a (table dtype, out dtype, contiguous row?, streaming?) combination.
 pub fn row_fn(src: FloatDtype, dst: FloatDtype, contiguous: bool, stream: bool) -> RowFn {

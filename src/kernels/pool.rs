@@ -171,7 +171,16 @@ impl Pooler {
     /// than `hi`.
     #[inline]
     #[allow(clippy::too_many_arguments)] // one run: the accumulator, the rows, the range, the weights
-    pub unsafe fn add(&self, acc: &mut [f32], zero: bool, ptrs: &[*const u8], lo: usize, hi: usize, weights: Option<&[f32]>, default: &[f32]) {
+    pub unsafe fn add(
+        &self,
+        acc: &mut [f32],
+        zero: bool,
+        ptrs: &[*const u8],
+        lo: usize,
+        hi: usize,
+        weights: Option<&[f32]>,
+        default: &[f32],
+    ) {
         assert!(acc.len() == self.dim && default.len() == self.dim && lo <= hi && hi <= ptrs.len(), "pooling kernel arguments");
         if let Some(w) = weights {
             assert!(w.len() >= hi, "pooling kernel weights");
@@ -453,7 +462,12 @@ unsafe fn accumulate<S: Simd, E: Elem, Src: Source, const R: usize, const W: boo
 /// Adds row `i` (elements `col ..`, `R` vectors), times its weight when `W`, into `acc`; with
 /// `M`, a missing row adds the default row.
 #[inline(always)]
-unsafe fn add_row<S: Simd, E: Elem, Src: Source, const R: usize, const W: bool, const M: bool>(a: &Args<Src>, acc: &mut [S::V; R], i: usize, col: usize) {
+unsafe fn add_row<S: Simd, E: Elem, Src: Source, const R: usize, const W: bool, const M: bool>(
+    a: &Args<Src>,
+    acc: &mut [S::V; R],
+    i: usize,
+    col: usize,
+) {
     // SAFETY: as in `accumulate`, which this is the body of.
     unsafe {
         let p = if M { a.src.row(i) } else { a.src.present(i) };
@@ -614,7 +628,15 @@ unsafe fn bag_pass<S: Simd, E: Elem, Src: Source, const R: usize, const W: bool,
 /// The elements `col..dim` of one bag (fewer than a vector), one at a time.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn bag_tail<E: Elem, Src: Source, const W: bool>(a: &Args<Src>, lo: usize, hi: usize, col: usize, prefetch: bool, div: Option<f32>, dst: *mut u8) {
+unsafe fn bag_tail<E: Elem, Src: Source, const W: bool>(
+    a: &Args<Src>,
+    lo: usize,
+    hi: usize,
+    col: usize,
+    prefetch: bool,
+    div: Option<f32>,
+    dst: *mut u8,
+) {
     // SAFETY: as in `bag_pass`.
     unsafe {
         let mut tail = [0f32; 16];
@@ -656,7 +678,9 @@ unsafe fn bags_run<S: Simd, E: Elem, Src: Source, const W: bool, const M: bool, 
             let (lo, hi) = (*a.starts.add(j), *a.starts.add(j + 1));
             let div = match a.divide {
                 Divide::Nothing => None,
-                Divide::WeightSum => Some(if W { (lo..hi).fold(0f32, |t, i| t + *a.weights.add(i)) } else { (lo..hi).fold(0f32, |t, _| t + 1.0) }),
+                Divide::WeightSum => {
+                    Some(if W { (lo..hi).fold(0f32, |t, i| t + *a.weights.add(i)) } else { (lo..hi).fold(0f32, |t, _| t + 1.0) })
+                }
                 Divide::RootSquareSum => Some(
                     if W {
                         (lo..hi).fold(0f32, |t, i| {
@@ -708,13 +732,7 @@ unsafe fn bags_run<S: Simd, E: Elem, Src: Source, const W: bool, const M: bool, 
 #[inline(always)]
 unsafe fn entry<S: Simd, E: Elem, Src: Source, const W: bool, const BAGS: bool, const M: bool, const RMAX: usize>(a: &Args<Src>) {
     // SAFETY: forwarded from the caller.
-    unsafe {
-        if BAGS {
-            bags_run::<S, E, Src, W, M, RMAX>(a)
-        } else {
-            run::<S, E, Src, W, RMAX>(a)
-        }
-    }
+    unsafe { if BAGS { bags_run::<S, E, Src, W, M, RMAX>(a) } else { run::<S, E, Src, W, RMAX>(a) } }
 }
 
 /// Plain Rust: 8-lane arrays the compiler vectorises for the baseline.
@@ -1113,9 +1131,12 @@ mod tests {
                     let keys: Vec<u64> = (0..n)
                         .map(|_| if with_misses && next() % 5 == 0 { table_rows as u64 + next() % 3 } else { next() % table_rows as u64 })
                         .collect();
-                    let ptrs: Vec<*const u8> =
-                        keys.iter().map(|&q| if q < table_rows as u64 { store[q as usize * stride..].as_ptr() } else { std::ptr::null() }).collect();
-                    let w: Vec<f32> = (0..n).map(|_| if next() % 11 == 0 { 0.0 } else { ((next() % 1000) as f32 - 400.0) / 89.0 }).collect();
+                    let ptrs: Vec<*const u8> = keys
+                        .iter()
+                        .map(|&q| if q < table_rows as u64 { store[q as usize * stride..].as_ptr() } else { std::ptr::null() })
+                        .collect();
+                    let w: Vec<f32> =
+                        (0..n).map(|_| if next() % 11 == 0 { 0.0 } else { ((next() % 1000) as f32 - 400.0) / 89.0 }).collect();
                     let default: Vec<f32> = (0..dim).map(|c| c as f32 * 0.5 - 7.0).collect();
                     for weighted in [false, true] {
                         for divide in [Divide::Nothing, Divide::WeightSum, Divide::RootSquareSum] {
@@ -1132,7 +1153,19 @@ mod tests {
                                     };
                                     // SAFETY: every row named is inside `store`; out holds nbags rows
                                     // of out_stride elements.
-                                    unsafe { k.pool_bags(rows, with_misses, &starts, wv, &default, divide, out.as_mut_ptr(), out_dtype, out_stride) };
+                                    unsafe {
+                                        k.pool_bags(
+                                            rows,
+                                            with_misses,
+                                            &starts,
+                                            wv,
+                                            &default,
+                                            divide,
+                                            out.as_mut_ptr(),
+                                            out_dtype,
+                                            out_stride,
+                                        )
+                                    };
                                     for j in 0..nbags {
                                         let mut acc = vec![0f32; dim];
                                         let (mut ws, mut w2) = (0f32, 0f32);
@@ -1163,7 +1196,11 @@ mod tests {
                                                 FloatDtype::F16 => half::f16::from_f32(sum).to_le_bytes().to_vec(),
                                                 FloatDtype::BF16 => half::bf16::from_f32(sum).to_le_bytes().to_vec(),
                                             };
-                                            assert_eq!(got, &want[..], "{isa:?} {dtype:?} -> {out_dtype:?} dim {dim} bag {j} col {c} weighted {weighted} {divide:?} dense {dense}");
+                                            assert_eq!(
+                                                got,
+                                                &want[..],
+                                                "{isa:?} {dtype:?} -> {out_dtype:?} dim {dim} bag {j} col {c} weighted {weighted} {divide:?} dense {dense}"
+                                            );
                                         }
                                         let gap = &out[(j * out_stride + dim) * osize..(j * out_stride + out_stride) * osize];
                                         assert!(gap.iter().all(|&b| b == 0xA5), "{isa:?}: written between rows");
@@ -1182,7 +1219,22 @@ mod tests {
     /// included, on every instruction set.
     #[test]
     fn bfloat16_and_float16_stores_round_as_half_does() {
-        let specials = [0.0f32, -0.0, 1.0, f32::MAX, f32::MIN_POSITIVE, f32::from_bits(0x0001_1234), -f32::from_bits(0x0001_1234), f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 65504.0, 65520.0, f32::from_bits(0x3F80_8000), f32::from_bits(0x3F81_8000)];
+        let specials = [
+            0.0f32,
+            -0.0,
+            1.0,
+            f32::MAX,
+            f32::MIN_POSITIVE,
+            f32::from_bits(0x0001_1234),
+            -f32::from_bits(0x0001_1234),
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            65504.0,
+            65520.0,
+            f32::from_bits(0x3F80_8000),
+            f32::from_bits(0x3F81_8000),
+        ];
         let mut vals: Vec<f32> = specials.to_vec();
         let mut x = 0x1234_5678u32;
         while vals.len() < 4096 {
@@ -1197,7 +1249,19 @@ mod tests {
                 for out_dtype in [FloatDtype::F16, FloatDtype::BF16] {
                     let mut out = [0u16; 16];
                     // SAFETY: one row of 16 float32; out holds 16 values.
-                    unsafe { k.pool_bags(RowsOf::Ptrs(&ptrs), false, &[0, 1], None, &[0.0; 16], Divide::Nothing, out.as_mut_ptr() as *mut u8, out_dtype, 16) };
+                    unsafe {
+                        k.pool_bags(
+                            RowsOf::Ptrs(&ptrs),
+                            false,
+                            &[0, 1],
+                            None,
+                            &[0.0; 16],
+                            Divide::Nothing,
+                            out.as_mut_ptr() as *mut u8,
+                            out_dtype,
+                            16,
+                        )
+                    };
                     for (c, (&got, &v)) in out.iter().zip(&row).enumerate() {
                         let sum = 0.0 + v; // the bag's sum, from zero (-0.0 becomes 0.0)
                         let want = match out_dtype {

@@ -22,24 +22,24 @@ mod static_table;
 mod tiered;
 
 pub use options::{GpuOptions, GpuPlacement, GpuSharding, MissingKey, TableOptions};
+#[cfg(feature = "cuda")]
+pub(crate) use plan::{Checked, check};
 pub use plan::{KeySource, LookupOptions, LookupStats, OutTarget};
 pub(crate) use plan::{Plan, plan};
+pub(crate) use planned::Planned;
 pub(crate) use pooled::PooledPlan;
 #[cfg(feature = "mpi")]
 pub(crate) use pooled::plan_pooled;
-pub use request::{Pooling, Request};
-pub(crate) use planned::Planned;
 #[cfg(feature = "cuda")]
 pub(crate) use pooled::{CheckedBags, Devices, PooledChecked, check_offset_values, check_pooled};
-#[cfg(feature = "cuda")]
-pub(crate) use plan::{Checked, check};
+pub use request::{Pooling, Request};
 pub(crate) use static_table::{Rows, read_keys, read_rows};
 pub use static_table::{StaticTable, TableInfo};
-pub use tiered::{TableStats, TieredTable};
 pub(crate) use tiered::Volatile;
-pub(crate) use tiered::{Promote, TierScratch};
 #[cfg(test)]
 pub(crate) use tiered::race;
+pub(crate) use tiered::{Promote, TierScratch};
+pub use tiered::{TableStats, TieredTable};
 
 use crate::error::Result;
 

@@ -75,12 +75,7 @@ pub struct GpuOptions {
 
 impl Default for GpuOptions {
     fn default() -> Self {
-        GpuOptions {
-            placement: GpuPlacement::Static,
-            cache_fraction: 0.5,
-            hit_rate_threshold: 0.9,
-            sharding: GpuSharding::Replicate,
-        }
+        GpuOptions { placement: GpuPlacement::Static, cache_fraction: 0.5, hit_rate_threshold: 0.9, sharding: GpuSharding::Replicate }
     }
 }
 

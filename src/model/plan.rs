@@ -1,8 +1,8 @@
 //! A lookup, checked: the options and stats of one call, `keys` and `out` validated against a
 //! table's `dim`, and the [`Plan`] the executors run (where keys are read and rows written).
 
-use crate::dlpack::{FloatDtype, KeyDtype, TensorView, Walk, require_host};
 use super::request::Request;
+use crate::dlpack::{FloatDtype, KeyDtype, TensorView, Walk, require_host};
 use crate::error::{Error, Result};
 use crate::util::threads::resolve_threads;
 use std::ffi::c_void;

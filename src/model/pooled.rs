@@ -217,10 +217,7 @@ pub(crate) fn check_pooled(dim: usize, r: &Request, devices: Devices) -> Result<
             ));
         }
         (nd, _) => {
-            return Err(Error::invalid(
-                "keys",
-                format!("ndim = {nd}; expected 1-D keys [nnz] with offsets, or 2-D keys [B, L]"),
-            ));
+            return Err(Error::invalid("keys", format!("ndim = {nd}; expected 1-D keys [nnz] with offsets, or 2-D keys [B, L]")));
         }
     };
     let b = match &bags {
@@ -266,11 +263,8 @@ pub(crate) fn check_pooled(dim: usize, r: &Request, devices: Devices) -> Result<
         CheckedBags::Read(_, v) | CheckedBags::InPlace { view: v, .. } => v.byte_range(),
     };
     let or = o.byte_range();
-    for (range, what) in [
-        (k.byte_range(), "keys"),
-        (offsets_range, "offsets"),
-        (w.as_ref().map_or((0, 0), |w| w.byte_range()), "weights"),
-    ] {
+    for (range, what) in [(k.byte_range(), "keys"), (offsets_range, "offsets"), (w.as_ref().map_or((0, 0), |w| w.byte_range()), "weights")]
+    {
         if overlaps(or, range) {
             return Err(Error::layout("out", format!("overlaps the memory of {what}; expected a separate buffer")));
         }

@@ -99,11 +99,7 @@ impl StaticTable {
     /// `managed` must point to a valid managed tensor whose memory stays readable until its
     /// deleter runs, with a deleter callable once from any thread. `keys`, if given, must
     /// describe readable host memory as DLPack requires.
-    pub unsafe fn adopt<M: ManagedTensorBase>(
-        managed: *mut M,
-        keys: Option<&DLTensor>,
-        options: TableOptions,
-    ) -> Result<Self> {
+    pub unsafe fn adopt<M: ManagedTensorBase>(managed: *mut M, keys: Option<&DLTensor>, options: TableOptions) -> Result<Self> {
         options.gpu.check()?;
         // SAFETY: the caller guarantees managed points to a valid managed tensor; the reference
         // is only used before ownership moves into the store below.
@@ -120,18 +116,14 @@ impl StaticTable {
             ));
         }
         if rows > 1 && rs < dim {
-            return Err(Error::layout(
-                "vectors",
-                format!("strides[0] = {rs} is less than dim = {dim}; rows overlap"),
-            ));
+            return Err(Error::layout("vectors", format!("strides[0] = {rs} is less than dim = {dim}; rows overlap")));
         }
         // SAFETY: the caller guarantees keys, if given, describes readable host memory.
         let index = unsafe { build_rows(keys, rows) }?;
         let default_row = vec![options.default_value; dim];
         // SAFETY: validated above. Ownership moves into the store only now, when nothing after
         // it can fail: on every error above the caller still owns `managed`.
-        let owned = unsafe { dlpark::Managed::<M>::from_raw(managed) }
-            .map_err(|e| Error::invalid("vectors", e.to_string()))?;
+        let owned = unsafe { dlpark::Managed::<M>::from_raw(managed) }.map_err(|e| Error::invalid("vectors", e.to_string()))?;
         // SAFETY: the view checked v.ptr is aligned for dtype and that rows x dim elements at
         // row stride rs (unit element stride, rs >= dim when rows > 1; with one row the stride is
         // never used) lie in the address space; the caller guarantees the memory stays readable
@@ -193,7 +185,6 @@ impl StaticTable {
             Rows::Keyed(ix) => ix.bytes(),
         }
     }
-
 
     /// Every (key, float32 row) in row order (the order of a HugeCTR folder's files). Keyed
     /// float32 tables only (what `strata_table_open` builds); others yield nothing.
@@ -289,10 +280,7 @@ pub(crate) unsafe fn read_rows(vectors: &DLTensor, n: usize, dim: usize) -> Resu
     require_host(v.device, "vectors")?;
     let dtype = FloatDtype::of(v.dtype, "vectors")?;
     if v.shape != [n, dim] {
-        return Err(Error::invalid(
-            "vectors",
-            format!("shape {:?}; expected [{n}, {dim}] (one row of the table's dim per key)", v.shape),
-        ));
+        return Err(Error::invalid("vectors", format!("shape {:?}; expected [{n}, {dim}] (one row of the table's dim per key)", v.shape)));
     }
     let mut rows = Vec::with_capacity(n * dim);
     for r in 0..n {

@@ -19,12 +19,12 @@
 //! find is the one they expect unless another process wrote in between, which empties the
 //! volatile tier too; their own increment never does.
 
-use crate::util::lock;
-use crate::error::{Error, Result};
 use super::options::MissingKey;
+use crate::error::{Error, Result};
 use crate::storage::tier::persistent::PersistentTable;
 use crate::storage::tier::redis::{Failure, RedisTier};
 use crate::storage::tier::volatile::VolatileTier;
+use crate::util::lock;
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -164,12 +164,7 @@ impl TieredTable {
     /// without a persistent tier.
     pub(crate) fn refreshing(mut self, interval: Duration, seen: u64) -> Self {
         if self.persistent.is_some() {
-            self.refresh = Some(Refresh {
-                interval,
-                start: Instant::now(),
-                next_check: AtomicU64::new(0),
-                seen: AtomicU64::new(seen),
-            });
+            self.refresh = Some(Refresh { interval, start: Instant::now(), next_check: AtomicU64::new(0), seen: AtomicU64::new(seen) });
         }
         self
     }
@@ -359,30 +354,32 @@ impl TieredTable {
         let (h, _) = t.get_many(keys, rows, found)?;
         #[cfg(test)]
         race::after_persistent_read(self);
-        if self.cache_missed && h > 0
-            && let Some(v) = &self.volatile {
-                s.keys.clear();
-                s.rows.clear();
-                for (j, &k) in keys.iter().enumerate() {
-                    if found[j] {
-                        s.keys.push(k);
-                        s.rows.extend_from_slice(&rows[j * dim..(j + 1) * dim]);
+        if self.cache_missed
+            && h > 0
+            && let Some(v) = &self.volatile
+        {
+            s.keys.clear();
+            s.rows.clear();
+            for (j, &k) in keys.iter().enumerate() {
+                if found[j] {
+                    s.keys.push(k);
+                    s.rows.extend_from_slice(&rows[j * dim..(j + 1) * dim]);
+                }
+            }
+            match v {
+                Volatile::Local(v) => {
+                    let writes = lock::read(&self.writes);
+                    if *writes == before {
+                        v.insert_many(&s.keys, &s.rows);
                     }
                 }
-                match v {
-                    Volatile::Local(v) => {
-                        let writes = lock::read(&self.writes);
-                        if *writes == before {
-                            v.insert_many(&s.keys, &s.rows);
-                        }
-                    }
-                    Volatile::Redis(r) => {
-                        if let Some(g) = &gens {
-                            r.promote(&s.keys, &s.rows, g);
-                        }
+                Volatile::Redis(r) => {
+                    if let Some(g) = &gens {
+                        r.promote(&s.keys, &s.rows, g);
                     }
                 }
             }
+        }
         Ok(h)
     }
 

@@ -12,15 +12,15 @@ pub use shared::{open as open_shared, open_json as open_json_shared};
 
 use crate::config::{self, PersistentDbKind, PsConfig, VolatileDbKind};
 use crate::error::{Error, Result};
-use crate::table::Table;
 use crate::model::{GpuOptions, MissingKey, StaticTable, TableOptions};
+use crate::model::{TieredTable, Volatile};
 use crate::storage::tier::persistent::PersistentStore;
 use crate::storage::tier::redis::{self as redis_tier, Cluster, ClusterOptions, RedisTableOptions, RedisTier};
 use crate::storage::tier::volatile::{OverflowPolicy, VolatileTier};
-use crate::model::{TieredTable, Volatile};
-use std::sync::Arc;
+use crate::table::Table;
 use std::ffi::CString;
 use std::path::Path;
+use std::sync::Arc;
 
 /// One model of a server and its tables, in `sparse_files` order.
 pub struct ServerModel {
@@ -207,14 +207,22 @@ fn redis_names(cfg: &PsConfig, m: &crate::config::ModelConfig, table: &str) -> R
     Err(Error::Config {
         file: cfg.file.clone(),
         path,
-        msg: format!("\"{name}\" contains a brace; with volatile_db.type redis_cluster names must not contain {{ or }} (HPS allows [a-zA-Z0-9_-])"),
+        msg: format!(
+            "\"{name}\" contains a brace; with volatile_db.type redis_cluster names must not contain {{ or }} (HPS allows [a-zA-Z0-9_-])"
+        ),
     })
 }
 
 /// Warms a Redis tier at open (`initial_cache_rate`), unless the cluster already holds that
 /// many rows of the table (another process, or HPS, filled it). Rows go in as promotions: only
 /// where absent, and not into a partition another process wrote meanwhile.
-fn warm_redis(r: &RedisTier, persistent: Option<&crate::storage::tier::persistent::PersistentTable>, sparse: &Path, dim: usize, rate: f64) -> Result<()> {
+fn warm_redis(
+    r: &RedisTier,
+    persistent: Option<&crate::storage::tier::persistent::PersistentTable>,
+    sparse: &Path,
+    dim: usize,
+    rate: f64,
+) -> Result<()> {
     const BATCH: usize = 4096;
     let total = match persistent {
         Some(p) => p.len()? as usize,
@@ -261,7 +269,13 @@ fn cstring(s: &str, what: &'static str) -> Result<CString> {
 
 /// Loads `rate` of a table's rows into its volatile tier at start (HPS `initial_cache_rate`):
 /// from the persistent tier when there is one, else from the sparse files.
-fn warm(v: &VolatileTier, persistent: Option<&crate::storage::tier::persistent::PersistentTable>, sparse: &Path, dim: usize, rate: f64) -> Result<()> {
+fn warm(
+    v: &VolatileTier,
+    persistent: Option<&crate::storage::tier::persistent::PersistentTable>,
+    sparse: &Path,
+    dim: usize,
+    rate: f64,
+) -> Result<()> {
     const BATCH: usize = 4096;
     let mut keys = Vec::with_capacity(BATCH);
     let mut rows = Vec::with_capacity(BATCH * dim);

@@ -60,8 +60,8 @@ pub fn open(path: &Path) -> Result<Arc<Server>> {
 /// The server of a configuration given as JSON text (relative paths relative to `base_dir`),
 /// opened once per process for the same text and base folder.
 pub fn open_json(text: &str, base_dir: &Path) -> Result<Arc<Server>> {
-    let base = std::fs::canonicalize(base_dir)
-        .map_err(|source| Error::Io { arg: "base_dir", path: base_dir.display().to_string(), source })?;
+    let base =
+        std::fs::canonicalize(base_dir).map_err(|source| Error::Io { arg: "base_dir", path: base_dir.display().to_string(), source })?;
     let origin = format!("JSON text with base folder {}", base.display());
     shared(Key::Text(text.to_string(), base.clone()), origin, || config::parse(text, "ps.json", &base))
 }

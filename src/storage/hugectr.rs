@@ -7,9 +7,9 @@
 //! configuration's check of every `sparse_files` entry). Both check the sizes with
 //! [`check_sizes`].
 
-use crate::util::memory::prefault_for_reads;
 use crate::error::{Error, Result};
 use crate::limits::MAX_DIM;
+use crate::util::memory::prefault_for_reads;
 use std::path::{Path, PathBuf};
 
 /// Fails unless `1 <= dim <= MAX_DIM`.

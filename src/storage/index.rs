@@ -13,8 +13,8 @@
 //!
 //! Built once, then read-only: any number of threads may look up at once.
 
-use crate::util::hash::mix;
 use crate::error::{Error, Result};
+use crate::util::hash::mix;
 
 const SLOTS: usize = 5;
 /// Keys a batched lookup ([`KeyIndex::get_batch`]) hashes and prefetches ahead of the one it
@@ -56,11 +56,7 @@ impl KeyIndex {
     ///
     /// `value` turns a canonical key back into the caller's value for messages; `arg` names
     /// the argument the keys came from. Fails on a duplicate key or more than [`MAX_ROWS`] rows.
-    pub fn build(
-        keys: impl ExactSizeIterator<Item = u64>,
-        value: impl Fn(u64) -> i128,
-        arg: &'static str,
-    ) -> Result<Self> {
+    pub fn build(keys: impl ExactSizeIterator<Item = u64>, value: impl Fn(u64) -> i128, arg: &'static str) -> Result<Self> {
         let n = keys.len();
         if n as u64 > MAX_ROWS {
             return Err(Error::invalid(arg, format!("{n} keys; a keyed table holds at most {MAX_ROWS} rows")));
@@ -222,9 +218,9 @@ impl KeyIndex {
 
     /// Every (key, row) pair, in bucket order.
     pub fn iter(&self) -> impl Iterator<Item = (u64, usize)> + '_ {
-        self.buckets().iter().flat_map(|b| {
-            (0..SLOTS).filter(move |&s| b.rows[s] != EMPTY).map(move |s| (b.keys[s], b.rows[s] as usize - 1))
-        })
+        self.buckets()
+            .iter()
+            .flat_map(|b| (0..SLOTS).filter(move |&s| b.rows[s] != EMPTY).map(move |s| (b.keys[s], b.rows[s] as usize - 1)))
     }
 }
 

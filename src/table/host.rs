@@ -4,12 +4,12 @@
 //! CPU executors.
 
 use super::{Job, TableImpl};
+use crate::dlpack::FloatDtype;
 use crate::error::{Error, Result};
 use crate::exec::cpu::Found;
 use crate::exec::pooled::{pool_static, pool_tiered};
 use crate::model::{LookupOptions, LookupStats, Planned, Request, RowSource, StaticTable, TableInfo, TableStats, TieredTable};
 use crate::partition::{self, TableDescription};
-use crate::dlpack::FloatDtype;
 
 /// The stats of a pooled lookup on a table that keeps no tier counters.
 fn counted(f: Found) -> LookupStats {

@@ -24,8 +24,8 @@ pub use batch::{BatchRequest, lookup_batch};
 use crate::error::{Error, Result};
 use crate::exec::batch::Job;
 use crate::model::{
-    GpuOptions, LookupOptions, LookupStats, Planned, Request, RowSource, StaticTable, TableInfo, TableOptions,
-    TableStats, read_keys, read_rows,
+    GpuOptions, LookupOptions, LookupStats, Planned, Request, RowSource, StaticTable, TableInfo, TableOptions, TableStats, read_keys,
+    read_rows,
 };
 use crate::partition;
 use dlpark::ManagedTensorBase;

@@ -318,9 +318,7 @@ impl Table {
         };
         let dim = spec.dim;
         let dt = spec.dtype;
-        let values: Vec<u32> = (0..rows * dim)
-            .map(|_| if dt == Fl::F32 { rng.value().to_bits() } else { rng.bits16(dt) })
-            .collect();
+        let values: Vec<u32> = (0..rows * dim).map(|_| if dt == Fl::F32 { rng.value().to_bits() } else { rng.bits16(dt) }).collect();
         // Source vectors [rows, dim] with row stride dim + vpad, in u64 words (aligned).
         let rs = dim + spec.vpad;
         let nbytes = (rows * rs).max(1) * dt.size();
@@ -334,13 +332,7 @@ impl Table {
                 let p = unsafe { base.add((r * rs + c) * dt.size()) };
                 // SAFETY: p is inside words with room for one element (above), and aligned for it:
                 // words is u64-aligned and the offset is a multiple of the element size.
-                unsafe {
-                    if dt == Fl::F32 {
-                        (p as *mut u32).write(v)
-                    } else {
-                        (p as *mut u16).write(v as u16)
-                    }
-                };
+                unsafe { if dt == Fl::F32 { (p as *mut u32).write(v) } else { (p as *mut u16).write(v as u16) } };
             }
         }
         let mut vshape = [rows as i64, dim as i64];
@@ -397,17 +389,7 @@ impl Table {
         assert_eq!(unsafe { strata_table_dim(ptr) }, dim as i64);
         // SAFETY: ptr is the table just built (status OK, not NULL), freed only by Table's drop.
         assert_eq!(unsafe { strata_table_len(ptr) }, rows as i64);
-        Table {
-            ptr,
-            dtype: dt,
-            dim,
-            rows,
-            values,
-            index,
-            raw_keys,
-            default_value: spec.default_value,
-            missing_error: spec.missing_error,
-        }
+        Table { ptr, dtype: dt, dim, rows, values, index, raw_keys, default_value: spec.default_value, missing_error: spec.missing_error }
     }
 
     pub fn row_of(&self, canonical: u64) -> Option<usize> {
@@ -586,12 +568,8 @@ impl Buffer {
                 .collect()
         });
         let fails_sorted_rule = {
-            let mut dims: Vec<(i128, i128)> = shape
-                .iter()
-                .zip(&eff)
-                .filter(|(n, _)| **n > 1)
-                .map(|(&n, &s)| (n as i128, (s as i128).abs()))
-                .collect();
+            let mut dims: Vec<(i128, i128)> =
+                shape.iter().zip(&eff).filter(|(n, _)| **n > 1).map(|(&n, &s)| (n as i128, (s as i128).abs())).collect();
             dims.sort_by_key(|&(_, s)| s);
             let mut reach = 0i128;
             let mut fails = false;
@@ -636,7 +614,6 @@ impl Buffer {
     }
 }
 
-
 pub fn dt(t: (u8, u8, u16)) -> DLDataType {
     DLDataType { code: DLDataTypeCode(t.0), bits: t.1, lanes: t.2 }
 }
@@ -644,7 +621,6 @@ pub fn dt(t: (u8, u8, u16)) -> DLDataType {
 pub fn elem_of(t: DLDataType) -> usize {
     ((t.bits as usize * t.lanes as usize) / 8).max(1)
 }
-
 
 pub fn device(code: u32) -> DLDevice {
     DLDevice { device_type: DLDeviceType(code), device_id: 0 }
@@ -725,23 +701,16 @@ pub fn judge_tensor(v: &mut Verdict, name: &str, b: &Buffer, dtype_ok: bool, dev
     }
 }
 
-
 // ---------------------------------------------------------------------------------------------
 // Strategies shared by the properties
 // ---------------------------------------------------------------------------------------------
-
 
 pub fn cases_from_env() -> u32 {
     std::env::var("PROPTEST_CASES").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(256)
 }
 
 pub fn config(cases: u32) -> ProptestConfig {
-    ProptestConfig {
-        cases,
-        max_global_rejects: cases.saturating_mul(4).max(1024),
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
+    ProptestConfig { cases, max_global_rejects: cases.saturating_mul(4).max(1024), failure_persistence: None, ..ProptestConfig::default() }
 }
 
 pub fn float_dtype() -> impl Strategy<Value = Fl> {
@@ -812,7 +781,19 @@ pub fn layout(odd: f64) -> impl Strategy<Value = Layout> {
         rare(0.03),
     )
         .prop_map(
-            |(null_strides, permute, pads, zero_stride, negative_stride, huge_stride, offset_elems, misalign, split, huge_byte_offset, null_data)| Layout {
+            |(
+                null_strides,
+                permute,
+                pads,
+                zero_stride,
+                negative_stride,
+                huge_stride,
+                offset_elems,
+                misalign,
+                split,
+                huge_byte_offset,
+                null_data,
+            )| Layout {
                 null_strides,
                 permute,
                 pads,

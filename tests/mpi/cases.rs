@@ -56,7 +56,10 @@ pub fn run() {
         ("HugeCTR errors on one rank fail every rank", hugectr_errors),
         ("Heat's replicated form: owners are the union of what the ranks say", heat_replicated),
         ("owners named by one rank but holding no data fail every rank", union_errors),
-        ("pooled lookups equal a plain loop: every pooling, weights, ragged and fixed bags, dtypes, strided out", pooled::pooled_matches_a_loop),
+        (
+            "pooled lookups equal a plain loop: every pooling, weights, ragged and fixed bags, dtypes, strided out",
+            pooled::pooled_matches_a_loop,
+        ),
         ("pooled: STRATA_MISSING_ERROR on one rank fails every rank, nothing written", pooled::pooled_missing_error),
         ("pooled: bad offsets, weights, pooling or out on one rank fail every rank", pooled::pooled_bad_input),
         ("batch of distributed and local tables, plain and pooled, equals separate calls", pooled::batch_mixed),
@@ -215,7 +218,8 @@ fn large_and_strided(cx: &Ctx) {
     let (rows, dim) = (3001usize, 64usize);
     let opts = TableOptions { default_value: -2.0, ..TableOptions::default() };
     let global = random_values(F32, rows * dim, 21);
-    let counts: Vec<i64> = (0..cx.size as i64).map(|p| rows as i64 / cx.size as i64 + i64::from(p < rows as i64 % cx.size as i64)).collect();
+    let counts: Vec<i64> =
+        (0..cx.size as i64).map(|p| rows as i64 / cx.size as i64 + i64::from(p < rows as i64 % cx.size as i64)).collect();
     let mut d = Split::new(&global, F32, dim, &counts, &split_owners(cx.size as usize, cx.size), cx.rank);
     let t = dist(d.c(), cx, &opts);
     let r = reference(&global, F32, rows, dim, &opts);
@@ -246,10 +250,9 @@ fn replicated(cx: &Ctx) {
     let global = random_values(F32, 10 * dim, 9);
     let everyone: Vec<i32> = (0..cx.size).collect();
     let pair = |a: i32, b: i32| if a == b { vec![a] } else { vec![a, b] };
-    for (rows, owners) in [
-        (vec![10i64], vec![everyone.clone()]),
-        (vec![6, 4], vec![pair(0, 1 % cx.size), pair(cx.last(), (cx.size - 2).max(0))]),
-    ] {
+    for (rows, owners) in
+        [(vec![10i64], vec![everyone.clone()]), (vec![6, 4], vec![pair(0, 1 % cx.size), pair(cx.last(), (cx.size - 2).max(0))])]
+    {
         let mut d = Split::new(&global, F32, dim, &rows, &owners, cx.rank);
         let t = dist(d.c(), cx, &opts);
         let r = reference(&global, F32, 10, dim, &opts);
@@ -428,18 +431,28 @@ fn invalid_description(cx: &Ctx) {
     if cx.rank == l {
         d.sizes[3][0] = 10;
     }
-    build_fails(cx, &mut d, &opts, Status::STRATA_INVALID_ARGUMENT, Some(l), &[
-        "desc: partition (3,0): start[0]+shape[0] = 31 exceeds shape[0] = 27",
-    ]);
+    build_fails(
+        cx,
+        &mut d,
+        &opts,
+        Status::STRATA_INVALID_ARGUMENT,
+        Some(l),
+        &["desc: partition (3,0): start[0]+shape[0] = 31 exceeds shape[0] = 27"],
+    );
     // a struct that was never initialised, on one rank: an error reading the description fails
     // the collective call on every rank too
     let mut d = base();
     if cx.rank == l {
         d.owners[0][0].struct_size = 0;
     }
-    build_fails(cx, &mut d, &opts, Status::STRATA_INVALID_ARGUMENT, Some(l), &[
-        "desc: partitions[0].locations[0].struct_size is 0; initialise it with strata_partition_location_default()",
-    ]);
+    build_fails(
+        cx,
+        &mut d,
+        &opts,
+        Status::STRATA_INVALID_ARGUMENT,
+        Some(l),
+        &["desc: partitions[0].locations[0].struct_size is 0; initialise it with strata_partition_location_default()"],
+    );
     // owners must be ranks of the communicator (every rank sees it)
     let mut d = base();
     d.owners[2][0].rank = cx.size;
@@ -477,9 +490,14 @@ fn invalid_description(cx: &Ctx) {
         if cx.rank == 0 {
             d.data[1] = Some(Desc::compact(global[7 * dim * 4..].as_ptr(), F32, &[7, dim as i64]));
         }
-        build_fails(cx, &mut d, &opts, Status::STRATA_INVALID_ARGUMENT, Some(0), &[
-            "desc: partition (1,0) has data on rank 0 but its locations [1] do not list this rank",
-        ]);
+        build_fails(
+            cx,
+            &mut d,
+            &opts,
+            Status::STRATA_INVALID_ARGUMENT,
+            Some(0),
+            &["desc: partition (1,0) has data on rank 0 but its locations [1] do not list this rank"],
+        );
     }
 }
 
@@ -502,11 +520,7 @@ fn mismatches(cx: &Ctx) {
             format!("desc: shape [27, 2] on rank 0 but [28, 2] on rank {l}{same}"),
         ),
         (
-            if cx.rank == l {
-                Split::new(&global, F32, dim, &[14, 13], &split_owners(2, cx.size), cx.rank)
-            } else {
-                mine(&[7, 7, 7, 6])
-            },
+            if cx.rank == l { Split::new(&global, F32, dim, &[14, 13], &split_owners(2, cx.size), cx.rank) } else { mine(&[7, 7, 7, 6]) },
             opts,
             format!("desc: partition_tiling (4, 1) on rank 0 but (2, 1) on rank {l}{same}"),
         ),
@@ -516,11 +530,7 @@ fn mismatches(cx: &Ctx) {
             format!("desc: partition (2,0): start[0] = 14, shape[0] = 7 on rank 0 but start[0] = 14, shape[0] = 6 on rank {l}{same}"),
         ),
         (
-            if cx.rank == l {
-                Split::new(&global16, F16, dim, &[7, 7, 7, 6], &owners, cx.rank)
-            } else {
-                mine(&[7, 7, 7, 6])
-            },
+            if cx.rank == l { Split::new(&global16, F16, dim, &[7, 7, 7, 6], &owners, cx.rank) } else { mine(&[7, 7, 7, 6]) },
             opts,
             format!("desc: local data has dtype float32 on rank 0 but float16 on rank {l}"),
         ),
@@ -814,7 +824,12 @@ fn union_errors(cx: &Ctx) {
     if cx.rank != 1 {
         d.locals = Some(vec![0, 0]);
     }
-    build_fails(cx, &mut d, &opts, Status::STRATA_INVALID_ARGUMENT, Some(1), &[
-        "desc: partition (0,0) has data on rank 1 but its locations [0] do not list this rank",
-    ]);
+    build_fails(
+        cx,
+        &mut d,
+        &opts,
+        Status::STRATA_INVALID_ARGUMENT,
+        Some(1),
+        &["desc: partition (0,0) has data on rank 1 but its locations [0] do not list this rank"],
+    );
 }

@@ -317,10 +317,9 @@ pub fn pooled_missing_error(cx: &Ctx) {
     let mut rng = Rng(3000 + cx.rank as u64);
     let l = cx.last();
     // ragged keys, missing on the last rank; then fixed hotness, missing on rank 0
-    for (culprit, mut bags, at, kdt) in [
-        (l, Bags::ragged(&mut rng, 6, 4, rows - 4), 3usize, I32),
-        (0, Bags::fixed(&mut rng, 3, 4, rows - 4), 6, U64),
-    ] {
+    for (culprit, mut bags, at, kdt) in
+        [(l, Bags::ragged(&mut rng, 6, 4, rows - 4), 3usize, I32), (0, Bags::fixed(&mut rng, 3, 4, rows - 4), 6, U64)]
+    {
         bags.keys.iter_mut().for_each(|k| *k = k.rem_euclid(rows as i64));
         bags.keys.resize(bags.keys.len().max(at + 1), 0);
         bags.weights.resize(bags.keys.len(), 1.0);
@@ -377,24 +376,96 @@ pub fn pooled_bad_input(cx: &Ctx) {
     type Variant<'a> = (&'a str, Option<Vec<i64>>, Option<&'a Desc>, i32, bool, Option<i32>, Status, String);
     let mine = |r: i32| cx.rank == r;
     let variants: Vec<Variant> = vec![
-        ("offsets[0] != 0 on the last rank", Some(if mine(l) { offs(&[1, 2, 2, 6]) } else { good.clone() }), Some(&wd), 1, false, Some(l),
-            Status::STRATA_INVALID_ARGUMENT, "offsets: offsets[0] = 1; expected 0".into()),
-        ("decreasing offsets on rank 0", Some(if mine(0) { offs(&[0, 3, 2, 6]) } else { good.clone() }), Some(&wd), 2, false, Some(0),
-            Status::STRATA_INVALID_ARGUMENT, "offsets: offsets[2] = 2 is less than offsets[1] = 3".into()),
-        ("offsets not ending at nnz on every rank", Some(offs(&[0, 2, 2, 5])), None, 3, false, None,
-            Status::STRATA_INVALID_ARGUMENT, "offsets: offsets[3] = 5; expected nnz = 6".into()),
-        ("weights of another shape on the last rank", Some(good.clone()), Some(if mine(l) { &wshort } else { &wd }), 1, false, Some(l),
-            Status::STRATA_INVALID_ARGUMENT, "weights: shape [5]; expected the keys' shape [6]".into()),
-        ("float offsets on rank 0", Some(good.clone()), None, 1, mine(0), Some(0),
-            Status::STRATA_UNSUPPORTED_DTYPE, "offsets: dtype float32".into()),
-        ("1-D keys without offsets on the last rank", if mine(l) { None } else { Some(good.clone()) }, None, 1, false, Some(l),
-            Status::STRATA_INVALID_ARGUMENT, "offsets: is NULL but keys are 1-D".into()),
-        ("an unknown pooling on every rank", Some(good.clone()), None, 7, false, None,
-            Status::STRATA_INVALID_ARGUMENT, "pooling: 7; expected STRATA_POOL_SUM (1)".into()),
-        ("an unknown pooling on the last rank", Some(good.clone()), None, if mine(l) { 9 } else { 1 }, false, Some(l),
-            Status::STRATA_INVALID_ARGUMENT, "pooling: 9; expected STRATA_POOL_SUM (1)".into()),
-        ("STRATA_POOL_NONE on rank 0", Some(good.clone()), None, if mine(0) { 0 } else { 2 }, false, Some(0),
-            Status::STRATA_INVALID_ARGUMENT, "pooling: 0 (STRATA_POOL_NONE)".into()),
+        (
+            "offsets[0] != 0 on the last rank",
+            Some(if mine(l) { offs(&[1, 2, 2, 6]) } else { good.clone() }),
+            Some(&wd),
+            1,
+            false,
+            Some(l),
+            Status::STRATA_INVALID_ARGUMENT,
+            "offsets: offsets[0] = 1; expected 0".into(),
+        ),
+        (
+            "decreasing offsets on rank 0",
+            Some(if mine(0) { offs(&[0, 3, 2, 6]) } else { good.clone() }),
+            Some(&wd),
+            2,
+            false,
+            Some(0),
+            Status::STRATA_INVALID_ARGUMENT,
+            "offsets: offsets[2] = 2 is less than offsets[1] = 3".into(),
+        ),
+        (
+            "offsets not ending at nnz on every rank",
+            Some(offs(&[0, 2, 2, 5])),
+            None,
+            3,
+            false,
+            None,
+            Status::STRATA_INVALID_ARGUMENT,
+            "offsets: offsets[3] = 5; expected nnz = 6".into(),
+        ),
+        (
+            "weights of another shape on the last rank",
+            Some(good.clone()),
+            Some(if mine(l) { &wshort } else { &wd }),
+            1,
+            false,
+            Some(l),
+            Status::STRATA_INVALID_ARGUMENT,
+            "weights: shape [5]; expected the keys' shape [6]".into(),
+        ),
+        (
+            "float offsets on rank 0",
+            Some(good.clone()),
+            None,
+            1,
+            mine(0),
+            Some(0),
+            Status::STRATA_UNSUPPORTED_DTYPE,
+            "offsets: dtype float32".into(),
+        ),
+        (
+            "1-D keys without offsets on the last rank",
+            if mine(l) { None } else { Some(good.clone()) },
+            None,
+            1,
+            false,
+            Some(l),
+            Status::STRATA_INVALID_ARGUMENT,
+            "offsets: is NULL but keys are 1-D".into(),
+        ),
+        (
+            "an unknown pooling on every rank",
+            Some(good.clone()),
+            None,
+            7,
+            false,
+            None,
+            Status::STRATA_INVALID_ARGUMENT,
+            "pooling: 7; expected STRATA_POOL_SUM (1)".into(),
+        ),
+        (
+            "an unknown pooling on the last rank",
+            Some(good.clone()),
+            None,
+            if mine(l) { 9 } else { 1 },
+            false,
+            Some(l),
+            Status::STRATA_INVALID_ARGUMENT,
+            "pooling: 9; expected STRATA_POOL_SUM (1)".into(),
+        ),
+        (
+            "STRATA_POOL_NONE on rank 0",
+            Some(good.clone()),
+            None,
+            if mine(0) { 0 } else { 2 },
+            false,
+            Some(0),
+            Status::STRATA_INVALID_ARGUMENT,
+            "pooling: 0 (STRATA_POOL_NONE)".into(),
+        ),
     ];
     for (what, offsets, weights, pooling, float_offsets, culprit, want, needle) in variants {
         let ob = offsets.clone().unwrap_or_default();
@@ -431,9 +502,7 @@ pub fn pooled_bad_input(cx: &Ctx) {
     let od2 = Desc::compact(o2.as_ptr().cast(), I64, &[2]);
     let mut o = Out::new(2, dim, F32, false);
     // SAFETY: as above.
-    let s = unsafe {
-        strata_lookup_pooled(t.0, &k2.t, if mine(l) { &od2.t } else { null() }, null(), 1, &mut o.d.t, null(), null_mut())
-    };
+    let s = unsafe { strata_lookup_pooled(t.0, &k2.t, if mine(l) { &od2.t } else { null() }, null(), 1, &mut o.d.t, null(), null_mut()) };
     all_fail(cx, s, Status::STRATA_INVALID_ARGUMENT, Some(l), &["offsets: given with 2-D keys [2, 3]"]);
     o.untouched("2-D keys with offsets");
     // the table still serves the next collective call
@@ -541,7 +610,16 @@ fn draw(rng: &mut Rng, n: i64, f: impl Fn(&mut Rng) -> i64) -> Vec<i64> {
 
 /// A plain request of `table` (rows of `dim`) for `keys` as `kdt`, shaped `shape`.
 #[allow(clippy::too_many_arguments)]
-fn plain_req<'a>(table: &'a Owned, dim: usize, keys: Vec<i64>, kdt: DLDataType, shape: &[i64], odt: DLDataType, strided: bool, with_stats: bool) -> Req<'a> {
+fn plain_req<'a>(
+    table: &'a Owned,
+    dim: usize,
+    keys: Vec<i64>,
+    kdt: DLDataType,
+    shape: &[i64],
+    odt: DLDataType,
+    strided: bool,
+    with_stats: bool,
+) -> Req<'a> {
     let bags = Bags::plain(keys);
     let x = bags.plain_tensors(kdt, shape);
     Req { table, dim, pooling: 0, weighted: false, bags, x, shape: shape.to_vec(), odt, strided, with_stats }
@@ -549,7 +627,17 @@ fn plain_req<'a>(table: &'a Owned, dim: usize, keys: Vec<i64>, kdt: DLDataType, 
 
 /// A pooled request of `table` (rows of `dim`) for `bags`, keys as `kdt`, offsets as `offdt`.
 #[allow(clippy::too_many_arguments)]
-fn pooled_req<'a>(table: &'a Owned, dim: usize, pooling: i32, weighted: bool, bags: Bags, kdt: DLDataType, offdt: DLDataType, odt: DLDataType, strided: bool) -> Req<'a> {
+fn pooled_req<'a>(
+    table: &'a Owned,
+    dim: usize,
+    pooling: i32,
+    weighted: bool,
+    bags: Bags,
+    kdt: DLDataType,
+    offdt: DLDataType,
+    odt: DLDataType,
+    strided: bool,
+) -> Req<'a> {
     let x = bags.tensors(kdt, offdt);
     Req { table, dim, pooling, weighted, bags, x, shape: vec![], odt, strided, with_stats: true }
 }
@@ -596,7 +684,11 @@ fn batch_with(reqs: &[Req], opts: *const LookupOptions) -> (Status, Vec<Out>, Ve
 }
 
 /// [`batch_with`], with the C requests edited by `edit` before the call.
-fn batch_edited(reqs: &[Req], opts: *const LookupOptions, edit: impl FnOnce(&mut [strata_lookup_request])) -> (Status, Vec<Out>, Vec<LookupStats>) {
+fn batch_edited(
+    reqs: &[Req],
+    opts: *const LookupOptions,
+    edit: impl FnOnce(&mut [strata_lookup_request]),
+) -> (Status, Vec<Out>, Vec<LookupStats>) {
     let mut outs: Vec<Out> = reqs.iter().map(Req::out).collect();
     let mut stats = vec![LookupStats { hits: 77, misses: 77, ..LookupStats::default() }; reqs.len()];
     let mut c: Vec<strata_lookup_request> = reqs.iter().zip(&mut outs).zip(&mut stats).map(|((r, o), s)| r.c(o, s)).collect();
@@ -651,7 +743,8 @@ pub fn batch_mixed(cx: &Ctx) {
         outs[2].holds(&want, "requests[2]");
     }
     // a batch of distributed requests only, and an empty batch (a no-op, not collective)
-    let reqs: Vec<Req> = requests(&tb, &mut rng).into_iter().enumerate().filter(|(i, _)| [0, 2, 4, 5].contains(i)).map(|(_, r)| r).collect();
+    let reqs: Vec<Req> =
+        requests(&tb, &mut rng).into_iter().enumerate().filter(|(i, _)| [0, 2, 4, 5].contains(i)).map(|(_, r)| r).collect();
     same_as_separate_calls(&reqs);
     // SAFETY: n = 0 with a NULL array is the documented no-op.
     ok(unsafe { strata_lookup_batch(null(), 0, null()) });
@@ -722,7 +815,13 @@ pub fn batch_errors(cx: &Ctx) {
     let b = Bags { offsets: Some(vec![0, 1, 3]), b: 2, ..Bags::plain(kd) };
     reqs.push(pooled_req(&tb.dstrict, 2, 1, false, b, I64, I64, F32, true));
     let (s, _, _) = batch(&reqs);
-    all_fail(cx, s, Status::STRATA_KEY_NOT_FOUND, Some(l), &[&format!("requests[{}].keys: key 25 (element 1) is not in the table", reqs.len() - 1)]);
+    all_fail(
+        cx,
+        s,
+        Status::STRATA_KEY_NOT_FOUND,
+        Some(l),
+        &[&format!("requests[{}].keys: key 25 (element 1) is not in the table", reqs.len() - 1)],
+    );
 
     // unreadable options (struct_size 0) on rank 0: refused before any request is planned
     let reqs = requests(&tb, &mut rng);
@@ -830,8 +929,20 @@ pub fn one_rank_one_field(cx: &Ctx) {
                 let s = unsafe {
                     strata_lookup(
                         tb.d1.0,
-                        if me && field == 0 { null() } else if me && field == 1 { &kf.t } else { &k.t },
-                        if me && field == 2 { null_mut() } else if me && field == 3 { &mut wrong.d.t } else { &mut out.d.t },
+                        if me && field == 0 {
+                            null()
+                        } else if me && field == 1 {
+                            &kf.t
+                        } else {
+                            &k.t
+                        },
+                        if me && field == 2 {
+                            null_mut()
+                        } else if me && field == 3 {
+                            &mut wrong.d.t
+                        } else {
+                            &mut out.d.t
+                        },
                         if me && field == 4 { &bad_opts } else { null() },
                         &mut stats,
                     )

@@ -75,9 +75,7 @@ impl Mem {
         let mut dev: sys::CUdeviceptr = 0;
         // SAFETY: host is the pinned allocation just made with DEVICEMAP in the bound context,
         // and dev is a live out-parameter.
-        cuda_call(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0) }, || {
-            format!("cuMemHostGetDevicePointer for {what}")
-        })?;
+        cuda_call(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0) }, || format!("cuMemHostGetDevicePointer for {what}"))?;
         m.dev = dev;
         Ok(m)
     }
@@ -234,9 +232,7 @@ impl Stream {
         // SAFETY: the kernel takes one parameter struct by value; `params` points at it and
         // cuLaunchKernel copies it before returning.
         cuda_call(
-            unsafe {
-                sys::cuLaunchKernel(f, grid, 1, 1, BLOCK, 1, 1, 0, self.stream, args.as_mut_ptr(), std::ptr::null_mut())
-            },
+            unsafe { sys::cuLaunchKernel(f, grid, 1, 1, BLOCK, 1, 1, 0, self.stream, args.as_mut_ptr(), std::ptr::null_mut()) },
             || format!("cuLaunchKernel {name} ({grid} blocks) on device {}", self.device.ordinal),
         )
     }

@@ -23,14 +23,14 @@
 //! The host functions refer to the table: its [`Residency`](super::Residency) waits for them
 //! (and for background inserts) before the table is freed.
 
-use crate::util::lock::lock;
 use super::backend::{Backend, HostFn, Mem, grid};
-use super::params::{CacheParams, FILL_DEFAULTS, FILL_ROWS, WAYS};
 use super::inflight::InFlight;
 use super::io::{Io, float_name, key_name};
+use super::params::{CacheParams, FILL_DEFAULTS, FILL_ROWS, WAYS};
 use crate::dlpack::FloatDtype;
 use crate::error::Result;
 use crate::model::RowSource;
+use crate::util::lock::lock;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -130,9 +130,8 @@ impl CacheState {
         let capacity = (rows as f64 * fraction as f64).ceil() as usize;
         let sets = capacity.div_ceil(WAYS) as u64;
         let slots = sets as usize * WAYS;
-        let alloc = |bytes: usize, what: &str| -> Result<Option<Mem>> {
-            if sets == 0 { Ok(None) } else { b.alloc_device(bytes, what).map(Some) }
-        };
+        let alloc =
+            |bytes: usize, what: &str| -> Result<Option<Mem>> { if sets == 0 { Ok(None) } else { b.alloc_device(bytes, what).map(Some) } };
         let default = b.alloc_device(dim * 4, "the default row")?;
         b.upload(default.dev, default_row.as_ptr() as *const u8, std::mem::size_of_val(default_row))?;
         Ok(CacheState {
@@ -261,8 +260,7 @@ impl CacheState {
             // SAFETY: the probe has finished (stream order), so the staging's host side is ours.
             let hc = unsafe { st2.host_counters.host_slice::<u64>(4) };
             let (hits, m) = (hc[0], hc[1] as usize);
-            let background =
-                !always_resolve && f32::from_bits(state.last_hit_rate.load(Ordering::Relaxed)) >= state.threshold;
+            let background = !always_resolve && f32::from_bits(state.last_hit_rate.load(Ordering::Relaxed)) >= state.threshold;
             // SAFETY: as above: the probe that wrote the m <= n miss keys has finished, and the
             // fill that reads them runs only after this function returns.
             let keys = unsafe { st2.miss_keys.host_slice::<u64>(m) };

@@ -4,9 +4,9 @@
 //! background cache inserts and shard launches. One [`Device`] per ordinal, made on first use
 //! and kept for the life of the process.
 
-use crate::util::lock::lock;
 use super::compile_gather_for;
 use crate::error::{Error, Result};
+use crate::util::lock::lock;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, sys};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -57,10 +57,7 @@ impl Device {
         static DEVICES: OnceLock<Mutex<HashMap<usize, Arc<Device>>>> = OnceLock::new();
         let count = super::device_count();
         if ordinal >= count {
-            return Err(Error::Device {
-                arg: "device_id",
-                msg: format!("CUDA device {ordinal} does not exist; this machine has {count}"),
-            });
+            return Err(Error::Device { arg: "device_id", msg: format!("CUDA device {ordinal} does not exist; this machine has {count}") });
         }
         let mut map = lock(DEVICES.get_or_init(Default::default));
         if let Some(d) = map.get(&ordinal) {
@@ -72,19 +69,15 @@ impl Device {
     }
 
     fn open(ordinal: usize) -> Result<Device> {
-        let cu = |e: cudarc::driver::DriverError, what: &str| Error::Cuda {
-            call: format!("{what} on device {ordinal}"),
-            msg: format!("{e:?}"),
-        };
+        let cu =
+            |e: cudarc::driver::DriverError, what: &str| Error::Cuda { call: format!("{what} on device {ordinal}"), msg: format!("{e:?}") };
         let ctx = CudaContext::new(ordinal).map_err(|e| cu(e, "retaining the primary context"))?;
         let (major, minor) = ctx.compute_capability().map_err(|e| cu(e, "reading the compute capability"))?;
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| cu(e, "reading the multiprocessor count"))? as u32;
         let ptx = compile_gather_for(major, minor)?;
-        let module = ctx
-            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
-            .map_err(|e| cu(e, "loading the kernels (cuModuleLoadData)"))?;
+        let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)).map_err(|e| cu(e, "loading the kernels (cuModuleLoadData)"))?;
         let mut functions = HashMap::new();
         for name in super::kernel_names() {
             let f = module.load_function(&name).map_err(|e| cu(e, &format!("finding kernel {name}")))?;
@@ -103,10 +96,9 @@ impl Device {
 
     /// Makes this device's primary context current on the calling thread.
     pub(crate) fn bind(&self) -> Result<()> {
-        self.ctx.bind_to_thread().map_err(|e| Error::Cuda {
-            call: format!("cuCtxSetCurrent for device {}", self.ordinal),
-            msg: format!("{e:?}"),
-        })
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| Error::Cuda { call: format!("cuCtxSetCurrent for device {}", self.ordinal), msg: format!("{e:?}") })
     }
 
     /// The kernel called `name`.

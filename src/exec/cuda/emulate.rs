@@ -10,15 +10,15 @@
 
 use super::backend::{Backend, HostFn, Job, Mem, Spawner};
 use super::cache::CacheState;
+use super::inflight::InFlight;
 use super::params::{BatchParams, CacheParams, GatherParams, PooledParams};
 use super::requests::{InPlace, Lookup, check_request};
-use super::inflight::InFlight;
 use super::residency::{GatherSource, Placed, shard_params, split};
 use super::run::lookup_on;
 use crate::error::{Error, Result};
-use crate::model::{LookupStats, check};
 use crate::model::RowSource;
 use crate::model::Rows;
+use crate::model::{LookupStats, check};
 use dlpark::ffi::DLTensor;
 use std::ffi::{CString, c_void};
 use std::sync::Arc;
@@ -188,7 +188,8 @@ impl Emulated {
                     Rows::Keyed(ix) => ix.raw_buckets().0 as u64,
                     Rows::Dense => 0,
                 };
-                let src = GatherSource::new(st, st.store().row_ptr_or_base() as u64, buckets, st.default_row().as_ptr() as u64, Vec::new(), None);
+                let src =
+                    GatherSource::new(st, st.store().row_ptr_or_base() as u64, buckets, st.default_row().as_ptr() as u64, Vec::new(), None);
                 Placed::Gather(src)
             }
             (Placement::Shards { count }, Some(st)) => {
@@ -230,7 +231,10 @@ impl Emulated {
     pub unsafe fn lookup(&self, emu: &Emulator, table: &dyn RowSource, keys: &DLTensor, out: &DLTensor) -> Result<LookupStats> {
         // SAFETY: the caller guarantees keys and out are valid DLPack tensors, so their shape
         // and strides are readable.
-        let Some(c) = check(table.dim(), unsafe { crate::dlpack::TensorView::new(keys, "keys") }?, unsafe { crate::dlpack::TensorView::new(out, "out") }?)? else {
+        let Some(c) = check(table.dim(), unsafe { crate::dlpack::TensorView::new(keys, "keys") }?, unsafe {
+            crate::dlpack::TensorView::new(out, "out")
+        }?)?
+        else {
             return Ok(LookupStats::default());
         };
         // Host memory is the emulator's device memory: keys and out the kernels can address with
@@ -320,7 +324,13 @@ impl Emulated {
     /// # Safety
     /// As for `Table::lookup_request`, with host tensors; `table` must be the table this
     /// placement was made for.
-    pub unsafe fn lookup_request(&self, emu: &Emulator, table: &dyn RowSource, r: &crate::model::Request, staged: Staged) -> Result<LookupStats> {
+    pub unsafe fn lookup_request(
+        &self,
+        emu: &Emulator,
+        table: &dyn RowSource,
+        r: &crate::model::Request,
+        staged: Staged,
+    ) -> Result<LookupStats> {
         let r = Request { placed: self, table, request: *r };
         // SAFETY: forwarded from the caller.
         let mut stats = unsafe { run_requests(emu, &[r], staged) }.map_err(|(_, e)| e)?;

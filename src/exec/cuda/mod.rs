@@ -23,17 +23,17 @@ pub(crate) mod device;
 pub mod emulate;
 pub(crate) mod inflight;
 pub(crate) mod io;
-pub(crate) mod readback;
 pub mod params;
 pub(crate) mod pooled;
+pub(crate) mod readback;
 pub(crate) mod requests;
 pub(crate) mod residency;
 pub(crate) mod run;
 
 pub use residency::Residency;
 
-use crate::util::lock::lock;
 use crate::error::{Error, Result};
+use crate::util::lock::lock;
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 

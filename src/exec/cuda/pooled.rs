@@ -54,7 +54,6 @@ fn read_on_host(v: &TensorView) -> bool {
     v.device.device_type == DLDeviceType::CPU
 }
 
-
 /// The CUDA device of a request's tensors (`(view, argument)` pairs): every CUDA tensor on one
 /// device, the others in host memory.
 fn request_device(views: &[(&TensorView, &'static str)]) -> Result<usize> {
@@ -235,7 +234,13 @@ pub(crate) unsafe fn run(valid: &[&Valid], opts: &LookupOptions) -> std::result:
 /// As for `Table::lookup_request`; device tensors must be valid on their device until the
 /// stream has run the lookup, and `opts.stream()` must be NULL or a stream of that device's
 /// primary context.
-pub(crate) unsafe fn lookup(table: &dyn RowSource, gpu: &GpuOptions, resident: &Residency, r: &Request, opts: &LookupOptions) -> Result<LookupStats> {
+pub(crate) unsafe fn lookup(
+    table: &dyn RowSource,
+    gpu: &GpuOptions,
+    resident: &Residency,
+    r: &Request,
+    opts: &LookupOptions,
+) -> Result<LookupStats> {
     // SAFETY: forwarded from the caller.
     let v = unsafe { validate(table, gpu, resident, r, opts) }?;
     // SAFETY: forwarded from the caller.

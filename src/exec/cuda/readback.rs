@@ -27,7 +27,15 @@ pub(crate) fn read_back(b: &dyn Backend, addr: u64, elem: usize, stride: i64, n:
 /// The error for the first key (in key order) the table lacks, keys read back from where the
 /// kernels read them (`dtype` at `addr`, one per `stride` elements); `kd` is the caller's key
 /// dtype, for the message.
-pub(crate) fn first_missing(table: &dyn RowSource, kd: KeyDtype, b: &dyn Backend, addr: u64, dtype: KeyDtype, stride: i64, n: usize) -> Error {
+pub(crate) fn first_missing(
+    table: &dyn RowSource,
+    kd: KeyDtype,
+    b: &dyn Backend,
+    addr: u64,
+    dtype: KeyDtype,
+    stride: i64,
+    n: usize,
+) -> Error {
     let elem = match dtype {
         KeyDtype::I32 | KeyDtype::U32 => 4,
         KeyDtype::I64 | KeyDtype::U64 => 8,

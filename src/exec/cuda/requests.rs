@@ -17,16 +17,16 @@
 //!   when the work waits, and otherwise only clamps the bags it touches into the keys.
 
 use super::backend::{Backend, Mem, grid};
-use super::params::PooledParams;
 use super::inflight::InFlight;
-use super::residency::Placed;
 use super::io::{Io, float_name};
+use super::params::PooledParams;
 use super::readback::{first_missing, read_back};
+use super::residency::Placed;
 use super::run::{Counts, execute};
 use crate::dlpack::{FloatDtype, KeyDtype, TensorView, Walk};
 use crate::error::{Error, Result};
 use crate::model::{
-    CheckedBags, Checked, Devices, KeySource, LookupStats, PooledChecked, Pooling, Request, RowSource, check, check_offset_values,
+    Checked, CheckedBags, Devices, KeySource, LookupStats, PooledChecked, Pooling, Request, RowSource, check, check_offset_values,
     check_pooled,
 };
 use std::sync::Arc;
@@ -255,7 +255,9 @@ pub(crate) unsafe fn run(b: &dyn Backend, jobs: &[Lookup]) -> std::result::Resul
     let at = |i: usize| move |e: Error| (i, e);
     // One slot of device memory per request for counts and the offsets' status, zeroed at once.
     let needs_slot = jobs.iter().any(|j| {
-        j.want_stats || j.table.missing_is_error() || matches!(j.shape, Shape::Pooled(c, _) if matches!(c.bags, CheckedBags::InPlace { .. }))
+        j.want_stats
+            || j.table.missing_is_error()
+            || matches!(j.shape, Shape::Pooled(c, _) if matches!(c.bags, CheckedBags::InPlace { .. }))
     });
     let slots = if needs_slot {
         let m = b.alloc_stream(jobs.len() * SLOT, "lookup counts").map_err(at(0))?;

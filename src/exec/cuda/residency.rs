@@ -14,16 +14,16 @@
 //! waits for queued work that still refers to the table (host functions and background cache
 //! inserts, counted by [`InFlight`]).
 
-use crate::util::lock::lock;
 use super::backend::{Backend, Mem};
 use super::cache::CacheState;
 use super::device::{Device, cuda_call};
-use super::params::GatherParams;
 use super::inflight::InFlight;
+use super::params::GatherParams;
 use crate::dlpack::FloatDtype;
 use crate::error::Result;
-use crate::storage::index::KeyIndex;
 use crate::model::{GpuOptions, GpuPlacement, GpuSharding, RowSource, Rows, StaticTable};
+use crate::storage::index::KeyIndex;
+use crate::util::lock::lock;
 use cudarc::driver::sys;
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -209,7 +209,13 @@ fn upload_index_and_default(device: &Arc<Device>, st: &StaticTable) -> Result<(M
 
 impl Residency {
     /// How `device` serves `table`, made on first use. `backend` allocates cache memory.
-    pub(crate) fn placed(&self, table: &dyn RowSource, gpu: &GpuOptions, device: &Arc<Device>, backend: &dyn Backend) -> Result<Arc<Placed>> {
+    pub(crate) fn placed(
+        &self,
+        table: &dyn RowSource,
+        gpu: &GpuOptions,
+        device: &Arc<Device>,
+        backend: &dyn Backend,
+    ) -> Result<Arc<Placed>> {
         let mut map = lock(&self.placed);
         if let Some(p) = map.get(&device.ordinal) {
             return Ok(p.clone());
@@ -228,7 +234,8 @@ impl Residency {
         let Some(st) = table.as_static() else {
             // Tiers have no flat copy to place: static and uvm become a cache of every row.
             let fraction = if gpu.placement == GpuPlacement::Cache { gpu.cache_fraction } else { 1.0 };
-            let c = CacheState::new(backend, table.len(), table.dim(), FloatDtype::F32, fraction, gpu.hit_rate_threshold, table.default_row())?;
+            let c =
+                CacheState::new(backend, table.len(), table.dim(), FloatDtype::F32, fraction, gpu.hit_rate_threshold, table.default_row())?;
             return Ok(Placed::Cache(Arc::new(c)));
         };
         if gpu.sharding == GpuSharding::Shard && super::device_count() > 1 {
@@ -260,15 +267,8 @@ impl Residency {
                 Placed::Gather(GatherSource::new(st, table_addr, b, d, vec![index, default], Some(reg)))
             }
             GpuPlacement::Cache => {
-                let c = CacheState::new(
-                    backend,
-                    st.len(),
-                    st.dim(),
-                    st.dtype(),
-                    gpu.cache_fraction,
-                    gpu.hit_rate_threshold,
-                    st.default_row(),
-                )?;
+                let c =
+                    CacheState::new(backend, st.len(), st.dim(), st.dtype(), gpu.cache_fraction, gpu.hit_rate_threshold, st.default_row())?;
                 Placed::Cache(Arc::new(c))
             }
         })
@@ -310,7 +310,15 @@ pub(crate) fn split(st: &StaticTable, count: usize) -> Result<Vec<HostShard>> {
 }
 
 /// Gather parameters of shard `s` of `count`, given where its rows, index and default row are.
-pub(crate) fn shard_params(st: &StaticTable, h: &HostShard, s: usize, count: usize, table: u64, buckets: u64, default_row: u64) -> GatherParams {
+pub(crate) fn shard_params(
+    st: &StaticTable,
+    h: &HostShard,
+    s: usize,
+    count: usize,
+    table: u64,
+    buckets: u64,
+    default_row: u64,
+) -> GatherParams {
     let mut p = GatherSource::new(st, table, buckets, default_row, Vec::new(), None).params;
     if let Some((_, index)) = &h.packed {
         p.row_stride = st.dim() as u64;

@@ -11,19 +11,19 @@
 //! - Stats, or a table whose missing keys are errors, make the call wait for the stream;
 //!   otherwise it returns once the work is queued.
 
-use crate::util::lock::lock;
 use super::backend::{Backend, Mem, Stream, grid};
 use super::cache::CacheCounts;
 use super::device::{Device, cuda_call};
-use super::params::GatherParams;
 use super::inflight::InFlight;
+use super::io::{Io, float_name, key_name};
+use super::params::GatherParams;
+use super::residency::Residency;
 use super::residency::{GatherSource, Placed};
 use crate::dlpack::{KeyDtype, TensorView, Walk, device_name};
 use crate::error::{Error, Result};
 use crate::model::{Checked, LookupOptions, LookupStats, check};
 use crate::model::{GpuOptions, RowSource};
-use super::residency::Residency;
-use super::io::{Io, float_name, key_name};
+use crate::util::lock::lock;
 use cudarc::driver::sys;
 use dlpark::ffi::{DLDeviceType, DLTensor};
 use std::sync::{Arc, Mutex};
@@ -147,17 +147,16 @@ fn record(device: &Device, stream: sys::CUstream) -> Result<sys::CUevent> {
     device.bind()?;
     let mut ev: sys::CUevent = std::ptr::null_mut();
     // SAFETY: the device's context is bound above; `ev` is a live out-parameter.
-    cuda_call(unsafe { sys::cuEventCreate(&mut ev, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) }, || {
-        "cuEventCreate".into()
-    })?;
+    cuda_call(unsafe { sys::cuEventCreate(&mut ev, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) }, || "cuEventCreate".into())?;
     // SAFETY: ev was created just above in this context, and stream is a stream of this device
     // (the caller's, checked by check_stream, or the device's internal one).
     let r = unsafe { sys::cuEventRecord(ev, stream) };
     // SAFETY: the record failed, so nothing refers to ev: it is destroyed once, here.
-    cuda_call(r, || "cuEventRecord".into()).inspect_err(|_| unsafe {
-        sys::cuEventDestroy_v2(ev);
-    })
-    .map(|_| ev)
+    cuda_call(r, || "cuEventRecord".into())
+        .inspect_err(|_| unsafe {
+            sys::cuEventDestroy_v2(ev);
+        })
+        .map(|_| ev)
 }
 
 /// Makes `stream` wait for `ev`, then releases `ev` (the driver frees it once it completed).

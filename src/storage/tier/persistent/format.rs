@@ -233,10 +233,7 @@ impl Catalog {
             None => Ok(0),
             Some(v) => match <[u8; 8]>::try_from(v) {
                 Ok(b) => Ok(u64::from_le_bytes(b)),
-                Err(_) => Err(heed::Error::Decoding(Box::new(Corrupt(format!(
-                    "corrupt commit counter: {} bytes; expected 8",
-                    v.len()
-                ))))),
+                Err(_) => Err(heed::Error::Decoding(Box::new(Corrupt(format!("corrupt commit counter: {} bytes; expected 8", v.len()))))),
             },
         }
     }

@@ -103,10 +103,7 @@ fn check_name(name: &str) -> Result<()> {
 }
 
 fn dim_mismatch(name: &str, dir: &str, stored: u64, asked: usize) -> Error {
-    Error::Store {
-        what: name.to_owned(),
-        msg: format!("has dim {stored} in the persistent store at {dir}, but dim {asked} was asked for"),
-    }
+    Error::Store { what: name.to_owned(), msg: format!("has dim {stored} in the persistent store at {dir}, but dim {asked} was asked for") }
 }
 
 fn interrupted(name: &str, dir: &str, how: &str) -> Error {
@@ -200,23 +197,16 @@ impl PersistentStore {
         match self.read_record(&rtxn, name)? {
             None => Err(Error::Store {
                 what: name.to_owned(),
-                msg: format!(
-                    "is not in the persistent store at {}, which is open read-only, so the table cannot be created",
-                    s.folder()
-                ),
+                msg: format!("is not in the persistent store at {}, which is open read-only, so the table cannot be created", s.folder()),
             }),
             Some(TableRecord { complete: false, .. }) => {
                 Err(interrupted(name, &s.folder(), "open the store read-write with the sparse folder to redo it"))
             }
             Some(r) if r.dim != dim as u64 => Err(dim_mismatch(name, &s.folder(), r.dim, dim)),
             Some(_) => {
-                let db: Rows =
-                    s.env.open_database(&rtxn, Some(db_name)).map_err(s.heed(name, "open table"))?.ok_or_else(
-                        || Error::Store {
-                            what: name.to_owned(),
-                            msg: format!("has metadata but no database {db_name:?}: the store is corrupt"),
-                        },
-                    )?;
+                let db: Rows = s.env.open_database(&rtxn, Some(db_name)).map_err(s.heed(name, "open table"))?.ok_or_else(|| {
+                    Error::Store { what: name.to_owned(), msg: format!("has metadata but no database {db_name:?}: the store is corrupt") }
+                })?;
                 rtxn.commit().map_err(s.heed(name, "open table"))?;
                 Ok(db)
             }
@@ -224,17 +214,9 @@ impl PersistentStore {
     }
 
     /// Read-write path: reuse, create empty, or (re)load.
-    fn open_or_load(
-        &self,
-        name: &str,
-        db_name: &str,
-        dim: usize,
-        init: Option<&Path>,
-        params: LoadParams,
-    ) -> Result<Rows> {
+    fn open_or_load(&self, name: &str, db_name: &str, dim: usize, init: Option<&Path>, params: LoadParams) -> Result<Rows> {
         let s = &self.inner;
-        let catalog: Catalog =
-            s.catalog.ok_or_else(|| Error::Internal("read-write store without metadata database".into()))?;
+        let catalog: Catalog = s.catalog.ok_or_else(|| Error::Internal("read-write store without metadata database".into()))?;
         // Check the sparse folder before taking the write lock, and only if a load may follow.
         let before = {
             let rtxn = s.env.read_txn().map_err(s.heed(name, "begin read transaction"))?;

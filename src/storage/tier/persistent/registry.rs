@@ -89,8 +89,7 @@ pub(super) fn open(dir: &Path, read_only: bool) -> Result<Arc<StoreInner>> {
         if inner.env_read_only && !read_only {
             return Err(Error::Store {
                 what: canon.display().to_string(),
-                msg: "is already open read-only in this process; drop every handle on it before opening it read-write"
-                    .into(),
+                msg: "is already open read-only in this process; drop every handle on it before opening it read-write".into(),
             });
         }
         return Ok(inner);
@@ -130,9 +129,7 @@ fn open_env(dir: &Path, read_only: bool) -> Result<StoreInner> {
                 std::thread::sleep(std::time::Duration::from_millis(5));
             }
             // The address space reservation was refused: try a smaller map.
-            Err(heed::Error::Io(e))
-                if map_size > 1 << 30 && matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOMEM)) =>
-            {
+            Err(heed::Error::Io(e)) if map_size > 1 << 30 && matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOMEM)) => {
                 map_size /= 4;
                 opts.map_size(map_size);
             }

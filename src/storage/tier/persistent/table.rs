@@ -143,10 +143,7 @@ impl PersistentTable {
     pub fn get_many(&self, keys: &[u64], out: &mut [f32], found: &mut [bool]) -> Result<(u64, u64)> {
         self.check_batch(keys.len(), out.len(), "out")?;
         if found.len() != keys.len() {
-            return Err(Error::invalid(
-                "found",
-                format!("{} flags; expected one per key ({})", found.len(), keys.len()),
-            ));
+            return Err(Error::invalid("found", format!("{} flags; expected one per key ({})", found.len(), keys.len())));
         }
         if keys.is_empty() {
             return Ok((0, 0));
@@ -260,8 +257,7 @@ impl PersistentTable {
     /// adds 1 to it there (so it commits, or not, with the rows).
     fn count_commit(&self, wtxn: &mut heed::RwTxn, changed: bool, op: &str) -> Result<Commit> {
         let t = &self.inner;
-        let catalog =
-            t.store.catalog.ok_or_else(|| Error::Internal("read-write store without metadata database".into()))?;
+        let catalog = t.store.catalog.ok_or_else(|| Error::Internal("read-write store without metadata database".into()))?;
         let before = catalog.commits(wtxn, &t.name).map_err(self.err(op))?;
         let after = if changed { before.wrapping_add(1) } else { before };
         if changed {

@@ -331,7 +331,9 @@ fn open_error(dir: &Path, dim: usize) -> crate::error::Error {
         Ok(f) => f,
         Err(e) => return e,
     };
-    crate::storage::index::KeyIndex::build((0..folder.rows).map(|r| folder.key(r)), |k| k as i64 as i128, "dir/key").err().expect("a folder with an error")
+    crate::storage::index::KeyIndex::build((0..folder.rows).map(|r| folder.key(r)), |k| k as i64 as i128, "dir/key")
+        .err()
+        .expect("a folder with an error")
 }
 
 #[test]

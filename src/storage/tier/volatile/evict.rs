@@ -1,6 +1,5 @@
 //! Which rows a full shard gives up: the [`OverflowPolicy`] and the choice of its victims.
 
-
 /// Which rows a full shard evicts: HPS's `volatile_db.overflow_policy`, also the parsed
 /// configuration's value (`config::VolatileDbConfig::overflow_policy`). Deserialises from HPS's
 /// names and its parser's aliases (`random`, `least_used`, `oldest`).

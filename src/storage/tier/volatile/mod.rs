@@ -149,13 +149,7 @@ impl VolatileTier {
     /// No row memory is allocated until rows are inserted. Errors ([`Error::Invalid`], naming
     /// the parameter): `dim == 0` (or absurdly large), `num_partitions` outside
     /// 1..=1048576, `overflow_margin == 0`, `resolution_target` outside (0, 1].
-    pub fn new(
-        dim: usize,
-        num_partitions: usize,
-        overflow_margin: usize,
-        policy: OverflowPolicy,
-        resolution_target: f64,
-    ) -> Result<Self> {
+    pub fn new(dim: usize, num_partitions: usize, overflow_margin: usize, policy: OverflowPolicy, resolution_target: f64) -> Result<Self> {
         if dim == 0 {
             return Err(Error::invalid("dim", "0; expected at least 1 element per row"));
         }
@@ -163,19 +157,13 @@ impl VolatileTier {
             return Err(Error::invalid("dim", format!("{dim}; a row of that many floats overflows the address space")));
         }
         if num_partitions == 0 || num_partitions > MAX_PARTITIONS {
-            return Err(Error::invalid(
-                "num_partitions",
-                format!("{num_partitions}; expected between 1 and {MAX_PARTITIONS}"),
-            ));
+            return Err(Error::invalid("num_partitions", format!("{num_partitions}; expected between 1 and {MAX_PARTITIONS}")));
         }
         if overflow_margin == 0 {
             return Err(Error::invalid("overflow_margin", "0; expected at least 1 row per partition"));
         }
         if !(resolution_target > 0.0 && resolution_target <= 1.0) {
-            return Err(Error::invalid(
-                "overflow_resolution_target",
-                format!("{resolution_target}; expected a fraction in (0, 1]"),
-            ));
+            return Err(Error::invalid("overflow_resolution_target", format!("{resolution_target}; expected a fraction in (0, 1]")));
         }
         let geo = Geometry::new(dim, overflow_margin, policy, resolution_target);
         let shards = (0..num_partitions)

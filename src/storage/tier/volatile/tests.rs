@@ -552,8 +552,7 @@ fn concurrent_reads_never_see_torn_rows() {
                             t.erase_many(&keys[..4]);
                             continue;
                         }
-                        let rows: Vec<f32> =
-                            keys.iter().flat_map(|&k| (0..DIM).map(move |j| encode(k, v, j))).collect();
+                        let rows: Vec<f32> = keys.iter().flat_map(|&k| (0..DIM).map(move |j| encode(k, v, j))).collect();
                         t.insert_many(&keys, &rows);
                     }
                 })
