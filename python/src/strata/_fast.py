@@ -121,8 +121,10 @@ def _filler(kind: type) -> Optional[Callable[[Any, int], int]]:
     if cap is not None:
         try:
             api = _ffi.DLPackExchangeAPI.from_address(_get_pointer(cap, _EXCHANGE))
-            if api.header.version.major == 1 and api.dltensor_from_py_object_no_sync:
-                fill = _Fill(api.dltensor_from_py_object_no_sync)
+            # (The header types the field as a function pointer: its address is what is called.)
+            addr = ctypes.cast(api.dltensor_from_py_object_no_sync, c_void_p).value
+            if api.header.version.major == 1 and addr:
+                fill = _Fill(addr)
         except (ValueError, TypeError):  # not the capsule DLPack 1.3 describes
             fill = None
     _fillers[kind] = fill
