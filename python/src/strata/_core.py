@@ -12,15 +12,15 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 import numpy as np
 
-from . import _fast, _ffi
+from . import _args, _fast, _ffi
 from ._dlpack import Borrowed, exportable
 from ._partitioned import TableViewOwner, describe
-from ._partitioned import from_partitioned as from_partitioned
+from ._partitioned import table_from_partitioned
 from .errors import InvalidArgument, NullArgument, ReadOnly, UnsupportedDevice, UnsupportedDtype, error_for
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-_MISSING = {"fill": _ffi.STRATA_MISSING_FILL, "error": _ffi.STRATA_MISSING_ERROR}
+_MISSING = _args.MISSING
 _PLACEMENT = {"static": _ffi.STRATA_GPU_STATIC, "uvm": _ffi.STRATA_GPU_UVM, "cache": _ffi.STRATA_GPU_CACHE}
 _SHARDING = {"replicate": _ffi.STRATA_GPU_REPLICATE, "shard": _ffi.STRATA_GPU_SHARD}
 _OUT_DTYPES = ("float32", "float16", "bfloat16")
@@ -31,16 +31,10 @@ _POOLING_OR_NONE = {"none": _ffi.STRATA_POOL_NONE, **_POOLING}
 Pooling = Union[str, int]
 
 
-def _check(status: int) -> None:
-    if status != _ffi.STRATA_OK:
-        raise error_for(status, _ffi.last_error())
-
-
-def _choice(table: Mapping[str, int], value: str, what: str) -> int:
-    try:
-        return table[value]
-    except (KeyError, TypeError):
-        raise InvalidArgument(f"{what}: {value!r}; expected one of {', '.join(map(repr, table))}") from None
+_check = _args.check
+_choice = _args.choice
+_dtype_name = _args.dtype_name
+_as_dlpack = _args.as_dlpack
 
 
 def _options(
@@ -133,12 +127,6 @@ class _Closeable:
             self.close()
         except Exception:  # a half-built object, or interpreter shutdown
             pass
-
-
-def _dtype_name(code: int, bits: int) -> str:
-    return {(_ffi.kDLFloat, 32): "float32", (_ffi.kDLFloat, 16): "float16", (_ffi.kDLBfloat, 16): "bfloat16"}.get(
-        (code, bits), f"dtype({code},{bits})"
-    )
 
 
 class Table(_Closeable):
@@ -386,9 +374,32 @@ class Table(_Closeable):
         return describe(self, self._views)
 
 
-def _as_dlpack(x: Any) -> Any:
-    """``x`` itself when it speaks DLPack, else ``np.asarray(x)`` (lists, tuples, scalars)."""
-    return x if hasattr(x, "__dlpack__") else np.asarray(x)
+def from_partitioned(
+    obj: Any,
+    default_value: float = 0.0,
+    missing: str = "fill",
+    *,
+    comm: Any = None,
+) -> "Table":
+    """A dense table (key = global row number) from a ``__partitioned__`` description: an object
+    with a ``__partitioned__`` property (Heat's ``DNDarray``, a strata :class:`Table`) or the
+    dict itself, with ``shape`` [rows, dim], ``partition_tiling`` (P, 1), ``partitions`` keyed
+    by grid position (each with ``start``, ``shape``, ``data``, ``location``), ``locals`` and
+    ``get``. ``data`` is any DLPack producer, or a handle that ``get`` resolves to one (a handle
+    ``get`` resolves to None is a partition without data here).
+
+    ``comm``: an MPI communicator, as an mpi4py communicator or its ``MPI_Fint``
+    (``comm.py2f()``), for a description spread over ranks: collective, every rank passes its own
+    description, with data for the partitions it holds (those its locations or its ``locals``
+    name). The owners of a partition are the union of what the ranks say, so Heat's replicated
+    (``split=None``) arrays, which every rank describes with a single location, make a table
+    replicated on every rank. None: one process holding every partition.
+
+    Ownership: a single partition (per rank) with unit element stride is borrowed without a copy
+    (the table keeps its producer alive, and the data must not change while the table is open);
+    several partitions in one process are copied."""
+    handle, keepalive = table_from_partitioned(obj, default_value, missing, comm)
+    return Table(handle, keepalive=keepalive)
 
 
 # ---- lookups ---------------------------------------------------------------------------------

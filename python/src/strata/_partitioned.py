@@ -13,23 +13,21 @@ import ctypes
 import itertools
 import weakref
 from ctypes import POINTER, byref, c_int32, c_int64
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _ffi
+from . import _args, _ffi
 from ._dlpack import Borrowed, View
 from .errors import InvalidArgument
 
-if TYPE_CHECKING:
-    from ._core import Table
 
 
 class TableViewOwner:
     """Holds a table and the description strata made of it while views of its memory live:
     the table counts these (weakly) and refuses to close while one is alive."""
 
-    def __init__(self, table: "Table", desc: Any) -> None:
+    def __init__(self, table: Any, desc: Any) -> None:
         self.table = table
         self.desc = desc
 
@@ -60,13 +58,11 @@ def _grid(tiling: Sequence[int]) -> List[Tuple[int, ...]]:
     return list(itertools.product(*(range(int(t)) for t in tiling)))
 
 
-def describe(table: "Table", views: "weakref.WeakSet[TableViewOwner]") -> Dict[str, Any]:
-    """``Table.__partitioned__``: see its documentation. ``views`` is the table's set of live
-    view owners."""
-    from ._core import _check, _dtype_name
-
+def describe(table: Any, views: "weakref.WeakSet[TableViewOwner]") -> Dict[str, Any]:
+    """``Table.__partitioned__`` of ``table`` (a :class:`strata.Table`): see its documentation.
+    ``views`` is the table's set of live view owners."""
     p = _ffi.PARTITIONED_P()
-    _check(_ffi.strata_table_partitioned(table._handle(), byref(p)))
+    _args.check(_ffi.strata_table_partitioned(table._handle(), byref(p)))
     owner = TableViewOwner(table, p)
     d = p.contents
     nd = int(d.ndim)
@@ -91,7 +87,7 @@ def describe(table: "Table", views: "weakref.WeakSet[TableViewOwner]") -> Dict[s
             dev_type, dev_id = view.__dlpack_device__()
             host = dev_type in (_ffi.kDLCPU, _ffi.kDLCUDAHost)
             entry["data"] = _view_as_numpy(view) if host else view
-            entry["dtype"] = _dtype_name(t.dtype.code, t.dtype.bits)
+            entry["dtype"] = _args.dtype_name(t.dtype.code, t.dtype.bits)
             entry["device"] = "cpu" if host else f"dlpack:{dev_type}:{dev_id}"
             local.append(pos)
         partitions[pos] = entry
@@ -113,31 +109,9 @@ def _comm_fint(comm: Any) -> Optional[int]:
     return int(py2f()) if callable(py2f) else int(comm)
 
 
-def from_partitioned(
-    obj: Any,
-    default_value: float = 0.0,
-    missing: str = "fill",
-    *,
-    comm: Any = None,
-) -> "Table":
-    """A dense table (key = global row number) from a ``__partitioned__`` description: an object
-    with a ``__partitioned__`` property (Heat's ``DNDarray``, a strata :class:`Table`) or the
-    dict itself, with ``shape`` [rows, dim], ``partition_tiling`` (P, 1), ``partitions`` keyed
-    by grid position (each with ``start``, ``shape``, ``data``, ``location``), ``locals`` and
-    ``get``. ``data`` is any DLPack producer, or a handle that ``get`` resolves to one (a handle
-    ``get`` resolves to None is a partition without data here).
-
-    ``comm``: an MPI communicator, as an mpi4py communicator or its ``MPI_Fint``
-    (``comm.py2f()``), for a description spread over ranks: collective, every rank passes its own
-    description, with data for the partitions it holds (those its locations or its ``locals``
-    name). The owners of a partition are the union of what the ranks say, so Heat's replicated
-    (``split=None``) arrays, which every rank describes with a single location, make a table
-    replicated on every rank. None: one process holding every partition.
-
-    Ownership: a single partition (per rank) with unit element stride is borrowed without a copy
-    (the table keeps its producer alive, and the data must not change while the table is open);
-    several partitions in one process are copied."""
-    from ._core import Table, _as_dlpack, _check, _choice, _MISSING
+def table_from_partitioned(obj: Any, default_value: float, missing: str, comm: Any) -> Tuple[Any, List[Any]]:
+    """The ``strata_table*`` of :func:`strata.from_partitioned` (see there), and the borrowed
+    producers the table must keep alive."""
 
     parts: Mapping[str, Any] = getattr(obj, "__partitioned__", obj)
     if not isinstance(parts, Mapping):
@@ -177,7 +151,7 @@ def from_partitioned(
             data = get(data)
         if data is None:
             continue
-        b = Borrowed(_as_dlpack(data), f"partition {pos}: data")
+        b = Borrowed(_args.as_dlpack(data), f"partition {pos}: data")
         keep.append(b)
         c.data = b.tensor
     desc = _ffi.partitioned()
@@ -193,10 +167,10 @@ def from_partitioned(
         keep.append(flat)
         desc.locals = ctypes.cast(flat, POINTER(c_int64))
         desc.num_locals = len(local_list)
-    opts = _ffi.strata_table_options(float(default_value), _choice(_MISSING, missing, "missing"), 0, 0.5, 0.9, 0)
+    opts = _ffi.strata_table_options(float(default_value), _args.choice(_args.MISSING, missing, "missing"), 0, 0.5, 0.9, 0)
     fint = _comm_fint(comm)
     comm_c = None if fint is None else byref(c_int32(fint))
     out = _ffi.TABLE_P()
-    _check(_ffi.strata_table_from_partitioned(ctypes.pointer(desc), comm_c, byref(opts), byref(out)))
+    _args.check(_ffi.strata_table_from_partitioned(ctypes.pointer(desc), comm_c, byref(opts), byref(out)))
     # Keep every borrowed producer: a single partition is read in place for the table's life.
-    return Table(out, keepalive=[b for b in keep if isinstance(b, Borrowed)])
+    return out, [b for b in keep if isinstance(b, Borrowed)]
