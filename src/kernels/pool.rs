@@ -966,7 +966,11 @@ mod x86 {
     #[target_feature(enable = "avx2,f16c")]
     pub(super) unsafe fn avx2<E: Elem, Src: Source, const W: bool, const BAGS: bool, const M: bool>(a: &Args<Src>) {
         // SAFETY: forwarded; this function has the features Avx2's methods need.
-        unsafe { entry::<Avx2, E, Src, W, BAGS, M, 8>(a) }
+        // float32 rows without weights need no register besides the accumulators (the adds
+        // take the row from memory), so a row of up to 128 values is one pass of all 16 ymm
+        // registers, as FBGEMM's AVX2 kernel does; widening or weighting needs a scratch
+        // register, so those take passes of 8.
+        unsafe { if E::SIZE == 4 && !W { entry::<Avx2, E, Src, W, BAGS, M, 16>(a) } else { entry::<Avx2, E, Src, W, BAGS, M, 8>(a) } }
     }
 
     /// # Safety
