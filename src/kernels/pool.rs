@@ -3,7 +3,7 @@
 //! the contract's reference loop does). Without weights the multiply by 1 is left out (exact).
 //!
 //! How the speed comes (what FBGEMM's `EmbeddingSpMDM` does too): the accumulator lives in
-//! vector registers for the whole run of rows, a pass of up to 16 (AVX-512) or 8 (AVX2) vectors
+//! vector registers for the whole run of rows, a pass of up to 16 vectors (AVX-512; AVX2 16 for float32 rows without weights, else 8)
 //! at a time, so a row costs its loads and adds and nothing else; rows are prefetched, every
 //! cache line of the row 16 rows further (fewer for rows over 8 lines), across bag boundaries; half-precision
 //! rows are widened in registers (F16C's `vcvtph2ps`, a 16-bit shift for bfloat16). Rows wider
