@@ -9,6 +9,9 @@
 #     compatibility table names), torchrec 1.9.2 installed with --no-deps (its requirement names
 #     the CUDA fbgemm-gpu) plus its other requirements, and NumPy: about 5.5 GB, a few minutes
 #     from pip's cache, once.
+#   - python/bench/plain_pool.c (a plain C pooling loop, and a loop that only reads every line
+#     of every row: the memory's limit) is built with cc into build/libplain_pool.so and timed on
+#     the same tensors in the float32 sum workloads;
 #   - strata is the library this checkout builds (cargo build --release), loaded by the package
 #     in python/src through STRATA_LIBRARY.
 # Arguments go to peers.py (--rounds, --budget, --scale, --only pooled,dlrm,small).
@@ -45,6 +48,13 @@ if ! "$PY" -c 'import torch, fbgemm_gpu, torchrec, numpy' 2>/dev/null; then
 fi
 cargo build --release --lib
 export STRATA_LIBRARY="$ROOT/target/release/libstrata.so" PYTHONPATH="$ROOT/python/src"
+# The references of the float32 sum workloads: a plain C loop and the memory's limit (see above).
+mkdir -p "$ROOT/build"
+if cc -O3 -march=native -shared -fPIC -pthread -o "$ROOT/build/libplain_pool.so" python/bench/plain_pool.c; then
+    export STRATA_PLAIN_POOL="$ROOT/build/libplain_pool.so"
+else
+    echo "note: python/bench/plain_pool.c did not build; the pooled workloads are printed without the plain loop and the limit"
+fi
 if [ -n "${STRATA_PEERS_SMOKE:-}" ]; then
     echo "== peer benchmark smoke run (tiny sizes, one round; the numbers mean nothing here)"
     exec "$PY" python/bench/peers.py --scale 0.002 --rounds 1 --budget 0.01 "$@"

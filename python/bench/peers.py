@@ -19,7 +19,11 @@ runs):
                of embedding_bag calls, TorchRec and TBE.
   small        the same 26 tables at B = 1, 16 and 64: lookup_batch against 26 embedding_bag calls.
 
-Every contender's output is checked against ``embedding_bag`` before anything is timed. Each round
+The float32 sum workloads also time two references on the same tensor (python/bench/plain_pool.c,
+built by scripts/bench-peers.sh): a plain prefetching C loop, and the memory's limit, a loop that
+reads every cache line of every row and adds nothing; strata / limit near 1 means the memory,
+not the kernel, sets the time. Every contender's output is checked against ``embedding_bag``
+before anything is timed (the limit's, which pools nothing, is not). Each round
 runs every contender once (``--budget`` seconds of calls each); printed are each contender's
 median time per call with its min-max over the rounds, and each ratio strata / peer per round
 (median, min-max). The load average is printed before and after. Nothing here is a test.
@@ -28,6 +32,7 @@ median time per call with its min-max over the rounds, and each ratio strata / p
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import platform
 import statistics
@@ -117,6 +122,28 @@ def check(name: str, got, ref, rtol: float, atol: float) -> None:
         sys.exit(f"peers.py: {name} differs from embedding_bag (max abs difference {bad}); nothing timed")
 
 
+_plain = []
+
+
+def plain_loop():
+    """python/bench/plain_pool.c, built by scripts/bench-peers.sh (``STRATA_PLAIN_POOL``: its
+    path), or None: a plain prefetching C loop on the same tensor, and the memory's limit (every
+    line of every row read, nothing added)."""
+    if not _plain:
+        path = os.environ.get("STRATA_PLAIN_POOL")
+        lib = None
+        if path:
+            lib = ctypes.CDLL(path)
+            lib.plain_pool.restype = ctypes.c_int
+            lib.plain_pool.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+            lib.plain_touch.restype = ctypes.c_int
+            lib.plain_touch.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                        ctypes.c_void_p, ctypes.c_int]
+        _plain.append(lib)
+    return _plain[0]
+
+
 def pooled(b: Bench, a, rng) -> None:
     import strata
     import torch
@@ -153,11 +180,36 @@ def pooled(b: Bench, a, rng) -> None:
             k, off, psw = next_set()
             return F.embedding_bag(k, w, off, mode=mode, per_sample_weights=psw, include_last_offset=True)
 
+        cases = {"strata lookup_pooled": s_call, "embedding_bag": t_call}
+        ratios = [("strata lookup_pooled", "embedding_bag")]
+        plain = plain_loop()
+        if plain is not None and dtype == "float32" and mode == "sum":
+            # A plain C loop and the memory's limit, reading the same tensor as embedding_bag.
+            threads = strata.default_num_threads()
+
+            def p_call():
+                k, off, psw = next_set()
+                plain.plain_pool(ctypes.c_void_p(w.data_ptr()), dim, ctypes.c_void_p(k.data_ptr()), ctypes.c_void_p(off.data_ptr()),
+                                 bags, ctypes.c_void_p(psw.data_ptr() if psw is not None else None), ctypes.c_void_p(out.data_ptr()), threads)
+
+            for i, (k, off, psw) in enumerate(sets):
+                turn[0] = i
+                p_call()
+                ref = F.embedding_bag(k, w, off, mode=mode, per_sample_weights=psw, include_last_offset=True)
+                check("plain C loop", out, ref, *tol)
+            scratch = torch.empty((bags, dim))
+
+            def touch_call():
+                k, off, _ = next_set()
+                plain.plain_touch(ctypes.c_void_p(w.data_ptr()), dim, ctypes.c_void_p(k.data_ptr()), ctypes.c_void_p(off.data_ptr()),
+                                  bags, ctypes.c_void_p(scratch.data_ptr()), threads)
+
+            cases["plain C loop"] = p_call
+            cases["read every line (limit)"] = touch_call
+            ratios += [("strata lookup_pooled", "plain C loop"), ("strata lookup_pooled", "read every line (limit)")]
         where = "own copy, " + pages_of_table(w, own_copy) if own_copy else "adopted, same memory (" + pages_of(w) + ")"
         b.run(f"pooled {label}: {rows} x {dim} {dtype}, {bags} bags of {hot}, {mode}{', weighted' if weighted else ''}, "
-              f"{key_sets} key set(s); strata {where}",
-              {"strata lookup_pooled": s_call, "embedding_bag": t_call},
-              [("strata lookup_pooled", "embedding_bag")])
+              f"{key_sets} key set(s); strata {where}", cases, ratios)
         table.close()
 
     def pages_of_table(w, own_copy: bool) -> str:
