@@ -4,7 +4,8 @@
 //! them (see [`cffi`]); `header_cffi_is_fresh` compares it with `include/strata_cffi.h`.
 //!
 //! It also gives the cdylib its SONAME on ELF targets: `libstrata.so.<major>`, or
-//! `libstrata.so.0.<minor>` while the version is 0.x (where a minor version may change the ABI).
+//! `libstrata.so.0.<minor>` while the version is 0.x (where a minor version may change the ABI),
+//! and links it with the symbol versions of `libstrata.map` (see [`symbol_versions`]).
 
 use std::path::{Path, PathBuf};
 
@@ -23,6 +24,65 @@ fn main() {
     let header = std::fs::read_to_string(format!("{out_dir}/strata.h")).expect("strata.h");
     std::fs::write(format!("{out_dir}/strata_cffi.h"), cffi::declarations(&header)).expect("strata_cffi.h");
     soname(Path::new(&out_dir));
+    symbol_versions(Path::new(&crate_dir), Path::new(&out_dir));
+}
+
+/// Links the cdylib with `libstrata.map`, the version script that gives every exported function
+/// its version node (Linux with glibc only).
+///
+/// rustc already hands the linker a version script of its own, an anonymous one listing the
+/// exported functions: GNU ld refuses a second script beside an anonymous one, and under lld
+/// (rustc's default linker here) rustc's script decides. So the cdylib is linked by GNU ld
+/// through a wrapper written into OUT_DIR (`-fuse-ld=bfd` with `-B`, so the compiler driver
+/// finds the wrapper as `ld.bfd`): it drops rustc's script and passes ours. Both scripts export
+/// the same names; tests/abi_surface.rs checks the result against the header.
+fn symbol_versions(crate_dir: &Path, out_dir: &Path) {
+    let os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
+    let env = std::env::var("CARGO_CFG_TARGET_ENV").unwrap_or_default();
+    if os != "linux" || env != "gnu" {
+        return;
+    }
+    let map = crate_dir.join("libstrata.map");
+    println!("cargo:rerun-if-changed={}", map.display());
+    let dir = out_dir.join("version-script-linker");
+    let Some(real) = find_in_path("ld.bfd", &dir) else {
+        panic!("GNU ld (ld.bfd, from binutils) is needed to link libstrata.so with libstrata.map, and is not on PATH");
+    };
+    std::fs::create_dir_all(&dir).expect("OUT_DIR/version-script-linker");
+    let wrapper = dir.join("ld.bfd");
+    let quote = |p: &Path| format!("'{}'", p.display().to_string().replace('\'', r"'\''"));
+    let script = format!(
+        "#!/bin/sh\n\
+         # Written by strata's build.rs: links libstrata.so with libstrata.map in place of rustc's\n\
+         # anonymous version script (see symbol_versions in build.rs).\n\
+         skip=\n\
+         for arg do\n\
+         \x20   shift\n\
+         \x20   if [ -n \"$skip\" ]; then skip=; continue; fi\n\
+         \x20   case $arg in\n\
+         \x20       --version-script=*) continue ;;\n\
+         \x20       --version-script) skip=1; continue ;;\n\
+         \x20   esac\n\
+         \x20   set -- \"$@\" \"$arg\"\n\
+         done\n\
+         exec {} \"$@\" --version-script={}\n",
+        quote(&real),
+        quote(&map)
+    );
+    std::fs::write(&wrapper, script).expect("the linker wrapper");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).expect("chmod the linker wrapper");
+    }
+    println!("cargo:rustc-cdylib-link-arg=-fuse-ld=bfd");
+    println!("cargo:rustc-cdylib-link-arg=-B{}", dir.display());
+}
+
+/// The first `name` on PATH outside `skip`.
+fn find_in_path(name: &str, skip: &Path) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).filter(|d| d != skip).map(|d| d.join(name)).find(|p| p.is_file())
 }
 
 /// The SONAME for version `major.minor`: `libstrata.so.0.<minor>` while 0.x, else

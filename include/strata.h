@@ -10,6 +10,8 @@
 #ifndef STRATA_H
 #define STRATA_H
 
+/* Generated with cbindgen:0.29.4 */
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -125,7 +127,7 @@ typedef struct DLPackExchangeAPI {
 #define STRATA_VERSION_MINOR 3
 
 // Patch version of this library (agrees with Cargo.toml).
-#define STRATA_VERSION_PATCH 0
+#define STRATA_VERSION_PATCH 1
 
 // `MAJOR * 10000 + MINOR * 100 + PATCH`, for `#if STRATA_VERSION_NUMBER >= ...` checks.
 #define STRATA_VERSION_NUMBER (((STRATA_VERSION_MAJOR * 10000) + (STRATA_VERSION_MINOR * 100)) + STRATA_VERSION_PATCH)

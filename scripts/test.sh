@@ -10,7 +10,9 @@
 #      1000 here); then the build without CUDA, rustfmt (cargo fmt --check), and clippy,
 #      warnings denied;
 #   2. the C side (scripts/c-tests.sh): examples under ASan/UBSan and valgrind, header compiles;
-#   3. the Python tests (scripts/py-tests.sh: ctypes, the installed package, README snippets)
+#   3. the Python tests (scripts/py-tests.sh: the manylinux wheel from auditwheel, ctypes, the
+#      installed package, README snippets), the release checks (scripts/release-tests.sh: abidiff
+#      against the 0.3.0 baseline and on deliberate scratch changes, the sdist built and installed),
 #      the TensorFlow op (scripts/tf-tests.sh, tensorflow-cpu in build/tf-venv) and the Triton
 #      backend (scripts/triton-tests.sh, tritonserver from nvidia-pytriton in build/triton-venv); after the
 #      MPI tests, the Heat round trips (scripts/heat-tests.sh, heat and mpi4py in build/heat-venv);
@@ -28,6 +30,7 @@ command -v cmake >/dev/null 2>&1 || missing+=(cmake)
 command -v valgrind >/dev/null 2>&1 || missing+=(valgrind)
 command -v g++ >/dev/null 2>&1 || missing+=(g++)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+command -v abidiff >/dev/null 2>&1 || missing+=(abigail-tools)
 [ -e /usr/include/absl/container/flat_hash_map.h ] || missing+=(libabsl-dev)
 command -v mpicc >/dev/null 2>&1 || missing+=(libopenmpi-dev openmpi-bin libclang-dev)
 # shellcheck source=scripts/lib.sh
@@ -90,6 +93,8 @@ echo "== C tests"
 bash scripts/c-tests.sh
 echo "== Python tests"
 bash scripts/py-tests.sh
+echo "== release checks (abidiff against 0.3.0, the sdist)"
+bash scripts/release-tests.sh
 # tensorflow-cpu goes into build/tf-venv (about 1 minute to install, once; 40 s to build and test).
 if [ -n "${STRATA_SKIP_TF:-}" ]; then
     echo "== TensorFlow op tests: SKIPPED (STRATA_SKIP_TF is set)"

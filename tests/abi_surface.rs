@@ -9,6 +9,10 @@
 //!   tested on its own below, and the whole pipeline on a copy of the header with names added.
 //! - libstrata.so exports exactly the header's functions (`nm -D --defined-only`) and no data.
 //! - libstrata.so carries its SONAME (`readelf -d`).
+//! - Every exported function carries the version node `libstrata.map` gives it (`readelf
+//!   --dyn-syms`, `readelf -V`): the nodes chain in order, the map names exactly the header's
+//!   functions, and the released node `STRATA_0.3` holds exactly the functions of the frozen
+//!   0.3.0 header (`tests/abi/strata_0_3.h`), so a released node is never edited.
 //!
 //! The C compiler is `$CC`, else `cc`.
 
@@ -559,4 +563,110 @@ fn cdylib_has_a_versioned_soname() {
     let soname =
         dynamic.lines().find(|l| l.contains("(SONAME)")).and_then(|l| l.split('[').nth(1)).map(|s| s.trim_end_matches(']').to_string());
     assert_eq!(soname.as_deref(), Some(want.as_str()), "readelf -d:\n{dynamic}");
+}
+
+// ---- symbol versions -------------------------------------------------------------------------
+
+/// `libstrata.map`'s nodes in order: (node, the node it inherits, its functions).
+fn version_nodes() -> Vec<(String, Option<String>, BTreeSet<String>)> {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("libstrata.map")).unwrap();
+    // Drop /* comments */, then read `NAME { global: a; b; local: *; } PARENT;` blocks.
+    let mut plain = String::new();
+    let mut rest = text.as_str();
+    while let Some(start) = rest.find("/*") {
+        plain.push_str(&rest[..start]);
+        rest = &rest[start + rest[start..].find("*/").expect("unclosed comment in libstrata.map") + 2..];
+    }
+    plain.push_str(rest);
+    let mut nodes = Vec::new();
+    let mut rest = plain.as_str();
+    while let Some(open) = rest.find('{') {
+        let name = rest[..open].trim().to_string();
+        let close = open + rest[open..].find('}').expect("unclosed node in libstrata.map");
+        let body = &rest[open + 1..close];
+        let after = &rest[close + 1..];
+        let end = after.find(';').expect("a node ends with `;`");
+        let parent = Some(after[..end].trim().to_string()).filter(|p| !p.is_empty());
+        let mut functions = BTreeSet::new();
+        let mut local = false;
+        for item in body.split(';').map(str::trim).filter(|i| !i.is_empty()) {
+            let item = match item.split_once(':') {
+                Some((scope, name)) => {
+                    local = scope.trim() == "local";
+                    name.trim()
+                }
+                None => item,
+            };
+            if item.is_empty() {
+                continue;
+            }
+            if local {
+                assert_eq!(item, "*", "{name}: the only local pattern is `*`");
+            } else {
+                assert!(item.starts_with("strata_") && !item.contains('*'), "{name}: {item:?} is not a strata_ function name");
+                functions.insert(item.to_string());
+            }
+        }
+        nodes.push((name, parent, functions));
+        rest = &after[end + 1..];
+    }
+    assert!(rest.trim().is_empty(), "libstrata.map ends with {rest:?}");
+    nodes
+}
+
+#[test]
+fn version_script_names_every_header_function_once_in_chained_nodes() {
+    let nodes = version_nodes();
+    assert!(nodes.len() >= 2, "{nodes:?}");
+    assert_eq!(nodes[0].0, "STRATA_0.3");
+    assert_eq!(nodes[0].1, None, "the first node inherits nothing");
+    for pair in nodes.windows(2) {
+        assert_eq!(pair[1].1.as_deref(), Some(pair[0].0.as_str()), "{} must inherit the node before it", pair[1].0);
+    }
+    let mut all = BTreeSet::new();
+    for (name, _, functions) in &nodes {
+        assert!(!functions.is_empty(), "{name} is empty");
+        for f in functions {
+            assert!(all.insert(f.clone()), "{f} is in two nodes");
+        }
+    }
+    let decls = parse_decls(&preprocessed_own_lines(&header(), Lang::C11, &[]));
+    let unversioned: Vec<_> = decls.functions.difference(&all).collect();
+    let gone: Vec<_> = all.difference(&decls.functions).collect();
+    assert!(unversioned.is_empty(), "header functions with no node in libstrata.map (add them to a new node): {unversioned:?}");
+    assert!(gone.is_empty(), "libstrata.map names functions the header no longer declares: {gone:?}");
+    // A released node never changes: STRATA_0.3 is 0.3.0's header.
+    let frozen = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join("abi").join("strata_0_3.h");
+    let released = parse_decls(&preprocessed_own_lines(&frozen, Lang::C11, &[])).functions;
+    assert_eq!(nodes[0].2, released, "STRATA_0.3 must list exactly the functions of tests/abi/strata_0_3.h");
+}
+
+/// `readelf --dyn-syms` shows every exported function at its node, as the default version
+/// (`name@@NODE`), and `readelf -V` the nodes' definitions with their parents.
+#[cfg(target_os = "linux")]
+#[test]
+fn exported_functions_carry_their_version_nodes() {
+    let lib = cdylib();
+    let mut got = std::collections::BTreeMap::new();
+    for line in run(Command::new("readelf").args(["--dyn-syms", "--wide"]).arg(&lib)).lines() {
+        // `Num: Value Size Type Bind Vis Ndx Name`
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 8 || f[3] != "FUNC" || f[6] == "UND" {
+            continue;
+        }
+        let (name, version) = f[7].split_once("@@").unwrap_or_else(|| panic!("{} has no default version: {line:?}", f[7]));
+        got.insert(name.to_string(), version.to_string());
+    }
+    let want: std::collections::BTreeMap<String, String> =
+        version_nodes().into_iter().flat_map(|(node, _, fs)| fs.into_iter().map(move |f| (f, node.clone()))).collect();
+    assert_eq!(got, want, "exported functions and their versions ({})", lib.display());
+    let defs = run(Command::new("readelf").arg("-V").arg(&lib));
+    for (node, parent, _) in version_nodes() {
+        let line = defs.lines().position(|l| l.contains("Name: ") && l.trim_end().ends_with(&format!("Name: {node}")));
+        let line = line.unwrap_or_else(|| panic!("readelf -V defines no {node}:\n{defs}"));
+        if let Some(parent) = parent {
+            let next = defs.lines().nth(line + 1).unwrap_or_default();
+            assert!(next.contains(&format!("Parent 1: {parent}")), "{node}'s parent is not {parent}:\n{defs}");
+        }
+    }
 }

@@ -9,7 +9,7 @@ pub const STRATA_VERSION_MAJOR: u32 = 0;
 /// Minor version of this library (agrees with Cargo.toml).
 pub const STRATA_VERSION_MINOR: u32 = 3;
 /// Patch version of this library (agrees with Cargo.toml).
-pub const STRATA_VERSION_PATCH: u32 = 0;
+pub const STRATA_VERSION_PATCH: u32 = 1;
 /// `MAJOR * 10000 + MINOR * 100 + PATCH`, for `#if STRATA_VERSION_NUMBER >= ...` checks.
 pub const STRATA_VERSION_NUMBER: u32 = STRATA_VERSION_MAJOR * 10000 + STRATA_VERSION_MINOR * 100 + STRATA_VERSION_PATCH;
 
