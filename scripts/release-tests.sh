@@ -94,7 +94,8 @@ echo "   $(basename "$sdist")"
 top="$(basename "$sdist" .tar.gz)"
 listing="$(tar tzf "$sdist")"
 for f in setup.py pyproject.toml src/strata/__init__.py native/strata_jax.cc rust/Cargo.toml rust/Cargo.lock \
-    rust/build.rs rust/cbindgen.toml rust/libstrata.map rust/include/strata.h rust/include/strata_cffi.h rust/src/lib.rs; do
+    rust/build.rs rust/cbindgen.toml rust/libstrata.map rust/include/strata.h rust/include/strata_cffi.h rust/src/lib.rs \
+    rust/LICENSE; do
     grep -qx "$top/$f" <<<"$listing" || { echo "release-tests: the sdist has no $f" >&2; exit 1; }
 done
 if grep -q "^$top/rust/tests/\|^$top/rust/benches/\|^$top/rust/target/" <<<"$listing"; then
