@@ -46,7 +46,11 @@ fn symbol_versions(crate_dir: &Path, out_dir: &Path) {
     println!("cargo:rerun-if-changed={}", map.display());
     let dir = out_dir.join("version-script-linker");
     let Some(real) = find_in_path("ld.bfd", &dir) else {
-        panic!("GNU ld (ld.bfd, from binutils) is needed to link libstrata.so with libstrata.map, and is not on PATH");
+        // The library still works without versions; tests/abi_surface.rs fails on it.
+        println!(
+            "cargo:warning=GNU ld (ld.bfd, from binutils) is not on PATH: libstrata.so is linked without the symbol versions of libstrata.map"
+        );
+        return;
     };
     std::fs::create_dir_all(&dir).expect("OUT_DIR/version-script-linker");
     let wrapper = dir.join("ld.bfd");
