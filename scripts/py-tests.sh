@@ -70,7 +70,7 @@ case "$(basename "$wheel")" in
 esac
 # Nothing was grafted into the wheel, and the CUDA build links nothing of CUDA (cudarc loads the
 # driver at run time): the library needs only libc, libgcc_s and the dynamic loader.
-needed="$(cd "$(mktemp -d)" && "$PY" -m zipfile -e "$wheel" . && readelf -d strata/libstrata.abi3.so | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | sort | tr '\n' ' ')"
+needed="$(mkdir -p "$WHEELS/unpacked" && cd "$WHEELS/unpacked" && "$PY" -m zipfile -e "$wheel" . && readelf -d strata/libstrata.abi3.so | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | sort | tr '\n' ' ')"
 [ "$needed" = "ld-linux-x86-64.so.2 libc.so.6 libgcc_s.so.1 " ] ||
     { echo "py-tests: the repaired wheel's library needs: $needed" >&2; exit 1; }
 "$PY" -m zipfile -l "$wheel" | grep -q '^strata.libs/' && { echo "py-tests: auditwheel grafted libraries into the wheel" >&2; exit 1; }

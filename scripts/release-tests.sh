@@ -60,7 +60,8 @@ sed -n 's/^/   /; /summary/p; /\[A\]/p' "$WORK/current.abidiff"
 
 echo "== abidiff on scratch copies of the crate, each with one deliberate change"
 mkdir -p "$WORK/scratch"
-cargo package --no-verify --allow-dirty -q --target-dir "$WORK/scratch/package" 2>/dev/null
+cargo package --no-verify --allow-dirty -q --target-dir "$WORK/scratch/package" >"$WORK/package.log" 2>&1 ||
+    { cat "$WORK/package.log"; echo "release-tests: cargo package failed" >&2; exit 1; }
 crate="$(ls "$WORK"/scratch/package/package/strata-*.crate)"
 for change in incompatible appended-unversioned compatible; do
     dir="$WORK/scratch/$change"
