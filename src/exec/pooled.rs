@@ -227,11 +227,27 @@ fn group(p: &PooledPlan, rows: &Rowset, b0: usize, b1: usize, k: Kernels, s: &mu
         s.weights.resize(n, 1.0);
         s.ptrs.resize(n, std::ptr::null());
     }
-    p.keys.read(klo, &mut s.keys[..n], &mut s.offs[..n]);
-    if let Some(w) = &p.weights {
-        w.read(klo, &mut s.weights[..n], &mut s.offs[..n]);
-    }
-    let (mut ptrs, keys) = (std::mem::take(&mut s.ptrs), std::mem::take(&mut s.keys));
+    // Contiguous 64-bit keys and contiguous weights (the common case) are read where the caller
+    // put them; others are copied into the scratch buffers first.
+    let (mut ptrs, mut own_keys, mut own_weights) =
+        (std::mem::take(&mut s.ptrs), std::mem::take(&mut s.keys), std::mem::take(&mut s.weights));
+    let keys: &[u64] = match p.keys.contiguous(klo, n) {
+        Some(k) => k,
+        None => {
+            p.keys.read(klo, &mut own_keys[..n], &mut s.offs[..n]);
+            &own_keys[..n]
+        }
+    };
+    let weights: Option<&[f32]> = match &p.weights {
+        None => None,
+        Some(w) => match w.contiguous(klo, n) {
+            Some(w) => Some(w),
+            None => {
+                w.read(klo, &mut own_weights[..n], &mut s.offs[..n]);
+                Some(&own_weights[..n])
+            }
+        },
+    };
     let misses = match rows.dense {
         Some((_, _, count)) => {
             let count = count as u64;
@@ -245,8 +261,8 @@ fn group(p: &PooledPlan, rows: &Rowset, b0: usize, b1: usize, k: Kernels, s: &mu
             misses
         }
         None => {
-            if let Err(e) = (rows.fill)(klo, &keys[..n], &mut ptrs[..n], s) {
-                (s.ptrs, s.keys) = (ptrs, keys);
+            if let Err(e) = (rows.fill)(klo, keys, &mut ptrs[..n], s) {
+                (s.ptrs, s.keys, s.weights) = (ptrs, own_keys, own_weights);
                 return Err(e);
             }
             let misses = ptrs[..n].iter().filter(|q| q.is_null()).count() as u64;
@@ -268,9 +284,8 @@ fn group(p: &PooledPlan, rows: &Rowset, b0: usize, b1: usize, k: Kernels, s: &mu
         Pooling::Mean => Divide::WeightSum,
         Pooling::Sqrtn => Divide::RootSquareSum,
     };
-    let weights = p.weights.as_ref().map(|_| &s.weights[..n]);
     let source = match rows.dense {
-        Some((base, stride, count)) => RowsOf::Dense { base, stride, rows: count, keys: &keys[..n] },
+        Some((base, stride, count)) => RowsOf::Dense { base, stride, rows: count, keys },
         None => RowsOf::Ptrs(&ptrs[..n]),
     };
     let dim = rows.dim;
@@ -316,7 +331,7 @@ fn group(p: &PooledPlan, rows: &Rowset, b0: usize, b1: usize, k: Kernels, s: &mu
             }
         }
     }
-    (s.ptrs, s.keys) = (ptrs, keys);
+    (s.ptrs, s.keys, s.weights) = (ptrs, own_keys, own_weights);
     Ok(())
 }
 

@@ -231,6 +231,20 @@ impl KeySource {
         self.ptr.wrapping_offset(off * self.elem as isize)
     }
 
+    /// Keys `start .. start + len` in the caller's own memory, when they are contiguous int64
+    /// or uint64 (already the canonical form): no copy. `None` for other layouts and dtypes
+    /// (then [`KeySource::read`]) and for no keys.
+    #[inline]
+    pub(crate) fn contiguous(&self, start: usize, len: usize) -> Option<&[u64]> {
+        if len == 0 || self.walk.linear_stride() != Some(1) || !matches!(self.dtype, KeyDtype::I64 | KeyDtype::U64) {
+            return None;
+        }
+        // SAFETY: validated by the planner: keys start .. start + len are addressable,
+        // contiguous, aligned 8-byte elements, which nothing writes during the call the plan
+        // (and so this borrow) belongs to (out may not overlap them).
+        Some(unsafe { std::slice::from_raw_parts(self.at(start as isize) as *const u64, len) })
+    }
+
     /// Reads keys `start .. start + keys.len()` in canonical form (`offs` is scratch).
     #[inline(always)]
     pub(crate) fn read(&self, start: usize, keys: &mut [u64], offs: &mut [isize]) {

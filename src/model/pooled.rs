@@ -28,6 +28,19 @@ pub(crate) struct WeightSource {
 }
 
 impl WeightSource {
+    /// The weights of flat key indices `start .. start + len` in the caller's own memory, when
+    /// they are contiguous: no copy. `None` for other layouts and for no keys.
+    #[inline]
+    pub(crate) fn contiguous(&self, start: usize, len: usize) -> Option<&[f32]> {
+        if len == 0 || self.walk.linear_stride() != Some(1) {
+            return None;
+        }
+        // SAFETY: the planner validated the weights tensor (float32, aligned, the keys' shape)
+        // for every flat index below nnz, start + len <= nnz (the caller's), and nothing writes
+        // it during the call the plan belongs to (out may not overlap it).
+        Some(unsafe { std::slice::from_raw_parts(self.ptr.wrapping_add(start * 4) as *const f32, len) })
+    }
+
     /// Reads the weights of flat key indices `start .. start + w.len()` (`offs` is scratch).
     #[inline(always)]
     pub(crate) fn read(&self, start: usize, w: &mut [f32], offs: &mut [isize]) {
