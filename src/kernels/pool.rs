@@ -8,6 +8,9 @@
 //! cache line of the row 16 rows further (fewer for rows over 8 lines), across bag boundaries; half-precision
 //! rows are widened in registers (F16C's `vcvtph2ps`, a 16-bit shift for bfloat16). Rows wider
 //! than one pass take several passes over the same rows, the later ones from L1.
+//!
+//! The accumulator travels by value (`[S::V; R]` in and out of every loop): handed by `&mut`,
+//! LLVM kept it in memory and stored it back after every row.
 
 use super::Isa;
 use crate::dlpack::FloatDtype;
@@ -416,47 +419,69 @@ fn bf16_to_f32(bits: u16) -> f32 {
 #[inline(always)]
 unsafe fn accumulate<S: Simd, E: Elem, Src: Source, const R: usize, const W: bool, const PF: bool, const M: bool>(
     a: &Args<Src>,
-    acc: &mut [S::V; R],
+    mut acc: [S::V; R],
     lo: usize,
     hi: usize,
     col: usize,
-) {
-    // What the loop reads from `a`, in locals (registers), once.
-    let src = &a.src;
-    let (ahead, row_bytes) = (a.ahead, a.row_bytes);
-    let pf_end = a.len.saturating_sub(ahead);
+) -> [S::V; R] {
+    let row_bytes = a.row_bytes;
+    let pf_end = a.len.saturating_sub(a.ahead);
     // A row this pass covers whole (the common case) is prefetched by unrolled hints, one per
     // line it spans (and the line of its last byte, unless rows start on lines); others by the
     // general loop.
     let whole = col == 0 && a.dim == R * S::LANES;
-    let lines = (R * S::LANES * E::SIZE).div_ceil(64);
-    let last_line = !(a.lines_aligned && row_bytes % 64 == 0);
+    let last_line = !(a.lines_aligned && row_bytes.is_multiple_of(64));
     // SAFETY: col + R * LANES <= dim (the caller's split), so every access stays in
     // the default row and the rows the caller vouched for; the source's entry i for i < len and
     // weights[i] for i < hi are in their slices; a prefetch is a hint.
     unsafe {
-        // Rows with a row `ahead` further to prefetch, then the rest.
+        // Rows with a row `ahead` further to prefetch, then the rest. The loop is specialised
+        // (unswitched by hand) on how the row is prefetched, so no row pays for the choice.
         let split = if PF { hi.min(pf_end).max(lo) } else { lo };
-        for i in lo..split {
-            let q = if M { src.row(i + ahead) } else { src.present(i + ahead) };
-            if whole {
-                if !M || !q.is_null() {
-                    for l in 0..lines {
-                        crate::util::prefetch(q.wrapping_add(l * 64));
-                    }
-                    if last_line {
-                        crate::util::prefetch(q.wrapping_add(row_bytes - 1));
-                    }
-                }
-            } else {
-                super::prefetch_row(q, row_bytes);
-            }
-            add_row::<S, E, Src, R, W, M>(a, acc, i, col);
+        match (whole, last_line) {
+            (true, true) => acc = prefetching::<S, E, Src, R, W, M, 1>(a, acc, lo, split, col),
+            (true, false) => acc = prefetching::<S, E, Src, R, W, M, 0>(a, acc, lo, split, col),
+            (false, _) => acc = prefetching::<S, E, Src, R, W, M, 2>(a, acc, lo, split, col),
         }
         for i in split..hi {
-            add_row::<S, E, Src, R, W, M>(a, acc, i, col);
+            acc = add_row::<S, E, Src, R, W, M>(a, acc, i, col);
         }
     }
+    acc
+}
+
+/// Rows `lo..hi` of [`accumulate`], each with the row [`Args::ahead`] further prefetched:
+/// `HOW` 0, one hint per line of a row the pass covers whole; 1, the same and the line of its
+/// last byte (rows not starting on lines); 2, every line of the row (other passes).
+#[inline(always)]
+unsafe fn prefetching<S: Simd, E: Elem, Src: Source, const R: usize, const W: bool, const M: bool, const HOW: u8>(
+    a: &Args<Src>,
+    mut acc: [S::V; R],
+    lo: usize,
+    hi: usize,
+    col: usize,
+) -> [S::V; R] {
+    let (src, ahead, row_bytes) = (&a.src, a.ahead, a.row_bytes);
+    let lines = (R * S::LANES * E::SIZE).div_ceil(64);
+    // SAFETY: as in `accumulate` (i + ahead < len for i < hi, the caller's split); a prefetch is
+    // a hint.
+    unsafe {
+        for i in lo..hi {
+            let q = if M { src.row(i + ahead) } else { src.present(i + ahead) };
+            if HOW == 2 {
+                super::prefetch_row(q, row_bytes);
+            } else if !M || !q.is_null() {
+                for l in 0..lines {
+                    crate::util::prefetch(q.wrapping_add(l * 64));
+                }
+                if HOW == 1 {
+                    crate::util::prefetch(q.wrapping_add(row_bytes - 1));
+                }
+            }
+            acc = add_row::<S, E, Src, R, W, M>(a, acc, i, col);
+        }
+    }
+    acc
 }
 
 /// Adds row `i` (elements `col ..`, `R` vectors), times its weight when `W`, into `acc`; with
@@ -464,10 +489,10 @@ unsafe fn accumulate<S: Simd, E: Elem, Src: Source, const R: usize, const W: boo
 #[inline(always)]
 unsafe fn add_row<S: Simd, E: Elem, Src: Source, const R: usize, const W: bool, const M: bool>(
     a: &Args<Src>,
-    acc: &mut [S::V; R],
+    mut acc: [S::V; R],
     i: usize,
     col: usize,
-) {
+) -> [S::V; R] {
     // SAFETY: as in `accumulate`, which this is the body of.
     unsafe {
         let p = if M { a.src.row(i) } else { a.src.present(i) };
@@ -485,6 +510,7 @@ unsafe fn add_row<S: Simd, E: Elem, Src: Source, const R: usize, const W: bool, 
             }
         }
     }
+    acc
 }
 
 /// One pass over rows `lo..hi`: `R` vectors of the row from element `col`, accumulated in
@@ -501,9 +527,9 @@ unsafe fn pass<S: Simd, E: Elem, Src: Source, const R: usize, const W: bool>(a: 
             }
         }
         if prefetch {
-            accumulate::<S, E, Src, R, W, true, true>(a, &mut acc, a.lo, a.hi, col);
+            acc = accumulate::<S, E, Src, R, W, true, true>(a, acc, a.lo, a.hi, col);
         } else {
-            accumulate::<S, E, Src, R, W, false, true>(a, &mut acc, a.lo, a.hi, col);
+            acc = accumulate::<S, E, Src, R, W, false, true>(a, acc, a.lo, a.hi, col);
         }
         for (r, v) in acc.iter().enumerate() {
             S::store(a.acc.add(col + r * S::LANES), *v);
@@ -591,9 +617,9 @@ unsafe fn bag_pass<S: Simd, E: Elem, Src: Source, const R: usize, const W: bool,
     unsafe {
         let mut acc = [S::zero(); R];
         if prefetch {
-            accumulate::<S, E, Src, R, W, true, M>(a, &mut acc, lo, hi, col);
+            acc = accumulate::<S, E, Src, R, W, true, M>(a, acc, lo, hi, col);
         } else {
-            accumulate::<S, E, Src, R, W, false, M>(a, &mut acc, lo, hi, col);
+            acc = accumulate::<S, E, Src, R, W, false, M>(a, acc, lo, hi, col);
         }
         match div {
             None => {}
