@@ -229,7 +229,8 @@ mod cffi {
                 "endif" => {
                     frames.pop().expect("strata.h: #endif without #if");
                 }
-                "define" if active => {
+                // (A function-like macro, `name(...)`, is for C callers only.)
+                "define" if active && !rest.split_whitespace().next().unwrap_or("").contains('(') => {
                     let (name, value) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
                     let value = value.trim();
                     defined.insert(name.to_string());

@@ -199,6 +199,30 @@ enum strata_pooling
 };
 typedef int32_t strata_pooling;
 
+// How a table stores its rows (`strata_table_options.storage`): as given, converted to another
+// float dtype, or quantized at build. The quantized layouts are FBGEMM's fused row-wise ones,
+// byte for byte; a uint8 `[rows, row_bytes]` tensor in that layout is taken as it is.
+enum strata_storage
+ {
+  // The vectors' own dtype (float32, float16 or bfloat16).
+  STRATA_STORAGE_AS_GIVEN = 0,
+  // float32.
+  STRATA_STORAGE_FLOAT32 = 1,
+  // float16, rounded to nearest even.
+  STRATA_STORAGE_FLOAT16 = 2,
+  // bfloat16, rounded to nearest even.
+  STRATA_STORAGE_BFLOAT16 = 3,
+  // int8 row-wise: `dim` uint8 values, then a float32 scale and a float32 bias (`dim + 8`
+  // bytes a row; FBGEMM's `FloatToFused8BitRowwiseQuantized`). A value is
+  // `q * scale + bias`, one fused multiply-add in float32.
+  STRATA_STORAGE_INT8 = 4,
+  // int4 row-wise (`dim` even): `dim / 2` bytes, element `2i` in the low nibble of byte
+  // `i`, then a float16 scale and a float16 bias (`dim / 2 + 4` bytes a row; FBGEMM's
+  // `FloatToFusedNBitRowwiseQuantizedSBHalf` with 4 bits).
+  STRATA_STORAGE_INT4 = 5,
+};
+typedef int32_t strata_storage;
+
 // A handle to the parameter server of a configuration. Every handle opened on the same
 // configuration in one process shares one server and one set of `strata_table` handles for its
 // tables (see `strata_server_open`).
@@ -352,6 +376,10 @@ typedef struct strata_table_options {
   float hit_rate_threshold;
   // A `strata_gpu_sharding`. Default `STRATA_GPU_REPLICATE`.
   int32_t gpu_sharding;
+  // A `strata_storage`: how the table stores its rows. Default `STRATA_STORAGE_AS_GIVEN`.
+  // Quantized tables are served by CPU lookups (plain, pooled, batch); CUDA tensors,
+  // `__partitioned__` and distributed tables refuse them for now. (Since 0.3.1.)
+  int32_t storage;
 } strata_table_options;
 
 // Cumulative counters of one table, all tiers (an out-struct, `strata_table_get_stats`).
@@ -383,6 +411,19 @@ typedef struct strata_table_stats {
   uint64_t erases;
 } strata_table_stats;
 
+// `strata_table_options` as 0.3.0 laid it out (up to `gpu_sharding`, 32 bytes): what
+// `strata_table_options_default` returns.
+typedef struct strata_table_options_v0_3 {
+  // 32: the 0.3.0 fields.
+  size_t struct_size;
+  float default_value;
+  int32_t missing_key;
+  int32_t gpu_placement;
+  float gpu_cache_fraction;
+  float hit_rate_threshold;
+  int32_t gpu_sharding;
+} strata_table_options_v0_3;
+
 // A summary of a table, for hosts and reports (an out-struct, `strata_table_get_info`).
 // Initialise `struct_size` with `strata_table_info_default()`.
 typedef struct strata_table_info {
@@ -392,7 +433,8 @@ typedef struct strata_table_info {
   int64_t rows;
   // Elements per row.
   int64_t dim;
-  // Dtype of the stored vectors.
+  // Dtype of the stored vectors; uint8 for quantized rows (`STRATA_STORAGE_INT8`,
+  // `STRATA_STORAGE_INT4`), whose row bytes are `vector_bytes / rows`.
   DLDataType dtype;
   // Whether keys are arbitrary 64-bit values (hash index) rather than row numbers.
   bool keyed;
@@ -403,7 +445,8 @@ typedef struct strata_table_info {
   // Bytes of the keyed index (0 for dense tables and server tables, whose volatile tier
   // is counted by `strata_table_get_stats`).
   uint64_t index_bytes;
-  // Bytes of the vectors (rows * dim * element size).
+  // Bytes of the vectors (rows times a row's bytes: `dim` elements, or a quantized row's
+  // values, scale and bias).
   uint64_t vector_bytes;
 } strata_table_info;
 
@@ -826,8 +869,15 @@ strata_status strata_table_get_stats(const struct strata_table *table,
                                      struct strata_table_stats *stats);
 
 // Default table options (`struct_size = sizeof(strata_table_options)`): missing keys are
-// filled with 0; GPU lookups use a static copy per device.
-struct strata_table_options strata_table_options_default(void);
+// filled with 0; GPU lookups use a static copy per device; rows are stored as given. The
+// header's `strata_table_options_default()` calls this (a macro), so hosts built against this
+// header get every field.
+struct strata_table_options strata_table_options_default_0_3_1(void);
+
+// The 0.3.0 initialiser, for hosts built against 0.3.0's header: the defaults of the 0.3.0
+// fields (`struct_size = 32`), in the room those hosts have for them. This header's
+// `strata_table_options_default()` is a macro for `strata_table_options_default_0_3_1()`.
+struct strata_table_options_v0_3 strata_table_options_default(void);
 
 // A `strata_table_info` with `struct_size = sizeof(strata_table_info)` and zero fields, to
 // pass to `strata_table_get_info`.

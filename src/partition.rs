@@ -368,6 +368,7 @@ pub(crate) fn check_row_split(layout: &Layout) -> Result<(usize, usize)> {
 /// For a borrowed table, the partition's memory must stay valid and unchanged until the table
 /// is freed.
 pub(crate) unsafe fn table_from(layout: Layout, options: TableOptions) -> Result<StaticTable> {
+    let options = options.stored_as_given("__partitioned__ tables")?;
     let (rows, dim) = check_row_split(&layout)?;
     let mut dtype = None;
     for p in &layout.parts {
@@ -406,6 +407,7 @@ pub(crate) unsafe fn table_from(layout: Layout, options: TableOptions) -> Result
                 }
             }
         }
+        Ok(())
     })?;
     StaticTable::dense_over(store, options)
 }

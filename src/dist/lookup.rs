@@ -319,7 +319,7 @@ impl DistTable {
             back: s.back.as_slice(),
             local: LocalRows::of(&self.local),
             from_back: row_fn(FloatDtype::F32, out.dtype, contiguous, stream),
-            from_local: self.local.first().map(|p| row_fn(p.table.dtype(), out.dtype, contiguous, stream)),
+            from_local: self.local.first().map(|p| row_fn(p.table.format(), out.dtype, contiguous, stream)),
             default: row_fn(FloatDtype::F32, out.dtype, contiguous, stream),
             default_row: &self.default_row,
         };

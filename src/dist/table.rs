@@ -116,6 +116,7 @@ impl DistTable {
     pub(crate) unsafe fn from_partitioned(d: Result<Description<'_>>, fint: i32, options: Result<TableOptions>) -> Result<Self> {
         let mut comm = Comm::duplicate(fint)?;
         let (rank, size) = (comm.rank, comm.size);
+        let options = options.and_then(|o| o.stored_as_given("distributed tables"));
         // SAFETY: our caller guarantees d is valid as validate requires and that borrowed
         // partitions outlive the table, which is what local_partitions needs.
         let local = options.and_then(|options| Ok((unsafe { local_partitions(d?, rank, size, options) }?, options)));
@@ -132,6 +133,7 @@ impl DistTable {
     pub(crate) fn open(dir: &Path, dim: i64, fint: i32, options: Result<TableOptions>) -> Result<Self> {
         let mut comm = Comm::duplicate(fint)?;
         let (rank, size) = (comm.rank, comm.size);
+        let options = options.and_then(|o| o.stored_as_given("distributed tables"));
         let local = options.and_then(|options| Ok((load_share(dir, dim, rank, size, options)?, options)));
         let ((share, file_rows), options) = comm.agree(local)?;
         let mine = [dim as u64, file_rows as u64, options.default_value.to_bits() as u64, options.missing as u64];
@@ -207,7 +209,7 @@ impl DistTable {
         TableInfo {
             rows: self.rows as i64,
             dim: self.dim as i64,
-            dtype: self.dtype,
+            format: self.dtype.into(),
             keyed,
             mapped: false,
             adopted: false,
@@ -373,6 +375,7 @@ fn load_share(dir: &Path, dim: i64, rank: usize, size: usize, options: TableOpti
         for (i, &r) in mine.iter().enumerate() {
             buf[i * row_bytes..(i + 1) * row_bytes].copy_from_slice(&vecs[r * row_bytes..(r + 1) * row_bytes]);
         }
+        Ok(())
     })?;
     let table = StaticTable::keyed_over(store, index, share_options(options))?;
     Ok((table, folder.rows))

@@ -131,7 +131,7 @@ impl<'a> Gather<'a> {
         let stream = bytes >= STREAM_BYTES;
         let contiguous = self.out.col_stride == 1;
         let k = Kernels {
-            row: row_fn(self.table.dtype(), self.out.dtype, contiguous, stream),
+            row: row_fn(self.table.format(), self.out.dtype, contiguous, stream),
             default: row_fn(FloatDtype::F32, self.out.dtype, contiguous, stream),
         };
         GatherTasks { gather: self, k, track_first: self.table.missing == MissingKey::Error, tasks: self.n.div_ceil(TASK), bytes }
@@ -189,7 +189,7 @@ impl<'a> Gather<'a> {
     fn range_with<R: Resolve, const N: usize>(&self, r: &R, lo: usize, hi: usize, k: &Kernels, track_first: bool, found: &mut Found) {
         let store = &self.table.store;
         let dim = self.table.dim();
-        let row_bytes = dim * store.dtype().size();
+        let row_bytes = store.format().row_bytes(dim);
         let ahead = rows_ahead(row_bytes);
         let out_size = self.out.dtype.size();
         let default = self.table.default_row_ptr();

@@ -13,7 +13,7 @@ use super::cpu::{BYTES_PER_THREAD, Dense, Found, NO_ROW, Resolve};
 use super::pool;
 use crate::dlpack::FloatDtype;
 use crate::error::{Error, Result};
-use crate::kernels::{Divide, Pooler, RowFn, RowsOf, row_fn};
+use crate::kernels::{Divide, Pooler, RowFn, RowFormat, RowsOf, row_fn};
 use crate::model::{LookupStats, PooledPlan, Pooling, RowSource, Rows, StaticTable, TierScratch, TieredTable};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -80,7 +80,7 @@ impl Scratch {
 
 /// What a pooled lookup reads rows from.
 pub(super) struct Rowset<'a> {
-    dtype: FloatDtype,
+    format: RowFormat,
     dim: usize,
     default: &'a [f32],
     missing_error: bool,
@@ -103,11 +103,11 @@ impl<'a> Rowset<'a> {
     pub(super) fn of_static(t: &'a StaticTable, fill: &'a Fill<'a>) -> Self {
         let st = t.store();
         let dense = match t.rows {
-            Rows::Dense => Some((st.row_ptr_or_base(), st.row_stride() * st.dtype().size(), st.rows())),
+            Rows::Dense => Some((st.row_ptr_or_base(), st.stride_bytes(), st.rows())),
             Rows::Keyed(_) => None,
         };
         Rowset {
-            dtype: t.dtype(),
+            format: t.format(),
             dim: t.dim(),
             default: t.default_row(),
             missing_error: RowSource::missing_is_error(t),
@@ -140,10 +140,10 @@ pub(super) struct PooledTasks<'a> {
 
 impl<'a> PooledTasks<'a> {
     pub(super) fn new(p: &'a PooledPlan, rows: &'a Rowset<'a>) -> Self {
-        let bytes = p.nnz.saturating_mul(rows.dim * rows.dtype.size()).max(p.b * rows.dim * 4);
+        let bytes = p.nnz.saturating_mul(rows.format.row_bytes(rows.dim)).max(p.b * rows.dim * 4);
         let group = (TASK_KEYS * p.b / p.nnz.max(1)).clamp(1, p.b.max(1));
         let k =
-            Kernels { pool: Pooler::new(rows.dtype, rows.dim), write: row_fn(FloatDtype::F32, p.out.dtype, p.out.col_stride == 1, false) };
+            Kernels { pool: Pooler::new(rows.format, rows.dim), write: row_fn(FloatDtype::F32, p.out.dtype, p.out.col_stride == 1, false) };
         PooledTasks { p, rows, k, group, tasks: p.b.div_ceil(group), bytes }
     }
 
@@ -377,7 +377,7 @@ fn bags(p: &PooledPlan, rows: &Rowset, b0: usize, b1: usize, k: Kernels, s: &mut
             let (lo, hi) = (bag_lo.max(start) - start, bag_hi.min(end) - start);
             if lo < hi {
                 // SAFETY: the fill gave, for each key of the chunk, the address of a whole row of
-                // dim values of rows.dtype, or NULL for a missing key.
+                // one row of rows.format, or NULL for a missing key.
                 unsafe { k.pool.add(&mut s.acc, !started, &ptrs[..n], lo, hi, weights, rows.default) };
                 started = true;
                 if needs_totals {
@@ -477,7 +477,7 @@ pub(crate) fn pool_tiered(t: &TieredTable, p: &PooledPlan) -> Result<LookupStats
         run(
             p,
             &Rowset {
-                dtype: FloatDtype::F32,
+                format: FloatDtype::F32.into(),
                 dim,
                 default: t.default_row(),
                 missing_error: t.missing_is_error(),
@@ -504,6 +504,9 @@ pub(crate) fn pool_gathered(rows: &[f32], dim: usize, p: &PooledPlan) -> Result<
     };
     // Every key has its row: the default row is never read, only sized.
     let default = vec![0f32; dim];
-    run(p, &Rowset { dtype: FloatDtype::F32, dim, default: &default, missing_error: false, fill: &fill, dense: None, groups: true })?;
+    run(
+        p,
+        &Rowset { format: FloatDtype::F32.into(), dim, default: &default, missing_error: false, fill: &fill, dense: None, groups: true },
+    )?;
     Ok(())
 }

@@ -24,10 +24,46 @@ pub(crate) unsafe fn table_options(p: *const strata_table_options) -> Result<Tab
 }
 
 /// Default table options (`struct_size = sizeof(strata_table_options)`): missing keys are
-/// filled with 0; GPU lookups use a static copy per device.
+/// filled with 0; GPU lookups use a static copy per device; rows are stored as given. The
+/// header's `strata_table_options_default()` calls this (a macro), so hosts built against this
+/// header get every field.
 #[unsafe(no_mangle)]
-pub extern "C" fn strata_table_options_default() -> strata_table_options {
+pub extern "C" fn strata_table_options_default_0_3_1() -> strata_table_options {
     strata_table_options::default()
+}
+
+/// `strata_table_options` as 0.3.0 laid it out (up to `gpu_sharding`, 32 bytes): what
+/// `strata_table_options_default` returns.
+#[repr(C)]
+#[allow(non_camel_case_types)]
+pub struct strata_table_options_v0_3 {
+    /// 32: the 0.3.0 fields.
+    pub struct_size: usize,
+    pub default_value: f32,
+    pub missing_key: i32,
+    pub gpu_placement: i32,
+    pub gpu_cache_fraction: f32,
+    pub hit_rate_threshold: f32,
+    pub gpu_sharding: i32,
+}
+
+const _: () = assert!(size_of::<strata_table_options_v0_3>() == 32, "0.3.0's strata_table_options is 32 bytes");
+
+/// The 0.3.0 initialiser, for hosts built against 0.3.0's header: the defaults of the 0.3.0
+/// fields (`struct_size = 32`), in the room those hosts have for them. This header's
+/// `strata_table_options_default()` is a macro for `strata_table_options_default_0_3_1()`.
+#[unsafe(no_mangle)]
+pub extern "C" fn strata_table_options_default() -> strata_table_options_v0_3 {
+    let d = strata_table_options::default();
+    strata_table_options_v0_3 {
+        struct_size: size_of::<strata_table_options_v0_3>(),
+        default_value: d.default_value,
+        missing_key: d.missing_key,
+        gpu_placement: d.gpu_placement,
+        gpu_cache_fraction: d.gpu_cache_fraction,
+        hit_rate_threshold: d.hit_rate_threshold,
+        gpu_sharding: d.gpu_sharding,
+    }
 }
 
 /// A `strata_table_info` with `struct_size = sizeof(strata_table_info)` and zero fields, to

@@ -6,7 +6,7 @@
 use super::sized::Extensible;
 use crate::error::{Error, Result};
 use crate::model::TableStats;
-use crate::model::{GpuOptions, GpuPlacement, GpuSharding, MissingKey, TableInfo, TableOptions};
+use crate::model::{FloatDtype, GpuOptions, GpuPlacement, GpuSharding, MissingKey, RowFormat, TableInfo, TableOptions};
 use crate::model::{LookupOptions, LookupStats, Pooling};
 use dlpark::ffi::{DLDataType, DLTensor};
 use std::ffi::c_void;
@@ -49,6 +49,31 @@ pub enum strata_gpu_sharding {
     /// The rows are split over every visible device; each key is served by the device that
     /// owns it, reading keys and writing rows through peer access (static placement only).
     STRATA_GPU_SHARD = 1,
+}
+
+/// How a table stores its rows (`strata_table_options.storage`): as given, converted to another
+/// float dtype, or quantized at build. The quantized layouts are FBGEMM's fused row-wise ones,
+/// byte for byte; a uint8 `[rows, row_bytes]` tensor in that layout is taken as it is.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
+pub enum strata_storage {
+    /// The vectors' own dtype (float32, float16 or bfloat16).
+    STRATA_STORAGE_AS_GIVEN = 0,
+    /// float32.
+    STRATA_STORAGE_FLOAT32 = 1,
+    /// float16, rounded to nearest even.
+    STRATA_STORAGE_FLOAT16 = 2,
+    /// bfloat16, rounded to nearest even.
+    STRATA_STORAGE_BFLOAT16 = 3,
+    /// int8 row-wise: `dim` uint8 values, then a float32 scale and a float32 bias (`dim + 8`
+    /// bytes a row; FBGEMM's `FloatToFused8BitRowwiseQuantized`). A value is
+    /// `q * scale + bias`, one fused multiply-add in float32.
+    STRATA_STORAGE_INT8 = 4,
+    /// int4 row-wise (`dim` even): `dim / 2` bytes, element `2i` in the low nibble of byte
+    /// `i`, then a float16 scale and a float16 bias (`dim / 2 + 4` bytes a row; FBGEMM's
+    /// `FloatToFusedNBitRowwiseQuantizedSBHalf` with 4 bits).
+    STRATA_STORAGE_INT4 = 5,
 }
 
 /// How a pooled lookup reduces a bag's rows to one row (`strata_lookup_pooled`,
@@ -110,6 +135,10 @@ pub struct strata_table_options {
     pub hit_rate_threshold: f32,
     /// A `strata_gpu_sharding`. Default `STRATA_GPU_REPLICATE`.
     pub gpu_sharding: i32,
+    /// A `strata_storage`: how the table stores its rows. Default `STRATA_STORAGE_AS_GIVEN`.
+    /// Quantized tables are served by CPU lookups (plain, pooled, batch); CUDA tensors,
+    /// `__partitioned__` and distributed tables refuse them for now. (Since 0.3.1.)
+    pub storage: i32,
 }
 
 impl Default for strata_table_options {
@@ -123,6 +152,7 @@ impl Default for strata_table_options {
             gpu_cache_fraction: d.gpu.cache_fraction,
             hit_rate_threshold: d.gpu.hit_rate_threshold,
             gpu_sharding: strata_gpu_sharding::STRATA_GPU_REPLICATE as i32,
+            storage: strata_storage::STRATA_STORAGE_AS_GIVEN as i32,
         }
     }
 }
@@ -171,7 +201,23 @@ impl TryFrom<&strata_table_options> for TableOptions {
         };
         let gpu = GpuOptions { placement, cache_fraction: o.gpu_cache_fraction, hit_rate_threshold: o.hit_rate_threshold, sharding };
         gpu.check()?;
-        Ok(TableOptions { default_value: o.default_value, missing, gpu })
+        let storage = match o.storage {
+            0 => None,
+            1 => Some(RowFormat::Float(FloatDtype::F32)),
+            2 => Some(RowFormat::Float(FloatDtype::F16)),
+            3 => Some(RowFormat::Float(FloatDtype::BF16)),
+            4 => Some(RowFormat::Int8),
+            5 => Some(RowFormat::Int4),
+            s => {
+                return Err(Error::invalid(
+                    "opts->storage",
+                    format!(
+                        "{s}; expected STRATA_STORAGE_AS_GIVEN (0), STRATA_STORAGE_FLOAT32 (1), STRATA_STORAGE_FLOAT16 (2), STRATA_STORAGE_BFLOAT16 (3), STRATA_STORAGE_INT8 (4) or STRATA_STORAGE_INT4 (5)"
+                    ),
+                ));
+            }
+        };
+        Ok(TableOptions { default_value: o.default_value, missing, gpu, storage })
     }
 }
 
@@ -379,7 +425,8 @@ pub struct strata_table_info {
     pub rows: i64,
     /// Elements per row.
     pub dim: i64,
-    /// Dtype of the stored vectors.
+    /// Dtype of the stored vectors; uint8 for quantized rows (`STRATA_STORAGE_INT8`,
+    /// `STRATA_STORAGE_INT4`), whose row bytes are `vector_bytes / rows`.
     pub dtype: DLDataType,
     /// Whether keys are arbitrary 64-bit values (hash index) rather than row numbers.
     pub keyed: bool,
@@ -390,7 +437,8 @@ pub struct strata_table_info {
     /// Bytes of the keyed index (0 for dense tables and server tables, whose volatile tier
     /// is counted by `strata_table_get_stats`).
     pub index_bytes: u64,
-    /// Bytes of the vectors (rows * dim * element size).
+    /// Bytes of the vectors (rows times a row's bytes: `dim` elements, or a quantized row's
+    /// values, scale and bias).
     pub vector_bytes: u64,
 }
 
@@ -422,7 +470,10 @@ impl From<TableInfo> for strata_table_info {
             struct_size: size_of::<Self>(),
             rows: i.rows,
             dim: i.dim,
-            dtype: i.dtype.dl(),
+            dtype: match i.format {
+                RowFormat::Float(d) => d.dl(),
+                _ => DLDataType { code: dlpark::ffi::DLDataTypeCode::UINT, bits: 8, lanes: 1 },
+            },
             keyed: i.keyed,
             mapped: i.mapped,
             adopted: i.adopted,

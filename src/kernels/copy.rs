@@ -2,6 +2,7 @@
 //! non-temporal (streaming) stores. [`row_fn`] picks the kernel of a combination once per call;
 //! every executor that writes rows (plain, pooled, tiered, distributed) goes through it.
 
+use super::format::RowFormat;
 use crate::dlpack::FloatDtype;
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
@@ -226,9 +227,15 @@ unsafe fn bf16_to_f32(src: *const u8, dst: *mut u8, dim: usize, _: usize) {
     s.convert_to_f32_slice(d);
 }
 
-/// The row kernel for a (table dtype, out dtype, contiguous row?, streaming?) combination.
-pub fn row_fn(src: FloatDtype, dst: FloatDtype, contiguous: bool, stream: bool) -> RowFn {
+/// The row kernel for a (table row format, out dtype, contiguous row?, streaming?)
+/// combination. Quantized rows are dequantized by the pooling layer's SIMD code
+/// ([`super::pool::convert_fn`]), with ordinary stores.
+pub fn row_fn(src: impl Into<RowFormat>, dst: FloatDtype, contiguous: bool, stream: bool) -> RowFn {
     use FloatDtype::*;
+    let src = match src.into() {
+        RowFormat::Float(d) => d,
+        q => return super::pool::convert_fn(super::isa(), q, dst),
+    };
     match (src, dst, contiguous) {
         (F32, F32, true) if stream => streaming::<4>(),
         (F16, F16, true) | (BF16, BF16, true) if stream => streaming::<2>(),

@@ -9,15 +9,18 @@
 //! - [`prefetch_row`]: hint every cache line of a row.
 //!
 //! The instruction set is chosen once per process ([`isa`]): AVX-512 (AVX512F), else AVX2 with
-//! F16C, else the portable code, which every build has and the tests also run.
+//! F16C and FMA, else the portable code, which every build has and the tests also run.
 //! `STRATA_KERNELS=portable|avx2|avx512` asks for a lower set than the CPU has (never a higher
-//! one). A new row format (quantized rows) is one new [`pool::Elem`] and its copy kernel.
+//! one). Row formats ([`format`]): float32, float16, bfloat16 and FBGEMM's fused int8 and int4
+//! row-wise layouts; each is one `Elem` of [`pool`], which also gives its dequantizing copy.
 //! Threading: kernels are plain functions on the caller's thread; any thread may call them.
 
 pub mod copy;
+pub mod format;
 pub mod pool;
 
 pub use copy::{RowFn, row_fn, store_fence};
+pub use format::{RowFormat, quantize_row};
 pub use pool::{Divide, Pooler, RowsOf};
 
 /// An instruction set the kernels are compiled for.
@@ -25,7 +28,8 @@ pub use pool::{Divide, Pooler, RowsOf};
 pub enum Isa {
     /// Plain Rust, vectorised by the compiler for the build's baseline (SSE2 on x86-64).
     Portable,
-    /// AVX2 with F16C: 8 float32 lanes, half-precision conversion in hardware.
+    /// AVX2 with F16C and FMA: 8 float32 lanes, half-precision conversion and fused
+    /// multiply-add (quantized rows) in hardware.
     Avx2,
     /// AVX-512 (AVX512F): 16 float32 lanes, 32 vector registers.
     Avx512,
@@ -39,7 +43,10 @@ impl Isa {
             if std::arch::is_x86_feature_detected!("avx512f") {
                 return Isa::Avx512;
             }
-            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("f16c") {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("f16c")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
                 return Isa::Avx2;
             }
         }

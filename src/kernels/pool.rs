@@ -13,6 +13,7 @@
 //! LLVM kept it in memory and stored it back after every row.
 
 use super::Isa;
+use super::format::{RowFormat, int4_params, int8_params};
 use crate::dlpack::FloatDtype;
 
 /// Cache lines of rows kept in flight ahead of the row being added: 16 rows (what FBGEMM's
@@ -141,21 +142,25 @@ pub struct Pooler {
 }
 
 impl Pooler {
-    /// The kernel for rows of `dim` values of `dtype`, on the library's instruction set.
-    pub fn new(dtype: FloatDtype, dim: usize) -> Pooler {
-        Pooler::with_isa(super::isa(), dtype, dim)
+    /// The kernel for rows of `dim` values stored as `format` (a float dtype or a quantized
+    /// layout), on the library's instruction set.
+    pub fn new(format: impl Into<RowFormat>, dim: usize) -> Pooler {
+        Pooler::with_isa(super::isa(), format, dim)
     }
 
     /// The kernel on instruction set `isa`, which must not be above [`Isa::detected`] (a higher
     /// one is lowered to it).
-    pub fn with_isa(isa: Isa, dtype: FloatDtype, dim: usize) -> Pooler {
+    pub fn with_isa(isa: Isa, format: impl Into<RowFormat>, dim: usize) -> Pooler {
         let isa = isa.min(Isa::detected());
-        let f = match dtype {
-            FloatDtype::F32 => family::<F32>(isa),
-            FloatDtype::F16 => family::<F16>(isa),
-            FloatDtype::BF16 => family::<BF16>(isa),
+        let format = format.into();
+        let f = match format {
+            RowFormat::Float(FloatDtype::F32) => family::<F32>(isa),
+            RowFormat::Float(FloatDtype::F16) => family::<F16>(isa),
+            RowFormat::Float(FloatDtype::BF16) => family::<BF16>(isa),
+            RowFormat::Int8 => family::<Int8>(isa),
+            RowFormat::Int4 => family::<Int4>(isa),
         };
-        let row_bytes = dim * dtype.size();
+        let row_bytes = format.row_bytes(dim);
         let ahead = (LINES_AHEAD / row_bytes.div_ceil(64).max(1)).clamp(4, 16);
         Pooler { f, dim, row_bytes, ahead }
     }
@@ -330,6 +335,12 @@ trait Simd {
     unsafe fn load(p: *const f32) -> Self::V;
     unsafe fn load_f16(p: *const u16) -> Self::V;
     unsafe fn load_bf16(p: *const u16) -> Self::V;
+    /// `LANES` bytes, each widened to float32.
+    unsafe fn load_u8(p: *const u8) -> Self::V;
+    /// `LANES / 2` bytes of 4-bit values (low nibble first), each widened to float32.
+    unsafe fn load_u4(p: *const u8) -> Self::V;
+    /// `a * b + c`, rounded once.
+    unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
     unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
     unsafe fn div(a: Self::V, b: Self::V) -> Self::V;
@@ -340,59 +351,134 @@ trait Simd {
     unsafe fn store_bf16(p: *mut u16, v: Self::V);
 }
 
-/// A stored element type: how a vector of it becomes float32.
+/// A stored row format: how a vector of its values becomes float32. Quantized formats read
+/// their row's scale and bias once per row ([`Elem::params`]) and dequantize with one fused
+/// multiply-add per value, as [`super::format::value`] does.
 trait Elem {
-    /// Bytes per element.
-    const SIZE: usize;
-    /// `S::LANES` values from element `col` of the row at `row`.
-    unsafe fn load<S: Simd>(row: *const u8, col: usize) -> S::V;
-    /// Element `col` of the row at `row`.
-    unsafe fn scalar(row: *const u8, col: usize) -> f32;
+    /// The format.
+    const FORMAT: RowFormat;
+    /// Whether rows are float32 (a missing row is then one more row of the same type: the
+    /// default row).
+    const F32: bool = false;
+    /// Bytes of `n` values (`n` a multiple of the lanes).
+    fn bytes(n: usize) -> usize;
+    /// The row's scale and bias, splat (unused by float formats).
+    #[inline(always)]
+    unsafe fn params<S: Simd>(_row: *const u8, _dim: usize) -> (S::V, S::V) {
+        // SAFETY: no memory is touched.
+        unsafe { (S::zero(), S::zero()) }
+    }
+    /// `S::LANES` values from value `col` of the row at `row`, whose [`Elem::params`] are `p`.
+    unsafe fn load<S: Simd>(row: *const u8, col: usize, p: (S::V, S::V)) -> S::V;
+    /// Value `col` of the row of `dim` values at `row`.
+    #[inline(always)]
+    unsafe fn scalar(row: *const u8, dim: usize, col: usize) -> f32 {
+        // SAFETY: the caller's row holds the format's row of dim values, col < dim.
+        unsafe { super::format::value(Self::FORMAT, row, dim, col) }
+    }
 }
 
 struct F32;
 struct F16;
 struct BF16;
+struct Int8;
+struct Int4;
 
 impl Elem for F32 {
-    const SIZE: usize = 4;
+    const FORMAT: RowFormat = RowFormat::Float(FloatDtype::F32);
+    const F32: bool = true;
     #[inline(always)]
-    unsafe fn load<S: Simd>(row: *const u8, col: usize) -> S::V {
+    fn bytes(n: usize) -> usize {
+        n * 4
+    }
+    #[inline(always)]
+    unsafe fn load<S: Simd>(row: *const u8, col: usize, _: (S::V, S::V)) -> S::V {
         // SAFETY: the caller's row holds LANES float32 from col.
         unsafe { S::load((row as *const f32).add(col)) }
     }
     #[inline(always)]
-    unsafe fn scalar(row: *const u8, col: usize) -> f32 {
+    unsafe fn scalar(row: *const u8, _: usize, col: usize) -> f32 {
         // SAFETY: the caller's row holds element col.
         unsafe { (row as *const f32).add(col).read_unaligned() }
     }
 }
 
 impl Elem for F16 {
-    const SIZE: usize = 2;
+    const FORMAT: RowFormat = RowFormat::Float(FloatDtype::F16);
     #[inline(always)]
-    unsafe fn load<S: Simd>(row: *const u8, col: usize) -> S::V {
+    fn bytes(n: usize) -> usize {
+        n * 2
+    }
+    #[inline(always)]
+    unsafe fn load<S: Simd>(row: *const u8, col: usize, _: (S::V, S::V)) -> S::V {
         // SAFETY: as for F32, with 16-bit elements.
         unsafe { S::load_f16((row as *const u16).add(col)) }
     }
     #[inline(always)]
-    unsafe fn scalar(row: *const u8, col: usize) -> f32 {
+    unsafe fn scalar(row: *const u8, _: usize, col: usize) -> f32 {
         // SAFETY: as for F32.
         half::f16::from_bits(unsafe { (row as *const u16).add(col).read_unaligned() }).to_f32()
     }
 }
 
 impl Elem for BF16 {
-    const SIZE: usize = 2;
+    const FORMAT: RowFormat = RowFormat::Float(FloatDtype::BF16);
     #[inline(always)]
-    unsafe fn load<S: Simd>(row: *const u8, col: usize) -> S::V {
+    fn bytes(n: usize) -> usize {
+        n * 2
+    }
+    #[inline(always)]
+    unsafe fn load<S: Simd>(row: *const u8, col: usize, _: (S::V, S::V)) -> S::V {
         // SAFETY: as for F32, with 16-bit elements.
         unsafe { S::load_bf16((row as *const u16).add(col)) }
     }
     #[inline(always)]
-    unsafe fn scalar(row: *const u8, col: usize) -> f32 {
+    unsafe fn scalar(row: *const u8, _: usize, col: usize) -> f32 {
         // SAFETY: as for F32.
         bf16_to_f32(unsafe { (row as *const u16).add(col).read_unaligned() })
+    }
+}
+
+impl Elem for Int8 {
+    const FORMAT: RowFormat = RowFormat::Int8;
+    #[inline(always)]
+    fn bytes(n: usize) -> usize {
+        n
+    }
+    #[inline(always)]
+    unsafe fn params<S: Simd>(row: *const u8, dim: usize) -> (S::V, S::V) {
+        // SAFETY: the caller's row is an int8 row of dim values (dim + 8 bytes).
+        unsafe {
+            let (s, b) = int8_params(row, dim);
+            (S::splat(s), S::splat(b))
+        }
+    }
+    #[inline(always)]
+    unsafe fn load<S: Simd>(row: *const u8, col: usize, p: (S::V, S::V)) -> S::V {
+        // SAFETY: the caller's row holds LANES bytes from col.
+        unsafe { S::fma(S::load_u8(row.add(col)), p.0, p.1) }
+    }
+}
+
+impl Elem for Int4 {
+    const FORMAT: RowFormat = RowFormat::Int4;
+    #[inline(always)]
+    fn bytes(n: usize) -> usize {
+        n.div_ceil(2)
+    }
+    #[inline(always)]
+    unsafe fn params<S: Simd>(row: *const u8, dim: usize) -> (S::V, S::V) {
+        // SAFETY: the caller's row is an int4 row of dim values (dim / 2 + 4 bytes).
+        unsafe {
+            let (s, b) = int4_params(row, dim);
+            (S::splat(s), S::splat(b))
+        }
+    }
+    #[inline(always)]
+    unsafe fn load<S: Simd>(row: *const u8, col: usize, p: (S::V, S::V)) -> S::V {
+        // SAFETY: col is a multiple of LANES (even), and the caller's row holds LANES / 2 bytes
+        // from byte col / 2.
+        unsafe { S::fma(S::load_u4(row.add(col / 2)), p.0, p.1) }
     }
 }
 
@@ -462,7 +548,7 @@ unsafe fn prefetching<S: Simd, E: Elem, Src: Source, const R: usize, const W: bo
     col: usize,
 ) -> [S::V; R] {
     let (src, ahead, row_bytes) = (&a.src, a.ahead, a.row_bytes);
-    let lines = (R * S::LANES * E::SIZE).div_ceil(64);
+    let lines = E::bytes(R * S::LANES).div_ceil(64);
     // SAFETY: as in `accumulate` (i + ahead < len for i < hi, the caller's split); a prefetch is
     // a hint.
     unsafe {
@@ -497,21 +583,22 @@ unsafe fn add_row<S: Simd, E: Elem, Src: Source, const R: usize, const W: bool, 
     unsafe {
         let mut p = if M { a.src.row(i) } else { a.src.present(i) };
         let w = if W { S::splat(*a.weights.add(i)) } else { S::zero() };
-        if M && E::SIZE == 4 && p.is_null() {
+        if M && E::F32 && p.is_null() {
             // float32 rows: the default row is one more row of the same type, so a missing row
             // only swaps the address and the adds below stay one loop (two loops here made LLVM
             // load every vector first, then add: 16 live vectors, spilled).
             p = a.default as *const u8;
         }
-        if M && E::SIZE != 4 && p.is_null() {
+        if M && !E::F32 && p.is_null() {
             let d = a.default.add(col);
             for (r, v) in acc.iter_mut().enumerate() {
                 let x = S::load(d.add(r * S::LANES));
                 *v = S::add(*v, if W { S::mul(w, x) } else { x });
             }
         } else {
+            let prm = E::params::<S>(p, a.dim);
             for (r, v) in acc.iter_mut().enumerate() {
-                let x = E::load::<S>(p, col + r * S::LANES);
+                let x = E::load::<S>(p, col + r * S::LANES, prm);
                 *v = S::add(*v, if W { S::mul(w, x) } else { x });
             }
         }
@@ -559,7 +646,7 @@ unsafe fn tail<E: Elem, Src: Source, const W: bool>(a: &Args<Src>, col: usize, p
             let p = a.src.row(i);
             let w = if W { *a.weights.add(i) } else { 1.0 };
             for (c, v) in acc.iter_mut().enumerate() {
-                let x = if p.is_null() { *a.default.add(col + c) } else { E::scalar(p, col + c) };
+                let x = if p.is_null() { *a.default.add(col + c) } else { E::scalar(p, a.dim, col + c) };
                 *v += if W { w * x } else { x };
             }
         }
@@ -680,7 +767,7 @@ unsafe fn bag_tail<E: Elem, Src: Source, const W: bool>(
             let p = a.src.row(i);
             let w = if W { *a.weights.add(i) } else { 1.0 };
             for (c, v) in out.iter_mut().enumerate() {
-                let x = if p.is_null() { *a.default.add(col + c) } else { E::scalar(p, col + c) };
+                let x = if p.is_null() { *a.default.add(col + c) } else { E::scalar(p, a.dim, col + c) };
                 *v += if W { w * x } else { x };
             }
         }
@@ -767,6 +854,101 @@ unsafe fn entry<S: Simd, E: Elem, Src: Source, const W: bool, const BAGS: bool, 
     unsafe { if BAGS { bags_run::<S, E, Src, W, M, RMAX>(a) } else { run::<S, E, Src, W, RMAX>(a) } }
 }
 
+/// Writes float32 `v` as element `i` of a row of `OUT` (0 float32, 1 float16, 2 bfloat16) at
+/// `dst`, `cs` elements apart.
+#[inline(always)]
+unsafe fn put<const OUT: u8>(dst: *mut u8, i: usize, v: f32) {
+    // SAFETY: the caller's dst holds element i of the out dtype; written unaligned.
+    unsafe {
+        match OUT {
+            0 => (dst as *mut f32).add(i).write_unaligned(v),
+            1 => (dst as *mut u16).add(i).write_unaligned(half::f16::from_f32(v).to_bits()),
+            _ => (dst as *mut u16).add(i).write_unaligned(f32_to_bf16(v)),
+        }
+    }
+}
+
+/// Dequantizes (or widens) one row of `dim` values of `E` at `src` into `dst` as `OUT` (see
+/// [`put`]), `cs` elements apart; contiguous rows are stored a vector at a time. The
+/// [`super::RowFn`] of a quantized table's plain lookups.
+#[inline(always)]
+unsafe fn convert_row<S: Simd, E: Elem, const OUT: u8>(src: *const u8, dst: *mut u8, dim: usize, cs: usize) {
+    // SAFETY: the RowFn contract: src holds one row of E (dim values), dst dim elements of the
+    // out dtype cs apart; every vector covers values col..col + LANES <= dim.
+    unsafe {
+        let prm = E::params::<S>(src, dim);
+        let mut col = 0;
+        while col + S::LANES <= dim {
+            let v = E::load::<S>(src, col, prm);
+            if cs == 1 {
+                match OUT {
+                    0 => S::store((dst as *mut f32).add(col), v),
+                    1 => S::store_f16((dst as *mut u16).add(col), v),
+                    _ => S::store_bf16((dst as *mut u16).add(col), v),
+                }
+            } else {
+                let mut t = [0f32; 16];
+                S::store(t.as_mut_ptr(), v);
+                for (l, &x) in t[..S::LANES].iter().enumerate() {
+                    put::<OUT>(dst, (col + l) * cs, x);
+                }
+            }
+            col += S::LANES;
+        }
+        for c in col..dim {
+            put::<OUT>(dst, c * cs, E::scalar(src, dim, c));
+        }
+    }
+}
+
+/// The row kernel that writes rows stored as `format` as `out` values, on instruction set
+/// `isa` (lowered to what the CPU has): what [`super::row_fn`] picks for quantized rows.
+pub fn convert_fn(isa: Isa, format: RowFormat, out: FloatDtype) -> super::RowFn {
+    macro_rules! pick {
+        ($f:ident) => {
+            match out {
+                FloatDtype::F32 => $f::<0>,
+                FloatDtype::F16 => $f::<1>,
+                FloatDtype::BF16 => $f::<2>,
+            }
+        };
+    }
+    macro_rules! of {
+        ($e:ty) => {{
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f")]
+                unsafe fn avx512<const OUT: u8>(src: *const u8, dst: *mut u8, dim: usize, cs: usize) {
+                    // SAFETY: the RowFn contract, forwarded; picked only where the CPU has AVX512F.
+                    unsafe { convert_row::<x86::Avx512, $e, OUT>(src, dst, dim, cs) }
+                }
+                #[target_feature(enable = "avx2,f16c,fma")]
+                unsafe fn avx2<const OUT: u8>(src: *const u8, dst: *mut u8, dim: usize, cs: usize) {
+                    // SAFETY: the RowFn contract, forwarded; picked only where the CPU has these.
+                    unsafe { convert_row::<x86::Avx2, $e, OUT>(src, dst, dim, cs) }
+                }
+                match isa.min(Isa::detected()) {
+                    Isa::Avx512 => return pick!(avx512),
+                    Isa::Avx2 => return pick!(avx2),
+                    Isa::Portable => {}
+                }
+            }
+            unsafe fn portable<const OUT: u8>(src: *const u8, dst: *mut u8, dim: usize, cs: usize) {
+                // SAFETY: the RowFn contract, forwarded.
+                unsafe { convert_row::<Portable, $e, OUT>(src, dst, dim, cs) }
+            }
+            pick!(portable)
+        }};
+    }
+    match format {
+        RowFormat::Float(FloatDtype::F32) => of!(F32),
+        RowFormat::Float(FloatDtype::F16) => of!(F16),
+        RowFormat::Float(FloatDtype::BF16) => of!(BF16),
+        RowFormat::Int8 => of!(Int8),
+        RowFormat::Int4 => of!(Int4),
+    }
+}
+
 /// Plain Rust: 8-lane arrays the compiler vectorises for the baseline.
 #[derive(Clone, Copy)]
 struct Portable;
@@ -798,6 +980,21 @@ impl Simd for Portable {
         // SAFETY: the caller's p holds 8 bfloat16.
         let h = unsafe { (p as *const [u16; 8]).read_unaligned() };
         h.map(bf16_to_f32)
+    }
+    #[inline(always)]
+    unsafe fn load_u8(p: *const u8) -> Self::V {
+        // SAFETY: the caller's p holds 8 bytes.
+        unsafe { (p as *const [u8; 8]).read_unaligned() }.map(|b| b as f32)
+    }
+    #[inline(always)]
+    unsafe fn load_u4(p: *const u8) -> Self::V {
+        // SAFETY: the caller's p holds 4 bytes.
+        let b = unsafe { (p as *const [u8; 4]).read_unaligned() };
+        std::array::from_fn(|i| ((b[i / 2] >> ((i & 1) * 4)) & 15) as f32)
+    }
+    #[inline(always)]
+    unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V {
+        std::array::from_fn(|i| a[i].mul_add(b[i], c[i]))
     }
     #[inline(always)]
     unsafe fn add(a: Self::V, b: Self::V) -> Self::V {
@@ -840,6 +1037,16 @@ mod x86 {
     use super::{Args, Elem, Simd, Source, entry};
     use std::arch::x86_64::*;
 
+    /// The 4-bit values of the low 8 bytes of `x`, low nibble first, one a byte (16 bytes).
+    #[inline(always)]
+    unsafe fn nibbles(x: __m128i) -> __m128i {
+        // SAFETY: SSE2 only, part of the x86-64 baseline.
+        unsafe {
+            let m = _mm_set1_epi8(15);
+            _mm_unpacklo_epi8(_mm_and_si128(x, m), _mm_and_si128(_mm_srli_epi16::<4>(x), m))
+        }
+    }
+
     #[derive(Clone, Copy)]
     pub(super) struct Avx2;
 
@@ -872,6 +1079,21 @@ mod x86 {
         unsafe fn load_bf16(p: *const u16) -> __m256 {
             // SAFETY: only called from kernels compiled with this set's features, which the CPU has; p holds LANES elements.
             unsafe { _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i)))) }
+        }
+        #[inline(always)]
+        unsafe fn load_u8(p: *const u8) -> __m256 {
+            // SAFETY: only called from kernels compiled with this set's features, which the CPU has; p holds 8 bytes.
+            unsafe { _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i))) }
+        }
+        #[inline(always)]
+        unsafe fn load_u4(p: *const u8) -> __m256 {
+            // SAFETY: only called from kernels compiled with this set's features, which the CPU has; p holds 4 bytes.
+            unsafe { _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(nibbles(_mm_cvtsi32_si128((p as *const i32).read_unaligned())))) }
+        }
+        #[inline(always)]
+        unsafe fn fma(a: __m256, b: __m256, c: __m256) -> __m256 {
+            // SAFETY: only called from kernels compiled with FMA, which the CPU has.
+            unsafe { _mm256_fmadd_ps(a, b, c) }
         }
         #[inline(always)]
         unsafe fn add(a: __m256, b: __m256) -> __m256 {
@@ -952,6 +1174,21 @@ mod x86 {
             unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i)))) }
         }
         #[inline(always)]
+        unsafe fn load_u8(p: *const u8) -> __m512 {
+            // SAFETY: only called from kernels compiled with this set's features, which the CPU has; p holds 16 bytes.
+            unsafe { _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i))) }
+        }
+        #[inline(always)]
+        unsafe fn load_u4(p: *const u8) -> __m512 {
+            // SAFETY: only called from kernels compiled with this set's features, which the CPU has; p holds 8 bytes.
+            unsafe { _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(nibbles(_mm_loadl_epi64(p as *const __m128i)))) }
+        }
+        #[inline(always)]
+        unsafe fn fma(a: __m512, b: __m512, c: __m512) -> __m512 {
+            // SAFETY: only called from kernels compiled with AVX512F, which the CPU has.
+            unsafe { _mm512_fmadd_ps(a, b, c) }
+        }
+        #[inline(always)]
         unsafe fn add(a: __m512, b: __m512) -> __m512 {
             // SAFETY: only called from kernels compiled with this set's features, which the CPU has; p holds LANES elements.
             unsafe { _mm512_add_ps(a, b) }
@@ -994,15 +1231,15 @@ mod x86 {
     }
 
     /// # Safety
-    /// As for [`super::Pooler::add`], on a CPU with AVX2 and F16C.
-    #[target_feature(enable = "avx2,f16c")]
+    /// As for [`super::Pooler::add`], on a CPU with AVX2, F16C and FMA.
+    #[target_feature(enable = "avx2,f16c,fma")]
     pub(super) unsafe fn avx2<E: Elem, Src: Source, const W: bool, const BAGS: bool, const M: bool>(a: &Args<Src>) {
         // SAFETY: forwarded; this function has the features Avx2's methods need.
         // float32 rows without weights need no register besides the accumulators (the adds
         // take the row from memory), so a row of up to 128 values is one pass of all 16 ymm
         // registers, as FBGEMM's AVX2 kernel does; widening or weighting needs a scratch
         // register, so those take passes of 8.
-        unsafe { if E::SIZE == 4 && !W { entry::<Avx2, E, Src, W, BAGS, M, 16>(a) } else { entry::<Avx2, E, Src, W, BAGS, M, 8>(a) } }
+        unsafe { if E::F32 && !W { entry::<Avx2, E, Src, W, BAGS, M, 16>(a) } else { entry::<Avx2, E, Src, W, BAGS, M, 8>(a) } }
     }
 
     /// # Safety
@@ -1306,6 +1543,110 @@ mod tests {
                         };
                         let both_nan = v.is_nan() && (got & 0x7FFF) > 0x7C00 && out_dtype == FloatDtype::F16;
                         assert!(got == want || both_nan, "{isa:?} {out_dtype:?} {v:e} (col {c}): {got:#x} != {want:#x}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Quantized rows (int8, int4) on every instruction set: whole bags from addresses and from
+    /// a dense store, with and without weights and missing rows, and the dequantizing row copy
+    /// into every out dtype, contiguous and strided, bit for bit the scalar reference
+    /// (`format::value`, then the contract's float32 sum in key order).
+    #[test]
+    fn quantized_rows_match_the_reference() {
+        use crate::kernels::format::{quantize_row, value};
+        let mut seed = 0x51AB_77D1_0C3E_9F25u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for isa in Isa::available() {
+            for format in [RowFormat::Int8, RowFormat::Int4] {
+                for dim in [2, 6, 8, 16, 18, 32, 34, 64, 100, 128, 256, 258, 512] {
+                    let rb = format.row_bytes(dim);
+                    let stride = rb + (next() % 3) as usize;
+                    let table_rows = 30usize;
+                    let mut store = vec![0u8; table_rows * stride + 1];
+                    for r in 0..table_rows {
+                        let row: Vec<f32> = (0..dim).map(|_| ((next() % 4001) as f32 - 2000.0) / 53.0).collect();
+                        quantize_row(format, &row, &mut store[1 + r * stride..1 + r * stride + rb]).unwrap();
+                    }
+                    let base = store[1..].as_ptr();
+                    let val = |r: usize, c: usize| {
+                        // SAFETY: r < table_rows, c < dim: inside `store`.
+                        unsafe { value(format, base.add(r * stride), dim, c) }
+                    };
+                    let starts = [0usize, 3, 3, 20, 21];
+                    let n = 21;
+                    let keys: Vec<u64> = (0..n).map(|_| if next() % 6 == 0 { 99 } else { next() % table_rows as u64 }).collect();
+                    let ptrs: Vec<*const u8> = keys
+                        .iter()
+                        .map(|&k| if k < table_rows as u64 { base.wrapping_add(k as usize * stride) } else { std::ptr::null() })
+                        .collect();
+                    let w: Vec<f32> = (0..n).map(|_| ((next() % 1000) as f32 - 400.0) / 89.0).collect();
+                    let default: Vec<f32> = (0..dim).map(|c| c as f32 * 0.5 - 7.0).collect();
+                    let k = Pooler::with_isa(isa, format, dim);
+                    for weighted in [false, true] {
+                        for dense in [false, true] {
+                            let mut out = vec![f32::NAN; 4 * dim];
+                            let rows =
+                                if dense { RowsOf::Dense { base, stride, rows: table_rows, keys: &keys } } else { RowsOf::Ptrs(&ptrs) };
+                            let wv = weighted.then_some(&w[..]);
+                            // SAFETY: every row named is inside `store`; out holds 4 rows.
+                            unsafe {
+                                k.pool_bags(
+                                    rows,
+                                    true,
+                                    &starts,
+                                    wv,
+                                    &default,
+                                    Divide::Nothing,
+                                    out.as_mut_ptr() as *mut u8,
+                                    FloatDtype::F32,
+                                    dim,
+                                )
+                            };
+                            for j in 0..4 {
+                                for c in 0..dim {
+                                    let mut acc = 0f32;
+                                    for i in starts[j]..starts[j + 1] {
+                                        let x = if keys[i] < table_rows as u64 { val(keys[i] as usize, c) } else { default[c] };
+                                        acc += if weighted { w[i] * x } else { x };
+                                    }
+                                    assert_eq!(
+                                        out[j * dim + c].to_bits(),
+                                        acc.to_bits(),
+                                        "{isa:?} {format:?} dim {dim} bag {j} col {c} weighted {weighted} dense {dense}"
+                                    );
+                                }
+                            }
+                        }
+                    }
+                    for out_dtype in [FloatDtype::F32, FloatDtype::F16, FloatDtype::BF16] {
+                        let f = convert_fn(isa, format, out_dtype);
+                        for cs in [1usize, 3] {
+                            let osize = out_dtype.size();
+                            let mut out = vec![0xA5u8; (dim * cs + 4) * osize];
+                            // SAFETY: row 7 is inside `store`; out holds dim elements cs apart.
+                            unsafe { f(base.add(7 * stride), out.as_mut_ptr(), dim, cs) };
+                            for c in 0..dim {
+                                let v = val(7, c);
+                                let want = match out_dtype {
+                                    FloatDtype::F32 => v.to_le_bytes().to_vec(),
+                                    FloatDtype::F16 => half::f16::from_f32(v).to_le_bytes().to_vec(),
+                                    FloatDtype::BF16 => half::bf16::from_f32(v).to_le_bytes().to_vec(),
+                                };
+                                assert_eq!(
+                                    &out[c * cs * osize..c * cs * osize + osize],
+                                    &want[..],
+                                    "{isa:?} {format:?} -> {out_dtype:?} dim {dim} cs {cs} col {c}"
+                                );
+                            }
+                            assert!(out[((dim - 1) * cs + 1) * osize..].iter().all(|&b| b == 0xA5), "{isa:?}: written past the row");
+                        }
                     }
                 }
             }

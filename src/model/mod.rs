@@ -21,6 +21,8 @@ mod request;
 mod static_table;
 mod tiered;
 
+pub use crate::dlpack::FloatDtype;
+pub use crate::kernels::RowFormat;
 pub use options::{GpuOptions, GpuPlacement, GpuSharding, MissingKey, TableOptions};
 #[cfg(feature = "cuda")]
 pub(crate) use plan::{Checked, check};

@@ -1,6 +1,7 @@
 //! Table options as plain Rust values (the C layer converts `strata_table_options` into these).
 
 use crate::error::{Error, Result};
+use crate::kernels::RowFormat;
 
 /// What a lookup does with a key the table does not hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -48,11 +49,31 @@ pub struct TableOptions {
     pub missing: MissingKey,
     /// Where lookups on CUDA tensors find rows.
     pub gpu: GpuOptions,
+    /// How the table stores its rows: `None` as given (the vectors' dtype), else a float dtype
+    /// or a quantized layout the rows are converted to at build. Default `None`.
+    pub storage: Option<RowFormat>,
+}
+
+impl TableOptions {
+    /// These options, for a kind of table that keeps its rows as given (`storage` unset);
+    /// `what` names the kind in the error.
+    pub fn stored_as_given(self, what: &str) -> Result<Self> {
+        match self.storage {
+            Some(f) => Err(Error::invalid(
+                "opts->storage",
+                format!(
+                    "{}; {what} keep their rows in the dtype given (STRATA_STORAGE_AS_GIVEN): converted and quantized rows are built by strata_table_from_dlpack, strata_table_adopt_dlpack and strata_table_open",
+                    f.name()
+                ),
+            )),
+            None => Ok(self),
+        }
+    }
 }
 
 impl Default for TableOptions {
     fn default() -> Self {
-        TableOptions { default_value: 0.0, missing: MissingKey::Fill, gpu: GpuOptions::default() }
+        TableOptions { default_value: 0.0, missing: MissingKey::Fill, gpu: GpuOptions::default(), storage: None }
     }
 }
 

@@ -5,6 +5,7 @@
 use super::options::{GpuOptions, MissingKey, TableOptions};
 use crate::dlpack::{FloatDtype, KeyDtype, TensorView, require_host};
 use crate::error::{Error, Result};
+use crate::kernels::{RowFormat, quantize_row};
 use crate::limits::MAX_DIM;
 use crate::storage::hugectr::SparseFolder;
 use crate::storage::index::KeyIndex;
@@ -53,8 +54,11 @@ impl StaticTable {
     }
 
     /// Copies `vectors` ([rows, dim], float32/float16/bfloat16, any strides, host memory) into
-    /// a new table. `keys` is `None` for a dense table, else a 1-D tensor of
-    /// `rows` unique integer keys. The caller's tensors are only read during the call.
+    /// a new table, stored as `options.storage` (quantized or converted row by row; `None`
+    /// stores the dtype given). Already quantized rows come as uint8 `[rows, row_bytes]` in
+    /// the fused layout of `options.storage` and are copied as they are. `keys` is `None` for
+    /// a dense table, else a 1-D tensor of `rows` unique integer keys. The caller's tensors are
+    /// only read during the call.
     ///
     /// # Safety
     /// The tensors must describe readable host memory as DLPack requires.
@@ -63,12 +67,30 @@ impl StaticTable {
         // SAFETY: the caller guarantees vectors describes readable host memory as DLPack
         // requires, so its shape and strides are readable for ndim elements.
         let v = unsafe { TensorView::new(vectors, "vectors") }?;
-        let (dtype, rows, dim) = check_vectors(&v)?;
+        let (given, rows, dim) = check_vectors(&v, options.storage)?;
+        let format = options.storage.unwrap_or(given);
         // SAFETY: the caller guarantees the same of keys.
         let index = unsafe { build_rows(keys, rows) }?;
         let (rs, cs) = (v.strides[0], v.strides[1]);
-        let size = dtype.size();
-        let store = Store::alloc(dtype, rows, dim, |buf| {
+        if format != given {
+            let dtype = given.float().expect("check_vectors: a conversion starts from floats");
+            let store = quantized_store(format, rows, dim, |r, row| {
+                for (c, x) in row.iter_mut().enumerate() {
+                    // SAFETY: element (r, c) is inside the view (r < rows, c < dim), which
+                    // validated every element addressable and aligned; the caller guarantees it
+                    // is readable.
+                    *x = unsafe { dtype.load_f32(v.at(r as isize * rs + c as isize * cs)) };
+                }
+            })?;
+            return StaticTable::assemble(store, index, options);
+        }
+        // The rows as given: `size` bytes an element (a quantized row is bytes).
+        let (size, dim_elems) = match format.float() {
+            Some(d) => (d.size(), dim),
+            None => (1, format.row_bytes(dim)),
+        };
+        let store = Store::alloc(format, rows, dim, |buf| {
+            let dim = dim_elems;
             for r in 0..rows {
                 let dst = &mut buf[r * dim * size..(r + 1) * dim * size];
                 let row = r as isize * rs;
@@ -86,6 +108,7 @@ impl StaticTable {
                     }
                 }
             }
+            Ok(())
         })?;
         StaticTable::assemble(store, index, options)
     }
@@ -93,7 +116,10 @@ impl StaticTable {
     /// Builds a table over the vectors of a managed DLPack tensor without copying them. On
     /// success the table owns `managed` and calls its deleter exactly once when dropped; on
     /// failure the caller still owns it (the deleter is not called). The rows must have unit
-    /// element stride; `keys` is read during the call only.
+    /// element stride; `keys` is read during the call only. With a quantized
+    /// `options.storage`, the tensor is uint8 `[rows, row_bytes]` in that fused layout (what
+    /// FBGEMM's and TorchRec's quantizers write); adopting never converts, so any other
+    /// storage than the tensor's own is refused.
     ///
     /// # Safety
     /// `managed` must point to a valid managed tensor whose memory stays readable until its
@@ -106,17 +132,28 @@ impl StaticTable {
         let m = unsafe { &*managed };
         // SAFETY: a valid managed tensor's DLTensor has shape and strides readable for ndim.
         let v = unsafe { TensorView::new(m.tensor(), "vectors") }?;
-        let (dtype, rows, dim) = check_vectors(&v)?;
+        let (format, rows, dim) = check_vectors(&v, options.storage)?;
+        if options.storage.is_some_and(|f| f != format) {
+            return Err(Error::invalid(
+                "opts->storage",
+                format!(
+                    "{}, but vectors are {}; adopting keeps the caller's rows as they are (quantize or convert with strata_table_from_dlpack, which copies)",
+                    options.storage.map_or("", |f| f.name()),
+                    format.name()
+                ),
+            ));
+        }
         v.require_non_negative_strides()?;
         let (rs, cs) = (v.strides[0] as usize, v.strides[1] as usize);
-        if rows > 0 && dim > 1 && cs != 1 {
+        let elems = format.float().map_or(format.row_bytes(dim), |_| dim);
+        if rows > 0 && elems > 1 && cs != 1 {
             return Err(Error::layout(
                 "vectors",
                 format!("strides[1] = {cs}; adopting without a copy needs unit element stride (use strata_table_from_dlpack to copy)"),
             ));
         }
-        if rows > 1 && rs < dim {
-            return Err(Error::layout("vectors", format!("strides[0] = {rs} is less than dim = {dim}; rows overlap")));
+        if rows > 1 && rs < elems {
+            return Err(Error::layout("vectors", format!("strides[0] = {rs} is less than the row's {elems} elements; rows overlap")));
         }
         // SAFETY: the caller guarantees keys, if given, describes readable host memory.
         let index = unsafe { build_rows(keys, rows) }?;
@@ -124,31 +161,48 @@ impl StaticTable {
         // SAFETY: validated above. Ownership moves into the store only now, when nothing after
         // it can fail: on every error above the caller still owns `managed`.
         let owned = unsafe { dlpark::Managed::<M>::from_raw(managed) }.map_err(|e| Error::invalid("vectors", e.to_string()))?;
-        // SAFETY: the view checked v.ptr is aligned for dtype and that rows x dim elements at
-        // row stride rs (unit element stride, rs >= dim when rows > 1; with one row the stride is
-        // never used) lie in the address space; the caller guarantees the memory stays readable
-        // until the deleter, which the store now owns, runs.
-        let store = unsafe { Store::adopted(v.ptr, dtype, rows, dim, rs.max(dim), owned.into_deleter()) };
+        // SAFETY: the view checked v.ptr is aligned for its dtype (format's) and that rows x
+        // elems elements at row stride rs (unit element stride, rs >= elems when rows > 1; with
+        // one row the stride is never used) lie in the address space; the caller guarantees the
+        // memory stays readable until the deleter, which the store now owns, runs.
+        let store = unsafe { Store::adopted(v.ptr, format, rows, dim, rs.max(elems) * v.elem, owned.into_deleter()) };
         Ok(StaticTable { store, rows: index, default_row, missing: options.missing, gpu: options.gpu })
     }
 
     /// Opens a table in HugeCTR's sparse format: `dir/key` (little-endian int64, one per row)
     /// and `dir/emb_vector` (float32, rows x `dim`, same order), no headers. The vectors are
     /// memory-mapped, not copied; the keys are read into the index and the key file is
-    /// unmapped. The files must not be truncated while the table is open.
+    /// unmapped. The files must not be truncated while the table is open. With an
+    /// `options.storage` other than float32 the rows are quantized (or converted) at load into
+    /// the table's own memory instead, and the files are closed.
     pub fn open(dir: &Path, dim: i64, options: TableOptions) -> Result<Self> {
         options.gpu.check()?;
         let dim = usize::try_from(dim).map_err(|_| Error::invalid("dim", format!("{dim}; expected 1 <= dim <= {MAX_DIM}")))?;
         let folder = SparseFolder::open(dir, dim)?;
         let rows = folder.rows;
         let index = KeyIndex::build((0..rows).map(|r| folder.key(r)), |k| k as i64 as i128, "dir/key")?;
+        if let Some(format) = options.storage.filter(|&f| f != RowFormat::Float(FloatDtype::F32)) {
+            if let Some(m) = format.check_dim(dim) {
+                return Err(Error::invalid("dim", m));
+            }
+            let store = match folder.into_vectors() {
+                Some(m) => quantized_store(format, rows, dim, |r, row| {
+                    for (c, x) in row.iter_mut().enumerate() {
+                        let at = (r * dim + c) * 4;
+                        *x = f32::from_le_bytes(m[at..at + 4].try_into().expect("4 bytes"));
+                    }
+                })?,
+                None => Store::alloc(format, 0, dim, |_| Ok(()))?,
+            };
+            return StaticTable::assemble(store, Rows::Keyed(index), options);
+        }
         let store = match folder.into_vectors() {
             Some(m) => {
                 #[cfg(unix)]
                 let _ = m.advise(memmap2::Advice::Random);
                 Store::mapped(m, rows, dim)
             }
-            None => Store::alloc(FloatDtype::F32, 0, dim, |_| {})?,
+            None => Store::alloc(FloatDtype::F32, 0, dim, |_| Ok(()))?,
         };
         StaticTable::assemble(store, Rows::Keyed(index), options)
     }
@@ -168,9 +222,14 @@ impl StaticTable {
         self.len() == 0
     }
 
-    /// Dtype of the stored vectors.
+    /// The float dtype of the stored vectors (see [`Store::dtype`]: float tables only).
     pub fn dtype(&self) -> FloatDtype {
         self.store.dtype()
+    }
+
+    /// How the rows are stored.
+    pub fn format(&self) -> RowFormat {
+        self.store.format()
     }
 
     /// Whether keys are arbitrary (hash index) rather than row numbers.
@@ -189,8 +248,8 @@ impl StaticTable {
     /// Every (key, float32 row) in row order (the order of a HugeCTR folder's files). Keyed
     /// float32 tables only (what `strata_table_open` builds); others yield nothing.
     pub fn rows_in_file_order(&self) -> impl Iterator<Item = (u64, &[f32])> + '_ {
-        let mut pairs: Vec<(usize, u64)> = match (&self.rows, self.store.dtype()) {
-            (Rows::Keyed(ix), FloatDtype::F32) => ix.iter().map(|(k, r)| (r, k)).collect(),
+        let mut pairs: Vec<(usize, u64)> = match (&self.rows, self.store.format()) {
+            (Rows::Keyed(ix), RowFormat::Float(FloatDtype::F32)) => ix.iter().map(|(k, r)| (r, k)).collect(),
             _ => Vec::new(),
         };
         pairs.sort_unstable();
@@ -220,7 +279,7 @@ impl StaticTable {
     /// and whether each was found into `found`. Missing keys' rows are left as they are.
     pub(crate) fn resolve(&self, keys: &[u64], rows: &mut [f32], found: &mut [bool]) {
         let dim = self.dim();
-        let dtype = self.dtype();
+        let format = self.format();
         for (j, &key) in keys.iter().enumerate() {
             let r = match &self.rows {
                 Rows::Dense => (key < self.len() as u64).then_some(key as usize),
@@ -230,8 +289,8 @@ impl StaticTable {
             if let Some(r) = r {
                 let src = self.store.row_ptr(r);
                 for (c, v) in rows[j * dim..(j + 1) * dim].iter_mut().enumerate() {
-                    // SAFETY: r < rows; the row holds dim elements of dtype.
-                    *v = unsafe { dtype.load_f32(src.wrapping_add(c * dtype.size())) };
+                    // SAFETY: r < rows; the row holds dim values of the format.
+                    *v = unsafe { crate::kernels::format::value(format, src, dim, c) };
                 }
             }
         }
@@ -293,18 +352,67 @@ pub(crate) unsafe fn read_rows(vectors: &DLTensor, n: usize, dim: usize) -> Resu
     Ok(rows)
 }
 
-/// Checks `vectors` is a host [rows, dim >= 1] float tensor.
-fn check_vectors(v: &TensorView) -> Result<(FloatDtype, usize, usize)> {
+/// Checks `vectors` is a host [rows, dim >= 1] float tensor, or, where `storage` is a
+/// quantized format, a uint8 [rows, row_bytes] tensor of rows in that layout; returns the
+/// format the tensor holds, its rows and their values (`dim`). Checks `dim` against `storage`.
+fn check_vectors(v: &TensorView, storage: Option<RowFormat>) -> Result<(RowFormat, usize, usize)> {
     require_host(v.device, "vectors")?;
-    let dtype = FloatDtype::of(v.dtype, "vectors")?;
     if v.shape.len() != 2 {
         return Err(Error::invalid("vectors", format!("ndim = {}; expected 2 ([rows, dim])", v.shape.len())));
     }
-    let (rows, dim) = (v.shape[0], v.shape[1]);
+    let (rows, cols) = (v.shape[0], v.shape[1]);
+    let quantized = storage.filter(|f| f.is_quantized());
+    let is_u8 = (v.dtype.code, v.dtype.bits, v.dtype.lanes) == (dlpark::ffi::DLDataTypeCode::UINT, 8, 1);
+    let (format, dim) = match quantized {
+        Some(f) if is_u8 => {
+            // A fused row: the values' bytes, then scale and bias (8 bytes for int8, 4 for int4).
+            let (extra, per_byte) = if f == RowFormat::Int8 { (8, 1) } else { (4, 2) };
+            if cols <= extra {
+                return Err(Error::invalid(
+                    "vectors",
+                    format!("shape[1] = {cols}; a fused {} row is its values' bytes then {extra} bytes of scale and bias", f.name()),
+                ));
+            }
+            (f, (cols - extra) * per_byte)
+        }
+        _ => {
+            let dtype = FloatDtype::of(v.dtype, "vectors").map_err(|e| match quantized {
+                Some(f) => Error::Dtype {
+                    arg: "vectors",
+                    got: crate::dlpack::dtype_name(v.dtype),
+                    expected: if f == RowFormat::Int8 {
+                        "float32, float16 or bfloat16 (quantized at build), or uint8 rows in the fused int8 layout"
+                    } else {
+                        "float32, float16 or bfloat16 (quantized at build), or uint8 rows in the fused int4 layout"
+                    },
+                },
+                None => e,
+            })?;
+            (RowFormat::Float(dtype), cols)
+        }
+    };
     if dim == 0 || dim > MAX_DIM {
-        return Err(Error::invalid("vectors", format!("shape[1] = {dim}; expected 1 <= dim <= {MAX_DIM}")));
+        return Err(Error::invalid("vectors", format!("shape[1] = {cols}: dim {dim}; expected 1 <= dim <= {MAX_DIM}")));
     }
-    Ok((dtype, rows, dim))
+    if let Some(m) = storage.and_then(|f| f.check_dim(dim)) {
+        return Err(Error::invalid("vectors", m));
+    }
+    Ok((format, rows, dim))
+}
+
+/// A store of `rows` rows of `dim` values as `format`, row `r` read as float32 by `row(r, buf)`
+/// then quantized (or converted); a value that cannot be stored fails the build, naming its
+/// row.
+fn quantized_store(format: RowFormat, rows: usize, dim: usize, mut row: impl FnMut(usize, &mut [f32])) -> Result<Store> {
+    let rb = format.row_bytes(dim);
+    let mut tmp = vec![0f32; dim];
+    Store::alloc(format, rows, dim, |buf| {
+        for (r, dst) in buf.chunks_exact_mut(rb).enumerate() {
+            row(r, &mut tmp);
+            quantize_row(format, &tmp, dst).map_err(|m| Error::invalid("vectors", format!("row {r}: {m}")))?;
+        }
+        Ok(())
+    })
 }
 
 /// Builds the row mapping: dense when `keys` is `None`, else an index over the 1-D `keys`.
@@ -328,8 +436,8 @@ pub struct TableInfo {
     pub rows: i64,
     /// Elements per row.
     pub dim: i64,
-    /// Dtype of the stored vectors.
-    pub dtype: FloatDtype,
+    /// How the rows are stored (a float dtype or a quantized layout).
+    pub format: RowFormat,
     /// Whether keys are arbitrary 64-bit values (hash index) rather than row numbers.
     pub keyed: bool,
     /// Whether the vectors are a memory-mapped file (`strata_table_open`).
@@ -339,7 +447,7 @@ pub struct TableInfo {
     /// Bytes of the keyed index (0 for dense tables and server tables, whose volatile tier
     /// is counted by `strata_table_get_stats`).
     pub index_bytes: u64,
-    /// Bytes of the vectors (rows * dim * element size).
+    /// Bytes of the vectors (rows times a row's bytes in its format).
     pub vector_bytes: u64,
 }
 
@@ -349,7 +457,7 @@ impl StaticTable {
         TableInfo {
             rows: self.len() as i64,
             dim: self.dim() as i64,
-            dtype: self.dtype(),
+            format: self.format(),
             keyed: self.is_keyed(),
             mapped: self.store.is_mapped(),
             adopted: self.store.is_adopted(),

@@ -8,6 +8,7 @@
 
 use crate::dlpack::FloatDtype;
 use crate::error::{Error, Result};
+use crate::kernels::RowFormat;
 
 /// Size of a transparent huge page on x86-64 and most aarch64 kernels.
 use crate::util::memory::{HUGE_PAGE, anon};
@@ -24,14 +25,16 @@ enum Owner {
     None,
 }
 
-/// Row-major vectors: `rows` rows of `dim` elements of `dtype`, row `r` starting at element
-/// `r * row_stride`.
+/// Row-major vectors: `rows` rows of `dim` values stored as `format` (a float dtype, or a
+/// quantized layout of `format.row_bytes(dim)` bytes a row), row `r` starting `r * stride`
+/// bytes from the first.
 pub struct Store {
     ptr: *const u8,
-    dtype: FloatDtype,
+    format: RowFormat,
     rows: usize,
     dim: usize,
-    row_stride: usize,
+    /// Bytes from one row's start to the next.
+    stride: usize,
     owner: Owner,
 }
 
@@ -44,45 +47,49 @@ unsafe impl Send for Store {}
 unsafe impl Sync for Store {}
 
 impl Store {
-    /// Allocates a zeroed store for `rows x dim` compact elements (page-aligned; aligned to and
-    /// advised for 2 MiB huge pages when large) and lets `fill` write it as bytes.
-    pub fn alloc(dtype: FloatDtype, rows: usize, dim: usize, fill: impl FnOnce(&mut [u8])) -> Result<Self> {
+    /// Allocates a zeroed store for `rows` compact rows of `dim` values as `format`
+    /// (page-aligned; aligned to and advised for 2 MiB huge pages when large) and lets `fill`
+    /// write it as bytes; a failing `fill` fails the call.
+    pub fn alloc(format: impl Into<RowFormat>, rows: usize, dim: usize, fill: impl FnOnce(&mut [u8]) -> Result<()>) -> Result<Self> {
+        let format = format.into();
+        let row_bytes = format.row_bytes(dim);
         let bytes = rows
-            .checked_mul(dim)
-            .and_then(|n| n.checked_mul(dtype.size()))
+            .checked_mul(row_bytes)
             .filter(|&b| b <= isize::MAX as usize - HUGE_PAGE)
             .ok_or_else(|| Error::invalid("vectors", format!("{rows} x {dim} elements overflow the address space")))?;
         if bytes == 0 {
             return Ok(Store {
                 ptr: std::ptr::NonNull::<u64>::dangling().as_ptr().cast(),
-                dtype,
+                format,
                 rows,
                 dim,
-                row_stride: dim,
+                stride: row_bytes,
                 owner: Owner::None,
             });
         }
         let (mut map, start) = anon(bytes, "table vectors")?;
-        fill(&mut map[start..start + bytes]);
+        fill(&mut map[start..start + bytes])?;
         let ptr = map[start..].as_ptr();
-        Ok(Store { ptr, dtype, rows, dim, row_stride: dim, owner: Owner::Anon(map) })
+        Ok(Store { ptr, format, rows, dim, stride: row_bytes, owner: Owner::Anon(map) })
     }
 
     /// Wraps memory owned by an adopted DLPack tensor; `deleter` is dropped (calling the
     /// producer's deleter) when the store is.
     ///
+    /// `stride` is in bytes.
+    ///
     /// # Safety
-    /// `ptr` must be valid for reads of `rows` rows at `row_stride` elements, aligned for `dtype`,
-    /// for as long as `deleter` is alive.
+    /// `ptr` must be valid for reads of `rows` rows of `format.row_bytes(dim)` bytes, `stride`
+    /// bytes apart, aligned for `format`, for as long as `deleter` is alive.
     pub unsafe fn adopted(
         ptr: *const u8,
-        dtype: FloatDtype,
+        format: RowFormat,
         rows: usize,
         dim: usize,
-        row_stride: usize,
+        stride: usize,
         deleter: dlpark::AllocationDeleter,
     ) -> Self {
-        Store { ptr, dtype, rows, dim, row_stride, owner: Owner::Adopted(deleter) }
+        Store { ptr, format, rows, dim, stride, owner: Owner::Adopted(deleter) }
     }
 
     /// Wraps memory the caller keeps alive and unchanged for the store's lifetime (a borrowed
@@ -90,14 +97,21 @@ impl Store {
     ///
     /// # Safety
     /// As for [`Store::adopted`], for as long as the store lives.
+    /// (Float rows; `row_stride` in elements.)
     pub unsafe fn borrowed(ptr: *const u8, dtype: FloatDtype, rows: usize, dim: usize, row_stride: usize) -> Self {
         let ptr = if rows * dim == 0 { std::ptr::NonNull::<u64>::dangling().as_ptr().cast() } else { ptr };
-        Store { ptr, dtype, rows, dim, row_stride, owner: Owner::None }
+        Store { ptr, format: dtype.into(), rows, dim, stride: row_stride * dtype.size(), owner: Owner::None }
     }
 
-    /// Elements from one row's start to the next.
+    /// Elements from one row's start to the next, for float rows (quantized stores are never
+    /// handed to the code that asks: CUDA placements and `__partitioned__` views refuse them).
     pub fn row_stride(&self) -> usize {
-        self.row_stride
+        self.stride / self.dtype().size()
+    }
+
+    /// Bytes from one row's start to the next.
+    pub fn stride_bytes(&self) -> usize {
+        self.stride
     }
 
     /// Address of row 0 (dangling but aligned when the store is empty).
@@ -108,12 +122,21 @@ impl Store {
     /// Wraps a file mapping holding `rows x dim` compact little-endian float32 values.
     pub fn mapped(map: memmap2::Mmap, rows: usize, dim: usize) -> Self {
         let ptr = if rows * dim == 0 { std::ptr::NonNull::<u64>::dangling().as_ptr().cast() } else { map.as_ptr() };
-        Store { ptr, dtype: FloatDtype::F32, rows, dim, row_stride: dim, owner: Owner::Mapped(map) }
+        Store { ptr, format: FloatDtype::F32.into(), rows, dim, stride: dim * 4, owner: Owner::Mapped(map) }
     }
 
-    /// Element dtype.
+    /// How rows are stored.
+    pub fn format(&self) -> RowFormat {
+        self.format
+    }
+
+    /// The element dtype of float rows. Only for code that reads rows as floats, which
+    /// quantized stores never reach (see [`Store::row_stride`]).
+    ///
+    /// # Panics
+    /// On a quantized store (a bug in the caller's checks, caught at the C boundary).
     pub fn dtype(&self) -> FloatDtype {
-        self.dtype
+        self.format.float().expect("a float store (quantized rows are refused before this point)")
     }
 
     /// Number of rows.
@@ -130,7 +153,7 @@ impl Store {
     #[inline(always)]
     pub fn row_ptr(&self, r: usize) -> *const u8 {
         debug_assert!(r < self.rows);
-        self.ptr.wrapping_add(r * self.row_stride * self.dtype.size())
+        self.ptr.wrapping_add(r * self.stride)
     }
 
     /// The byte range the rows occupy, for overlap checks against outputs.
@@ -139,13 +162,13 @@ impl Store {
             return (0, 0);
         }
         let start = self.ptr as usize;
-        let end = start + ((self.rows - 1) * self.row_stride + self.dim) * self.dtype.size();
+        let end = start + (self.rows - 1) * self.stride + self.format.row_bytes(self.dim);
         (start, end)
     }
 
     /// Bytes the vectors occupy (what a compact copy would take).
     pub fn vector_bytes(&self) -> usize {
-        self.rows * self.dim * self.dtype.size()
+        self.rows * self.format.row_bytes(self.dim)
     }
 
     /// Whether the vectors are a memory-mapped file.

@@ -4,12 +4,17 @@
 //! CPU executors.
 
 use super::{Job, TableImpl};
-use crate::dlpack::FloatDtype;
+use crate::dlpack::{FloatDtype, require_host};
 use crate::error::{Error, Result};
 use crate::exec::cpu::Found;
 use crate::exec::pooled::{pool_static, pool_tiered};
 use crate::model::{LookupOptions, LookupStats, Planned, Request, RowSource, StaticTable, TableInfo, TableStats, TieredTable};
 use crate::partition::{self, TableDescription};
+
+/// The error of a path quantized rows do not take yet: `table` (int8 rows) `what`.
+fn quantized_here(t: &StaticTable, what: &str) -> Error {
+    Error::invalid("table", format!("stores {} rows, which {what}", t.format().name()))
+}
 
 /// The stats of a pooled lookup on a table that keeps no tier counters.
 fn counted(f: Found) -> LookupStats {
@@ -27,13 +32,29 @@ impl TableImpl for StaticTable {
         StaticTable::info(self)
     }
     fn describe(&self) -> Result<TableDescription> {
+        if self.format().is_quantized() {
+            return Err(quantized_here(self, "has no __partitioned__ view"));
+        }
         partition::describe(self)
     }
     fn rows(&self) -> Option<&dyn RowSource> {
-        Some(self)
+        // (Quantized rows are served on the host only: the plan refuses CUDA tensors.)
+        (!self.format().is_quantized()).then_some(self as &dyn RowSource)
     }
 
     fn plan(&self, r: &Request, opts: &LookupOptions, plan: &mut Planned) -> Result<()> {
+        if self.format().is_quantized() {
+            for (t, arg) in r.tensors() {
+                require_host(t.device, arg).map_err(|_| Error::Device {
+                    arg,
+                    msg: format!(
+                        "{}; the table stores {} rows, which are served from host memory only in this version (no CUDA lookups yet)",
+                        crate::dlpack::device_name(t.device),
+                        self.format().name()
+                    ),
+                })?;
+            }
+        }
         // (`out` is kept clear of the table's own vectors.)
         r.plan_into(StaticTable::dim(self), self.store().byte_range(), opts, plan)
     }
@@ -67,7 +88,7 @@ impl TableImpl for TieredTable {
         TableInfo {
             rows: TieredTable::len(self) as i64,
             dim: TieredTable::dim(self) as i64,
-            dtype: FloatDtype::F32,
+            format: FloatDtype::F32.into(),
             keyed: true,
             mapped: false,
             adopted: false,

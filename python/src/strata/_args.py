@@ -30,8 +30,9 @@ def choice(table: Mapping[str, int], value: str, what: str) -> int:
 
 
 def dtype_name(code: int, bits: int) -> str:
-    """The name of a float dtype as DLPack codes it."""
-    return {(_ffi.kDLFloat, 32): "float32", (_ffi.kDLFloat, 16): "float16", (_ffi.kDLBfloat, 16): "bfloat16"}.get(
+    """The name of a table's dtype as DLPack codes it (float dtypes; uint8 for quantized rows)."""
+    names = {(_ffi.kDLFloat, 32): "float32", (_ffi.kDLFloat, 16): "float16", (_ffi.kDLBfloat, 16): "bfloat16", (_ffi.kDLUInt, 8): "uint8"}
+    return names.get(
         (code, bits), f"dtype({code},{bits})"
     )
 

@@ -21,6 +21,8 @@ from .errors import InvalidArgument, NullArgument, ReadOnly, UnsupportedDevice, 
 PathLike = Union[str, "os.PathLike[str]"]
 
 _MISSING = _args.MISSING
+#: How a table stores its rows (``strata_storage``); "as_given" keeps the vectors' dtype.
+_STORAGE = {"as_given": 0, "float32": 1, "float16": 2, "bfloat16": 3, "int8": 4, "int4": 5}
 _PLACEMENT = {"static": _ffi.STRATA_GPU_STATIC, "uvm": _ffi.STRATA_GPU_UVM, "cache": _ffi.STRATA_GPU_CACHE}
 _SHARDING = {"replicate": _ffi.STRATA_GPU_REPLICATE, "shard": _ffi.STRATA_GPU_SHARD}
 _OUT_DTYPES = ("float32", "float16", "bfloat16")
@@ -44,8 +46,9 @@ def _options(
     gpu_cache_fraction: float,
     hit_rate_threshold: float,
     gpu_sharding: str,
+    storage: str = "as_given",
 ) -> _ffi.strata_table_options:
-    return _ffi.strata_table_options(
+    opts = _ffi.strata_table_options(
         float(default_value),
         _choice(_MISSING, missing, "missing"),
         _choice(_PLACEMENT, gpu_placement, "gpu_placement"),
@@ -53,6 +56,8 @@ def _options(
         float(hit_rate_threshold),
         _choice(_SHARDING, gpu_sharding, "gpu_sharding"),
     )
+    opts.storage = _choice(_STORAGE, storage, "storage")
+    return opts
 
 
 def _stream_value(stream: Any) -> Optional[int]:
@@ -86,6 +91,16 @@ class TableInfo:
     adopted: bool
     index_bytes: int
     vector_bytes: int
+    #: How rows are stored: the dtype's name, or "int8"/"int4" for quantized rows (whose
+    #: ``dtype`` is "uint8").
+    storage: str = ""
+
+
+def _storage_of(dtype: str, rows: int, dim: int, vector_bytes: int) -> str:
+    if dtype != "uint8":
+        return dtype
+    per_row = vector_bytes // rows if rows else 0
+    return "int8" if per_row == dim + 8 else "int4" if per_row == dim // 2 + 4 else "uint8"
 
 
 @dataclass(frozen=True)
@@ -165,10 +180,19 @@ class Table(_Closeable):
         gpu_cache_fraction: float = 0.5,
         hit_rate_threshold: float = 0.9,
         gpu_sharding: str = "replicate",
+        storage: str = "as_given",
     ) -> "Table":
         """A table from ``vectors`` ([rows, dim] float32, float16 or bfloat16, host memory, any
         DLPack producer) and ``keys`` (None for a dense table, key = row number; else a 1-D
         integer tensor of ``rows`` unique keys).
+
+        ``storage``: how the table stores its rows. "as_given" (the default) keeps the vectors'
+        dtype; "float32", "float16" or "bfloat16" convert; "int8" and "int4" quantize each row
+        as FBGEMM's ``FloatToFused8BitRowwiseQuantized`` and
+        ``FloatToFusedNBitRowwiseQuantizedSBHalf`` (4 bits) do, bit for bit. Rows FBGEMM or
+        TorchRec already quantized (uint8 ``[rows, row_bytes]`` in that fused layout) are taken
+        as they are with ``storage="int8"``/``"int4"``, copied or (``copy=False``) adopted.
+        Lookups dequantize (``q * scale + bias`` in float32) inside the gather and the pooling.
 
         ``missing``: "fill" gives missing keys ``default_value`` in every element; "error"
         makes a lookup with a missing key raise :class:`KeyNotFound`.
@@ -180,7 +204,7 @@ class Table(_Closeable):
 
         The ``gpu_*`` and ``hit_rate_threshold`` options are for CUDA builds (HPS's
         ``gpucacheper`` and ``hit_rate_threshold``); libraries that predate them ignore them."""
-        opts = _options(default_value, missing, gpu_placement, gpu_cache_fraction, hit_rate_threshold, gpu_sharding)
+        opts = _options(default_value, missing, gpu_placement, gpu_cache_fraction, hit_rate_threshold, gpu_sharding, storage)
         v = Borrowed(exportable(vectors), "vectors")
         k = None if keys is None else Borrowed(_as_dlpack(keys), "keys")
         out = _ffi.TABLE_P()
@@ -207,11 +231,14 @@ class Table(_Closeable):
         gpu_cache_fraction: float = 0.5,
         hit_rate_threshold: float = 0.9,
         gpu_sharding: str = "replicate",
+        storage: str = "as_given",
     ) -> "Table":
         """A table in HugeCTR's sparse format: the folder ``path`` holds ``key`` (int64 per row)
         and ``emb_vector`` (float32, rows x ``dim``). The vectors are memory-mapped, not
-        copied: the files must not be truncated while the table is open."""
-        opts = _options(default_value, missing, gpu_placement, gpu_cache_fraction, hit_rate_threshold, gpu_sharding)
+        copied: the files must not be truncated while the table is open. A ``storage`` other
+        than "as_given"/"float32" converts or quantizes the rows at load into the table's own
+        memory (see :meth:`from_array`)."""
+        opts = _options(default_value, missing, gpu_placement, gpu_cache_fraction, hit_rate_threshold, gpu_sharding, storage)
         out = _ffi.TABLE_P()
         _check(_ffi.strata_table_open(os.fsencode(path), int(dim), byref(opts), byref(out)))
         return cls(out)
@@ -260,15 +287,17 @@ class Table(_Closeable):
     def info(self) -> TableInfo:
         i = _ffi.strata_table_info()
         _check(_ffi.strata_table_get_info(self._handle(), byref(i)))
+        dtype = _dtype_name(i.dtype.code, i.dtype.bits)
         return TableInfo(
             int(i.rows),
             int(i.dim),
-            _dtype_name(i.dtype.code, i.dtype.bits),
+            dtype,
             bool(i.keyed),
             bool(i.mapped),
             bool(i.adopted),
             int(i.index_bytes),
             int(i.vector_bytes),
+            _storage_of(dtype, int(i.rows), int(i.dim), int(i.vector_bytes)),
         )
 
     def stats(self) -> Dict[str, int]:
