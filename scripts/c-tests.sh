@@ -301,6 +301,8 @@ if command -v valgrind >/dev/null 2>&1; then
     check "valgrind adopt" valgrind_example adopt
     check "valgrind server" valgrind_example server
     check "valgrind pooled 300 12" valgrind_example pooled 300 12
+    check "valgrind quantized 2000 64 int8" valgrind_example quantized 2000 64 int8
+    check "valgrind quantized 500 32 int4" valgrind_example quantized 500 32 int4
     if [ -n "${STRATA_REDIS_ADDRESS:-}" ]; then
         check "valgrind redis_cluster" valgrind_example redis_cluster
     fi
