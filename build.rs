@@ -179,6 +179,19 @@ mod cffi {
         !value.is_empty() && operators && (has_digit || value.chars().any(|c| c.is_ascii_alphabetic()))
     }
 
+    /// Whether `#define` `rest` is for C callers only: a function-like macro, or a name for
+    /// another identifier that is not an integer constant (a function's alias).
+    fn is_alias(rest: &str, constants: &HashSet<String>) -> bool {
+        let mut words = rest.split_whitespace();
+        let name = words.next().unwrap_or("");
+        let value: Vec<&str> = words.collect();
+        let ident = |s: &str| {
+            s.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        };
+        name.contains('(') || (value.len() == 1 && ident(value[0]) && !constants.contains(value[0]))
+    }
+
     pub fn declarations(header: &str) -> String {
         // One frame per open conditional: (this branch is taken, some branch was taken, the
         // enclosing region is active).
@@ -229,8 +242,9 @@ mod cffi {
                 "endif" => {
                     frames.pop().expect("strata.h: #endif without #if");
                 }
-                // (A function-like macro, `name(...)`, is for C callers only.)
-                "define" if active && !rest.split_whitespace().next().unwrap_or("").contains('(') => {
+                // (A function-like macro, `name(...)`, or a function's alias, `name other_name`,
+                // is for C callers only.)
+                "define" if active && !is_alias(rest, &constants) => {
                     let (name, value) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
                     let value = value.trim();
                     defined.insert(name.to_string());

@@ -107,8 +107,8 @@ fn pooled(args: &[usize], pages: &str) {
     let keyq: Vec<i64> = rowq.iter().map(|r| r * 7 + 3).collect();
     let offsets: Vec<i64> = (0..=bags as i64).map(|b| b * hot as i64).collect();
     let opts = LookupOptions { num_threads: threads as i32, ..strata_lookup_options_default() };
-    let dense = Owned::build(&vectors, rows, dim, None, &strata_table_options_default());
-    let keyed = Owned::build(&vectors, rows, dim, Some(&table_keys), &strata_table_options_default());
+    let dense = Owned::build(&vectors, rows, dim, None, &strata_table_options_default_0_3_1());
+    let keyed = Owned::build(&vectors, rows, dim, Some(&table_keys), &strata_table_options_default_0_3_1());
 
     let rq = Desc::compact(rowq.as_ptr().cast(), I64, &[nnz as i64]);
     let kq = Desc::compact(keyq.as_ptr().cast(), I64, &[nnz as i64]);
@@ -262,7 +262,7 @@ fn batch(calls: usize) {
         .map(|i| {
             let d = 16 + 8 * (i % 8);
             let v: Vec<f32> = (0..10_000 * d).map(|x| x as f32).collect();
-            Owned::build(&v, 10_000, d, None, &strata_table_options_default())
+            Owned::build(&v, 10_000, d, None, &strata_table_options_default_0_3_1())
         })
         .collect();
     let one = [42i64];

@@ -870,13 +870,13 @@ strata_status strata_table_get_stats(const struct strata_table *table,
 
 // Default table options (`struct_size = sizeof(strata_table_options)`): missing keys are
 // filled with 0; GPU lookups use a static copy per device; rows are stored as given. The
-// header's `strata_table_options_default()` calls this (a macro), so hosts built against this
-// header get every field.
+// header's `strata_table_options_default` is a macro for this name, so hosts built against
+// this header (calling it or taking its address) get every field.
 struct strata_table_options strata_table_options_default_0_3_1(void);
 
 // The 0.3.0 initialiser, for hosts built against 0.3.0's header: the defaults of the 0.3.0
 // fields (`struct_size = 32`), in the room those hosts have for them. This header's
-// `strata_table_options_default()` is a macro for `strata_table_options_default_0_3_1()`.
+// `strata_table_options_default` is a macro for `strata_table_options_default_0_3_1`.
 struct strata_table_options_v0_3 strata_table_options_default(void);
 
 // A `strata_table_info` with `struct_size = sizeof(strata_table_info)` and zero fields, to

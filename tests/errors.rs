@@ -309,7 +309,7 @@ fn bad_options() {
 
 #[test]
 fn defaults_and_names() {
-    let t = strata_table_options_default();
+    let t = strata_table_options_default_0_3_1();
     assert_eq!((t.default_value, t.missing_key), (0.0, 0));
     assert_eq!((t.gpu_placement, t.gpu_cache_fraction, t.hit_rate_threshold, t.gpu_sharding), (0, 0.5, 0.9, 0));
     let l = strata_lookup_options_default();
@@ -342,7 +342,7 @@ fn last_error_is_per_thread() {
 #[test]
 fn empty_tensors_on_unserved_devices_are_refused() {
     let vectors = [1f32; 4];
-    let table = Owned::build(&vectors, 4, 1, None, &strata_table_options_default());
+    let table = Owned::build(&vectors, 4, 1, None, &strata_table_options_default_0_3_1());
     let (keys, out) = ([0i32; 1], [0f32; 1]);
     for (kdev, odev, arg) in [
         (DLDeviceType::CUDA, DLDeviceType::OPENCL, "out"),

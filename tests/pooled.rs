@@ -23,7 +23,7 @@ struct Fixture {
 impl Fixture {
     fn new(rng: &mut Rng, rows: usize, dim: usize, default: f32, missing_error: bool) -> Fixture {
         let (keys, vectors) = random_table(rng, rows, dim);
-        let mut o = strata_table_options_default();
+        let mut o = strata_table_options_default_0_3_1();
         o.default_value = default;
         o.missing_key = missing_error as i32;
         let table = Owned::build(&vectors, rows, dim, Some(&keys), &o);

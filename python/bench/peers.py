@@ -18,6 +18,9 @@ runs):
                keys: strata_lookup_batch of 26 pooled requests, 26 lookup_pooled calls, the loop
                of embedding_bag calls, TorchRec and TBE.
   small        the same 26 tables at B = 1, 16 and 64: lookup_batch against 26 embedding_bag calls.
+  quantized    the same 26 tables as int8 and int4 rows (FBGEMM's quantizers; strata adopts the
+               fused rows): strata's batch against its float32 batch, FBGEMM's quantized
+               inference TBE and a loop of PyTorch's quantized embedding_bag (issue 22).
 
 The float32 sum workloads also time two references on the same tensor (python/bench/plain_pool.c,
 built by scripts/bench-peers.sh): a plain prefetching C loop, and the memory's limit, a loop that
@@ -314,6 +317,117 @@ def dlrm(b: Bench, a, rng, weights, tables, batches: Sequence[int], zipfs: Seque
                   f"{'Zipf(1.05)' if zipf else 'uniform'} keys; strata adopts the same tensors", cases, ratios)
 
 
+def quantized(b: Bench, a, rng, weights, tables) -> None:
+    """The DLRM-like 26 tables quantized (issue 22): strata's int8 and int4 tables (FBGEMM's
+    fused rows, adopted) against strata's float32 batch, FBGEMM's quantized inference TBE and a
+    loop of PyTorch's quantized embedding_bag calls (FBGEMM's quantized EmbeddingSpMDM)."""
+    import strata
+    import torch
+    import torch.nn.functional as F
+
+    try:
+        import fbgemm_gpu  # noqa: F401
+    except ImportError as e:
+        print(f"quantized: skipped: cannot import fbgemm_gpu ({e})")
+        return
+    dim = weights[0].shape[1]
+    rows = [w.shape[0] for w in weights]
+    q8 = [torch.ops.fbgemm.FloatToFused8BitRowwiseQuantized(w) for w in weights]
+    q4 = [torch.ops.fbgemm.FloatToFusedNBitRowwiseQuantizedSBHalf(w, 4) for w in weights]
+    t8 = [strata.Table.from_array(q, storage="int8", copy=False) for q in q8]
+    t4 = [strata.Table.from_array(q, storage="int4", copy=False) for q in q4]
+    print(f"\nbytes a row at dim {dim}: float32 {dim * 4}, int8 {q8[0].shape[1]}, int4 {q4[0].shape[1]}")
+    deq8 = [torch.ops.fbgemm.Fused8BitRowwiseQuantizedToFloat(q) for q in q8]
+    deq4 = [torch.ops.fbgemm.FusedNBitRowwiseQuantizedSBHalfToFloat(q, 4) for q in q4]
+    tbe8, tbe8_rows = quantized_tbe(q8, "int8")
+    tbe4, tbe4_rows = quantized_tbe(q4, "int4")
+    batch = max(16, int(2048 * a.scale))
+    kk = dlrm_keys(rows, batch, False, rng)
+    outs = [torch.empty((batch, dim)) for _ in weights]
+    reqs = {name: [strata.Request(t, k, o, off, None, "sum") for t, (k, off), o in zip(ts, kk, outs)]
+            for name, ts in (("float32", tables), ("int8", t8), ("int4", t4))}
+    for name, deq in (("int8", deq8), ("int4", deq4)):
+        strata.lookup_batch(reqs[name])
+        for i, (o, w, (k, off)) in enumerate(zip(outs, deq, kk)):
+            check(f"strata {name} lookup_batch table {i}", o, F.embedding_bag(k, w, off, mode="sum", include_last_offset=True), 1e-5, 1e-4)
+    idx = torch.cat([k for k, _ in kk])
+    offs, base = [torch.zeros(1, dtype=torch.int64)], 0
+    for k, off in kk:
+        offs.append(off[1:] + base)
+        base += int(k.numel())
+    offs_t = torch.cat(offs)
+    cases: Dict[str, Callable[[], object]] = {
+        "strata lookup_batch float32": lambda: strata.lookup_batch(reqs["float32"]),
+        "strata lookup_batch int8": lambda: strata.lookup_batch(reqs["int8"]),
+        "strata lookup_batch int4": lambda: strata.lookup_batch(reqs["int4"]),
+        "quantized embedding_bag loop int8": lambda: [torch.ops.quantized.embedding_bag_byte_rowwise_offsets(
+            q, k, off, False, 0, False, None, None, True) for q, (k, off) in zip(q8, kk)],
+        "quantized embedding_bag loop int4": lambda: [torch.ops.quantized.embedding_bag_4bit_rowwise_offsets(
+            q, k, off, False, 0, False, None, None, True) for q, (k, off) in zip(q4, kk)],
+    }
+    for q, deq in ((q8, deq8), (q4, deq4)):
+        f = torch.ops.quantized.embedding_bag_byte_rowwise_offsets if q is q8 else torch.ops.quantized.embedding_bag_4bit_rowwise_offsets
+        for (k, off), qq, w in zip(kk, q, deq):
+            check("quantized embedding_bag", f(qq, k, off, False, 0, False, None, None, True),
+                  F.embedding_bag(k, w, off, mode="sum", include_last_offset=True), 1e-4, 1e-3)
+    ratios = [("strata lookup_batch int8", "strata lookup_batch float32"), ("strata lookup_batch int4", "strata lookup_batch float32"),
+              ("strata lookup_batch int8", "quantized embedding_bag loop int8"), ("strata lookup_batch int4", "quantized embedding_bag loop int4")]
+    for name, tbe, trows in (("int8", tbe8, tbe8_rows), ("int4", tbe4, tbe4_rows)):
+        if tbe is None:
+            continue
+        with torch.no_grad():
+            got = tbe(idx.int(), offs_t.int())
+        want = torch.cat([F.embedding_bag(k, w, off, mode="sum", include_last_offset=True) for w, (k, off) in zip(trows, kk)], dim=1)
+        check(f"FBGEMM TBE {name}", got, want, 1e-4, 1e-3)
+
+        def tbe_call(tbe=tbe, idx=idx.int(), offs_t=offs_t.int()):
+            with torch.no_grad():
+                return tbe(idx, offs_t)
+
+        cases[f"FBGEMM TBE {name}"] = tbe_call
+        ratios.append((f"strata lookup_batch {name}", f"FBGEMM TBE {name}"))
+    nnz = int(idx.numel())
+    b.run(f"quantized DLRM-like: 26 tables of dim {dim}, B = {batch}, {nnz} uniform keys; strata adopts FBGEMM's fused rows", cases, ratios)
+
+
+def quantized_tbe(fused, kind: str):
+    """FBGEMM's inference TBE (CPU) holding the rows of ``fused`` (its layout: the values, then
+    float16 scale and bias; int8's float32 scale and bias are rounded to float16), and the rows
+    it holds, dequantized."""
+    import torch
+
+    try:
+        from fbgemm_gpu.split_embedding_configs import SparseType
+        from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
+        from fbgemm_gpu.split_table_batched_embeddings_ops_inference import IntNBitTableBatchedEmbeddingBagsCodegen
+    except Exception as e:  # noqa: BLE001
+        print(f"FBGEMM TBE {kind}: skipped: cannot import it ({type(e).__name__}: {e})")
+        return None, None
+    sparse = SparseType.INT8 if kind == "int8" else SparseType.INT4
+    dims = [(q.shape[1] - 8) if kind == "int8" else (q.shape[1] - 4) * 2 for q in fused]
+    specs = [(f"t{i}", q.shape[0], d, sparse, EmbeddingLocation.HOST) for i, (q, d) in enumerate(zip(fused, dims))]
+    tbe = IntNBitTableBatchedEmbeddingBagsCodegen(embedding_specs=specs, pooling_mode=PoolingMode.SUM, device="cpu",
+                                                  output_dtype=SparseType.FP32)
+    tbe.fill_random_weights()
+    weights, rows = [], []
+    for q, d in zip(fused, dims):
+        if kind == "int8":
+            data = q[:, :d].contiguous()
+            sb = q[:, d:].contiguous().view(torch.float32).half()
+        else:
+            data = q[:, : d // 2].contiguous()
+            sb = q[:, d // 2:].contiguous().view(torch.float16)
+        weights.append((data, sb.contiguous().view(torch.uint8)))
+        sbf = sb.float()
+        if kind == "int8":
+            vals = data.float()
+        else:
+            vals = torch.stack([data & 15, data >> 4], dim=2).reshape(data.shape[0], d).float()
+        rows.append(vals * sbf[:, :1] + sbf[:, 1:2])
+    tbe.assign_embedding_weights(weights)
+    return tbe, rows
+
+
 def torchrec_ebc(weights):
     try:
         import torch
@@ -366,7 +480,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--budget", type=float, default=0.3, help="seconds of calls per contender per round")
     p.add_argument("--scale", type=float, default=1.0, help="multiplies every row count and batch size")
-    p.add_argument("--only", default="pooled,dlrm,small", help="comma-separated: pooled, dlrm, small")
+    p.add_argument("--only", default="pooled,dlrm,small,quantized", help="comma-separated: pooled, dlrm, small, quantized")
     a = p.parse_args()
     import strata
     import torch
@@ -389,7 +503,7 @@ def main() -> None:
     b = Bench(a.rounds, a.budget)
     if "pooled" in only:
         pooled(b, a, rng)
-    if only & {"dlrm", "small"}:
+    if only & {"dlrm", "small", "quantized"}:
         rows = dlrm_tables(a.scale, rng)
         weights = [torch.from_numpy(rng.random((r, 64), dtype=np.float32)) for r in rows]
         tables = [strata.Table.from_array(w, copy=False) for w in weights]
@@ -397,6 +511,8 @@ def main() -> None:
             dlrm(b, a, rng, weights, tables, [max(16, int(2048 * a.scale))], (False, True), False)
         if "small" in only:
             dlrm(b, a, rng, weights, tables, (1, 16, 64), (False,), True)
+        if "quantized" in only:
+            quantized(b, a, rng, weights, tables)
     print(f"\nsummary (strata's time / the peer's; below 1 is strata faster)   load average {loadavg()}")
     for label, name, med, lo, hi in b.summary:
         print(f"  {med:5.2f}x ({lo:.2f}-{hi:.2f})  {name:58s} {label[:90]}")

@@ -105,7 +105,7 @@ def test_lookup_through_cffi_equals_numpy(c, key_dtype):
     vectors = rng.standard_normal((500, 24)).astype(np.float32)
     table_keys = rng.choice(10_000, size=500, replace=False).astype(np.int64)
     keep = []
-    opts = lib.strata_table_options_default()
+    opts = lib.strata_table_options_default_0_3_1()
     opts.default_value = -3.5
     table = ffi.new("strata_table **")
     assert lib.strata_table_from_dlpack(_dl(ffi, vectors, keep), _dl(ffi, table_keys, keep), ffi.addressof(opts), table) == lib.STRATA_OK

@@ -119,7 +119,7 @@ strata_table_info = HEADER.structs["strata_table_info"]
 strata_table = HEADER.structs["strata_table"]  # opaque
 
 TABLE_OPTION_DEFAULTS = dict(struct_size=ctypes.sizeof(strata_table_options), default_value=0.0, missing_key=STRATA_MISSING_FILL, gpu_placement=STRATA_GPU_STATIC,
-                             gpu_cache_fraction=0.5, hit_rate_threshold=0.9, gpu_sharding=STRATA_GPU_REPLICATE)
+                             gpu_cache_fraction=0.5, hit_rate_threshold=0.9, gpu_sharding=STRATA_GPU_REPLICATE, storage=0)
 
 
 def _header_fields(struct: str) -> list:
@@ -156,6 +156,7 @@ for _name in (
     "strata_default_num_threads",
     "strata_lookup_options_default",
     "strata_table_options_default",
+    "strata_table_options_default_0_3_1",
     "strata_lookup",
     "strata_lookup_managed",
     "strata_lookup_managed_versioned",
@@ -427,10 +428,13 @@ def test_version_status_names_and_defaults():
         assert re.search(rf"\b{name} = {value},", header), name
     assert strata_status_name(99).decode() == "STRATA_UNKNOWN_STATUS"
     assert strata_status_name(-1).decode() == "STRATA_UNKNOWN_STATUS"
-    o = strata_table_options_default()
+    o = strata_table_options_default_0_3_1()
     assert [f for f, _ in o._fields_] == HEADER_TABLE_OPTION_FIELDS, "the mirror lacks a field of the header"
     for name in HEADER_TABLE_OPTION_FIELDS:
         assert getattr(o, name) == pytest.approx(TABLE_OPTION_DEFAULTS[name]), name
+    # The name hosts built against 0.3.0's header call: 0.3.0's layout and size.
+    old = strata_table_options_default()
+    assert old.struct_size == 32 == ctypes.sizeof(old) and [f for f, _ in old._fields_] == HEADER_TABLE_OPTION_FIELDS[:-1]
     lo = strata_lookup_options_default()
     assert lo.struct_size == ctypes.sizeof(strata_lookup_options) and lo.stream is None and lo.num_threads == 0
     assert strata_default_num_threads() >= 1

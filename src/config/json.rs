@@ -62,6 +62,10 @@ pub(super) struct ModelJson {
     pub embedding_vecsize_per_table: Option<List<Uint>>,
     #[serde(deserialize_with = "present")]
     pub default_value_for_each_table: Option<List<Float>>,
+    /// A strata extension: how each table stores its rows (`"float32"`, the default, or
+    /// `"float16"`, `"bfloat16"`, `"int8"`, `"int4"`).
+    #[serde(deserialize_with = "present")]
+    pub strata_storage_per_table: Option<List<Text>>,
     /// Required.
     #[serde(deserialize_with = "present")]
     pub maxnum_catfeature_query_per_table_per_sample: Option<List<Uint>>,
@@ -90,6 +94,7 @@ impl Default for ModelJson {
             embedding_table_names: None,
             embedding_vecsize_per_table: None,
             default_value_for_each_table: None,
+            strata_storage_per_table: None,
             maxnum_catfeature_query_per_table_per_sample: None,
             max_batch_size: Uint(64),
             deployed_device_list: List(vec![DeviceId(0)]),

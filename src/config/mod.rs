@@ -89,6 +89,12 @@ pub struct ModelConfig {
     /// The value of every element of a missing key's row, per table
     /// (`default_value_for_each_table`); default 0.0 for every table.
     pub default_value_for_each_table: Vec<f32>,
+    /// How each table stores its rows (`strata_storage_per_table`, a strata extension HPS
+    /// does not have): float32 (the default) or converted or quantized (`float16`, `bfloat16`,
+    /// `int8`, `int4`), in the volatile tier and in a table served without tiers. Rows read
+    /// from the persistent tier are passed through the same format, so a key's row is the same
+    /// from every tier.
+    pub strata_storage_per_table: Vec<crate::kernels::RowFormat>,
     /// The most keys one sample looks up in each table
     /// (`maxnum_catfeature_query_per_table_per_sample`, required by HPS, >= 1). HPS sizes its
     /// GPU buffers with it (`max_batch_size` x this).

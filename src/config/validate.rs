@@ -35,6 +35,19 @@ pub(super) fn validate(doc: &PsJson, ignored: Vec<IgnoredField>, file: &str, bas
     update_source(&doc.update_source)?;
     pass.report("update_source", UPDATE_SOURCE_IGNORED);
     let models = pass.models(&doc.models)?;
+    if volatile_db.kind == VolatileDbKind::RedisCluster {
+        for (i, m) in models.iter().enumerate() {
+            if let Some(j) = m.strata_storage_per_table.iter().position(|f| *f != crate::dlpack::FloatDtype::F32.into()) {
+                return Err(Problem::new(
+                    &format!("models[{i}].strata_storage_per_table[{j}]"),
+                    format!(
+                        "\"{}\" with volatile_db.type \"redis_cluster\"; the Redis tier stores float32 rows (use \"float32\", or an in-process hash_map tier)",
+                        m.strata_storage_per_table[j].name()
+                    ),
+                ));
+            }
+        }
+    }
     // Nothing else is ever left unread; should it be, it is still reported.
     let rest = std::mem::take(&mut pass.ignored);
     pass.warnings.extend(rest.iter().map(|f| format!("{}: unknown field", join(&f.object, &f.key))));
@@ -492,8 +505,28 @@ impl Pass<'_> {
             .map(|l| each(l, &at("default_value_for_each_table"), |v, at| float32(v, at, Range::Any)))
             .transpose()?;
 
+        let storage = m
+            .strata_storage_per_table
+            .as_ref()
+            .map(|l| {
+                each(l, &at("strata_storage_per_table"), |v, at| {
+                    crate::kernels::RowFormat::parse(&v.0).ok_or_else(|| {
+                        Problem::new(at, format!("\"{}\"; expected \"float32\", \"float16\", \"bfloat16\", \"int8\" or \"int4\"", v.0))
+                    })
+                })
+            })
+            .transpose()?;
+        if let Some(s) = &storage {
+            for (j, f) in s.iter().enumerate() {
+                if let Some(msg) = vecsize.get(j).and_then(|&d| f.check_dim(d)) {
+                    return Err(Problem::new(&index(&at("strata_storage_per_table"), j), msg));
+                }
+            }
+        }
+
         let lengths = [
             ("embedding_vecsize_per_table", Some(vecsize.len())),
+            ("strata_storage_per_table", storage.as_ref().map(Vec::len)),
             ("maxnum_catfeature_query_per_table_per_sample", Some(maxnum.len())),
             ("embedding_table_names", names.as_ref().map(Vec::len)),
             ("default_value_for_each_table", defaults.as_ref().map(Vec::len)),
@@ -550,6 +583,7 @@ impl Pass<'_> {
             embedding_table_names,
             embedding_vecsize_per_table: vecsize,
             default_value_for_each_table: defaults.unwrap_or_else(|| vec![0.0; tables]),
+            strata_storage_per_table: storage.unwrap_or_else(|| vec![crate::dlpack::FloatDtype::F32.into(); tables]),
             maxnum_catfeature_query_per_table_per_sample: maxnum,
             max_batch_size: uint(&m.max_batch_size, &at("max_batch_size"), 1)?,
             deployed_device_list,

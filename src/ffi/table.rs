@@ -25,8 +25,8 @@ pub(crate) unsafe fn table_options(p: *const strata_table_options) -> Result<Tab
 
 /// Default table options (`struct_size = sizeof(strata_table_options)`): missing keys are
 /// filled with 0; GPU lookups use a static copy per device; rows are stored as given. The
-/// header's `strata_table_options_default()` calls this (a macro), so hosts built against this
-/// header get every field.
+/// header's `strata_table_options_default` is a macro for this name, so hosts built against
+/// this header (calling it or taking its address) get every field.
 #[unsafe(no_mangle)]
 pub extern "C" fn strata_table_options_default_0_3_1() -> strata_table_options {
     strata_table_options::default()
@@ -51,7 +51,7 @@ const _: () = assert!(size_of::<strata_table_options_v0_3>() == 32, "0.3.0's str
 
 /// The 0.3.0 initialiser, for hosts built against 0.3.0's header: the defaults of the 0.3.0
 /// fields (`struct_size = 32`), in the room those hosts have for them. This header's
-/// `strata_table_options_default()` is a macro for `strata_table_options_default_0_3_1()`.
+/// `strata_table_options_default` is a macro for `strata_table_options_default_0_3_1`.
 #[unsafe(no_mangle)]
 pub extern "C" fn strata_table_options_default() -> strata_table_options_v0_3 {
     let d = strata_table_options::default();

@@ -170,6 +170,23 @@ pub fn quantize_row(format: RowFormat, src: &[f32], dst: &mut [u8]) -> Result<()
     Ok(())
 }
 
+/// Replaces `row` by the values `format` would hold for it (quantized, then dequantized: what a
+/// lookup of a table stored as `format` returns for these values); `scratch` is reused. Float32
+/// rows stay as they are. Fails, leaving `row` alone, where [`quantize_row`] would.
+pub fn round_trip(format: RowFormat, row: &mut [f32], scratch: &mut Vec<u8>) -> Result<(), String> {
+    if format == RowFormat::Float(FloatDtype::F32) {
+        return Ok(());
+    }
+    let dim = row.len();
+    scratch.resize(format.row_bytes(dim), 0);
+    quantize_row(format, row, scratch)?;
+    let f = super::pool::convert_fn(super::isa(), format, FloatDtype::F32);
+    // SAFETY: scratch holds one row of `format` (row_bytes(dim) bytes; convert_fn's kernels
+    // read at any alignment), and `row` dim writable float32 that do not overlap it.
+    unsafe { f(scratch.as_ptr(), row.as_mut_ptr().cast(), dim, 1) };
+    Ok(())
+}
+
 /// Value `col` of the row of `dim` values at `row`, in float32 (the scalar reference every
 /// kernel matches).
 ///

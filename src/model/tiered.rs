@@ -21,6 +21,7 @@
 
 use super::options::MissingKey;
 use crate::error::{Error, Result};
+use crate::kernels::{RowFormat, format::round_trip, quantize_row};
 use crate::storage::tier::persistent::PersistentTable;
 use crate::storage::tier::redis::{Failure, RedisTier};
 use crate::storage::tier::volatile::VolatileTier;
@@ -94,6 +95,9 @@ pub struct TieredTable {
     read_only: bool,
     default_row: Vec<f32>,
     missing: MissingKey,
+    /// How rows are served: every row read, from any tier, is what this format holds for it
+    /// (see [`TieredTable::stored_as`]).
+    format: RowFormat,
     counters: Counters,
     /// Orders promotions against writes: a writer holds it exclusively from its persistent
     /// commit through its volatile update and then bumps the count; a promotion notes the
@@ -152,10 +156,26 @@ impl TieredTable {
             read_only,
             default_row: vec![default_value; dim],
             missing,
+            format: crate::dlpack::FloatDtype::F32.into(),
             counters: Counters::default(),
             writes: RwLock::new(0),
             refresh: None,
         }
+    }
+
+    /// Serves rows as `format` holds them (the volatile tier, built with the same format, stores
+    /// them so): the tiers keep each row as written (the persistent tier in float32, the
+    /// volatile tier converted or quantized from it), and a row read from the persistent tier
+    /// is passed through the format before it is returned, so a key's row is the same whichever
+    /// tier it comes from. Upserts refuse rows the format cannot hold.
+    pub(crate) fn stored_as(mut self, format: RowFormat) -> Self {
+        self.format = format;
+        self
+    }
+
+    /// How rows are served.
+    pub fn format(&self) -> RowFormat {
+        self.format
     }
 
     /// Makes the table notice other processes' commits to its persistent tier (see the module
@@ -354,6 +374,7 @@ impl TieredTable {
         let (h, _) = t.get_many(keys, rows, found)?;
         #[cfg(test)]
         race::after_persistent_read(self);
+
         if self.cache_missed
             && h > 0
             && let Some(v) = &self.volatile
@@ -377,6 +398,16 @@ impl TieredTable {
                     if let Some(g) = &gens {
                         r.promote(&s.keys, &s.rows, g);
                     }
+                }
+            }
+        }
+        // Promotions took the rows as written; the caller gets them as the format holds them.
+        if self.format != crate::dlpack::FloatDtype::F32.into() {
+            let mut scratch = Vec::new();
+            for (j, row) in rows.chunks_exact_mut(dim).enumerate() {
+                if found[j] {
+                    // (A row the format cannot hold, from a file never checked, stays as read.)
+                    let _ = round_trip(self.format, row, &mut scratch);
                 }
             }
         }
@@ -423,6 +454,14 @@ impl TieredTable {
     /// persistent tier) and the upsert succeeds; without a persistent tier it is the error.
     pub(crate) fn upsert(&self, keys: &[u64], rows: &[f32]) -> Result<()> {
         self.writable()?;
+        if self.format.is_quantized() {
+            let mut scratch = vec![0u8; self.format.row_bytes(self.dim)];
+            for (i, row) in rows.chunks_exact(self.dim).enumerate() {
+                quantize_row(self.format, row, &mut scratch).map_err(|m| {
+                    Error::invalid("vectors", format!("row {i}: {m} (table {} stores {} rows)", self.name, self.format.name()))
+                })?;
+            }
+        }
         let mut writes = lock::write(&self.writes);
         if let (Some(Volatile::Redis(r)), Some(_)) = (&self.volatile, &self.persistent) {
             r.invalidate(keys).map_err(|f| store_error(&self.name, f))?;

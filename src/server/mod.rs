@@ -12,7 +12,7 @@ pub use shared::{open as open_shared, open_json as open_json_shared};
 
 use crate::config::{self, PersistentDbKind, PsConfig, VolatileDbKind};
 use crate::error::{Error, Result};
-use crate::model::{GpuOptions, MissingKey, StaticTable, TableOptions};
+use crate::model::{FloatDtype, GpuOptions, MissingKey, StaticTable, TableOptions};
 use crate::model::{TieredTable, Volatile};
 use crate::storage::tier::persistent::PersistentStore;
 use crate::storage::tier::redis::{self as redis_tier, Cluster, ClusterOptions, RedisTableOptions, RedisTier};
@@ -71,14 +71,17 @@ impl Server {
                 let default_value = m.default_value_for_each_table.get(i).copied().unwrap_or(0.0);
                 let table_name = m.embedding_table_names.get(i).cloned().unwrap_or_else(|| format!("table{i}"));
                 let name = format!("{}/{}", m.model, table_name);
-                let options = TableOptions { default_value, ..gpu_options(m) };
+                let format = m.strata_storage_per_table[i];
+                let stored = (format != FloatDtype::F32.into()).then_some(format);
+                let options = TableOptions { default_value, storage: stored, ..gpu_options(m) };
                 let volatile = match (v.kind, &cluster, &v.redis) {
                     (VolatileDbKind::Disabled, _, _) => None,
                     (VolatileDbKind::RedisCluster, Some(c), Some(r)) => {
                         redis_names(&cfg, m, &table_name)?;
                         Some(Volatile::Redis(Box::new(RedisTier::new(c.clone(), &m.model, &table_name, dim, redis_table_options(&cfg, r)))))
                     }
-                    _ => Some(Volatile::Local(VolatileTier::new(
+                    _ => Some(Volatile::Local(VolatileTier::stored_as(
+                        format,
                         dim,
                         v.num_partitions,
                         v.overflow_margin,
@@ -116,6 +119,7 @@ impl Server {
                                 default_value,
                                 MissingKey::Fill,
                             )
+                            .stored_as(format)
                             .refreshing(std::time::Duration::from_millis(v.refresh_interval_ms), seen),
                             options.gpu,
                         )

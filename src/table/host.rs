@@ -4,7 +4,7 @@
 //! CPU executors.
 
 use super::{Job, TableImpl};
-use crate::dlpack::{FloatDtype, require_host};
+use crate::dlpack::require_host;
 use crate::error::{Error, Result};
 use crate::exec::cpu::Found;
 use crate::exec::pooled::{pool_static, pool_tiered};
@@ -88,12 +88,12 @@ impl TableImpl for TieredTable {
         TableInfo {
             rows: TieredTable::len(self) as i64,
             dim: TieredTable::dim(self) as i64,
-            format: FloatDtype::F32.into(),
+            format: TieredTable::format(self),
             keyed: true,
             mapped: false,
             adopted: false,
             index_bytes: 0,
-            vector_bytes: (TieredTable::len(self) * TieredTable::dim(self) * 4) as u64,
+            vector_bytes: (TieredTable::len(self) * TieredTable::format(self).row_bytes(TieredTable::dim(self))) as u64,
         }
     }
     fn stats(&self) -> TableStats {

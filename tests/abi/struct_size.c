@@ -112,7 +112,7 @@ static void table_options_rules(const DLTensor *v) {
     t = NULL;
     n.unknown[1] = 1;
     expect("table options: larger, non-zero tail", strata_table_from_dlpack(v, NULL, &n.known, &t),
-           STRATA_INVALID_ARGUMENT, "opts: struct_size = 48, and byte 40 is not zero");
+           STRATA_INVALID_ARGUMENT, "opts: struct_size = 56, and byte 48 is not zero");
     expect_true("  leaves *out NULL", t == NULL);
 }
 

@@ -19,7 +19,7 @@ use std::ffi::{CStr, c_void};
 
 use strata::ffi::{
     strata_cuda_available, strata_last_error, strata_status_name, strata_table, strata_table_dim, strata_table_free,
-    strata_table_from_dlpack, strata_table_len, strata_table_options_default,
+    strata_table_from_dlpack, strata_table_len, strata_table_options_default_0_3_1,
 };
 pub type StrataTable = strata_table;
 
@@ -366,11 +366,11 @@ impl Table {
             strides: kstrides.as_mut_ptr(),
             byte_offset: 0,
         };
-        let mut opts = strata_table_options_default();
+        let mut opts = strata_table_options_default_0_3_1();
         assert_eq!(
             (opts.gpu_placement, opts.gpu_cache_fraction, opts.hit_rate_threshold, opts.gpu_sharding),
             (0, 0.5, 0.9, 0),
-            "strata_table_options_default's GPU fields"
+            "strata_table_options_default_0_3_1's GPU fields"
         );
         opts.default_value = spec.default_value;
         opts.missing_key = spec.missing_error as i32;

@@ -5,6 +5,8 @@
 
 use super::evict::{OverflowPolicy, SplitMix64};
 use super::map::KeyMap;
+use crate::dlpack::FloatDtype;
+use crate::kernels::{RowFn, RowFormat, quantize_row};
 use crate::util::hash::mix;
 use crate::util::prefetch;
 use std::sync::atomic::{AtomicU16, Ordering::Relaxed};
@@ -17,7 +19,14 @@ const MAX_ROWS_PER_SHARD: usize = u32::MAX as usize - 1;
 /// The fixed shape of every shard.
 #[derive(Clone, Copy)]
 pub(super) struct Geometry {
+    /// Values per row (what callers hand in and get back, as float32).
     pub(super) dim: usize,
+    /// How a slot stores its row: float32, or converted/quantized ([`Geometry::encode`]).
+    pub(super) format: RowFormat,
+    /// 4-byte words a slot's row takes (`dim` for float32; a quantized row's bytes rounded up).
+    pub(super) words: usize,
+    /// Writes a stored row out as `dim` float32 values.
+    decode: RowFn,
     /// log2 of the rows in a full chunk.
     shift: u32,
     /// Most rows per shard.
@@ -32,12 +41,50 @@ impl Geometry {
     /// `u32::MAX - 1`) and evicting down to `resolution_target` of that. The arguments are
     /// checked by the caller: `dim > 0` and small enough for a row to fit in the address space,
     /// `overflow_margin > 0`, `0 < resolution_target <= 1`.
-    pub(super) fn new(dim: usize, overflow_margin: usize, policy: OverflowPolicy, resolution_target: f64) -> Self {
+    /// Rows are stored as `format` (checked by the caller against `dim`).
+    pub(super) fn new(format: RowFormat, dim: usize, overflow_margin: usize, policy: OverflowPolicy, resolution_target: f64) -> Self {
         let margin = overflow_margin.min(MAX_ROWS_PER_SHARD);
         let resolve_to = ((resolution_target * margin as f64).floor() as usize).min(margin - 1);
-        let chunk_rows = (CHUNK_BYTES / (dim * std::mem::size_of::<f32>())).max(1);
+        let words = format.row_bytes(dim).div_ceil(4);
+        let chunk_rows = (CHUNK_BYTES / (words * std::mem::size_of::<f32>())).max(1);
         let shift = usize::BITS - 1 - chunk_rows.leading_zeros(); // floor(log2)
-        Geometry { dim, shift, margin, resolve_to, policy }
+        let decode = crate::kernels::pool::convert_fn(crate::kernels::isa(), format, FloatDtype::F32);
+        Geometry { dim, format, words, decode, shift, margin, resolve_to, policy }
+    }
+
+    /// Whether slots hold float32 rows as given.
+    #[inline(always)]
+    pub(super) fn plain(&self) -> bool {
+        self.format == RowFormat::Float(FloatDtype::F32)
+    }
+
+    /// Writes `row` (`dim` float32) into a slot's words in the tier's format; false (the slot
+    /// then holds nothing meaningful) when the format cannot hold the values (NaN or infinite
+    /// values in a quantized row).
+    fn encode(&self, row: &[f32], slot: &mut [f32]) -> bool {
+        if self.plain() {
+            slot.copy_from_slice(row);
+            return true;
+        }
+        let bytes = self.format.row_bytes(self.dim);
+        // SAFETY: a float slice's memory is readable and writable as bytes (any bit pattern is a
+        // valid f32 and u8); `bytes <= 4 * words = 4 * slot.len()`.
+        let dst = unsafe { std::slice::from_raw_parts_mut(slot.as_mut_ptr().cast::<u8>(), bytes) };
+        quantize_row(self.format, row, dst).is_ok()
+    }
+
+    /// Writes a slot's row (its words) into `dst` as `dim` float32 values.
+    #[inline(always)]
+    pub(super) fn decode(&self, slot: &[f32], dst: &mut [f32]) {
+        if self.plain() {
+            dst.copy_from_slice(slot);
+            return;
+        }
+        debug_assert!(slot.len() == self.words && dst.len() == self.dim);
+        // SAFETY: `decode` is the row kernel of this format into contiguous float32: it reads
+        // one stored row (`row_bytes(dim) <= 4 * words` bytes of `slot`) and writes `dim`
+        // float32 into `dst`, which does not overlap it.
+        unsafe { (self.decode)(slot.as_ptr().cast(), dst.as_mut_ptr().cast(), self.dim, 1) }
     }
 }
 
@@ -102,18 +149,20 @@ impl Slots {
         self.map.find(key, h)
     }
 
+    /// The stored row of `slot`: `g.words` words (the row itself for float32 tiers; decode
+    /// others with [`Geometry::decode`]).
     #[inline(always)]
     pub(super) fn row(&self, g: &Geometry, slot: u32) -> &[f32] {
         let s = slot as usize;
-        let off = (s & ((1 << g.shift) - 1)) * g.dim;
-        &self.chunks[s >> g.shift][off..off + g.dim]
+        let off = (s & ((1 << g.shift) - 1)) * g.words;
+        &self.chunks[s >> g.shift][off..off + g.words]
     }
 
     #[inline(always)]
     fn row_mut(&mut self, g: &Geometry, slot: u32) -> &mut [f32] {
         let s = slot as usize;
-        let off = (s & ((1 << g.shift) - 1)) * g.dim;
-        &mut self.chunks[s >> g.shift][off..off + g.dim]
+        let off = (s & ((1 << g.shift) - 1)) * g.words;
+        &mut self.chunks[s >> g.shift][off..off + g.words]
     }
 
     /// Where the map probe of a key hashing to `h` starts: for prefetching.
@@ -183,8 +232,8 @@ impl Slots {
                 return None;
             }
             let mut chunk: Vec<f32> = Vec::new();
-            chunk.try_reserve_exact(rows * g.dim).ok()?;
-            chunk.resize(rows * g.dim, 0.0);
+            chunk.try_reserve_exact(rows * g.words).ok()?;
+            chunk.resize(rows * g.words, 0.0);
             let more = self.allocated + rows - self.stamp.len();
             self.chunks.try_reserve(1).ok()?;
             self.stamp.try_reserve_exact(more).ok()?;
@@ -237,11 +286,15 @@ impl Slots {
         k as u64
     }
 
-    /// Inserts or overwrites one row (under the write lock).
+    /// Inserts or overwrites one row (under the write lock). A row the tier's format cannot
+    /// hold is not cached (and an older row of its key goes, so no reader sees it).
     pub(super) fn upsert(&mut self, g: &Geometry, key: u64, row: &[f32]) -> Upsert {
         let h = mix(key);
         if let Some(s) = self.map.find(key, h) {
-            self.row_mut(g, s).copy_from_slice(row);
+            if !g.encode(row, self.row_mut(g, s)) {
+                self.remove(key, s);
+                return Upsert::Dropped { evicted: 0 };
+            }
             let t = self.take_stamp();
             self.stamp[s as usize] = t;
             return Upsert::Overwritten;
@@ -253,7 +306,10 @@ impl Slots {
         let Some(s) = self.alloc_slot(g) else {
             return Upsert::Dropped { evicted };
         };
-        self.row_mut(g, s).copy_from_slice(row);
+        if !g.encode(row, self.row_mut(g, s)) {
+            self.free_slot(s);
+            return Upsert::Dropped { evicted };
+        }
         let i = s as usize;
         let t = self.take_stamp();
         self.stamp[i] = t;
@@ -265,7 +321,7 @@ impl Slots {
     /// Bytes held by this shard's contents.
     pub(super) fn bytes(&self, g: &Geometry) -> usize {
         self.map.bytes()
-            + self.allocated * g.dim * std::mem::size_of::<f32>()
+            + self.allocated * g.words * std::mem::size_of::<f32>()
             + self.chunks.capacity() * std::mem::size_of::<Box<[f32]>>()
             + self.stamp.capacity() * std::mem::size_of::<u32>()
             + self.uses.capacity() * std::mem::size_of::<AtomicU16>()

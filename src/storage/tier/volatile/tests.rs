@@ -673,3 +673,52 @@ fn use_counts_saturate() {
     assert_eq!(t.insert_many(&keys[10..], &rows[10 * dim..]), 5);
     assert!(t.contains(keys[3]), "the most used row was evicted (its count wrapped)");
 }
+
+/// A tier stored as int8, int4 or float16: rows come back as the format holds them (the
+/// reference: quantize, then the scalar value), through `get` and `get_many`, after inserts and
+/// overwrites; a row the format cannot hold is not cached and takes its key's older row with
+/// it; the slab holds each row in its format's bytes (int8 at dim 64: 72 of float32's 256).
+#[test]
+fn a_quantized_tier_holds_its_format_and_serves_the_reference() {
+    use crate::kernels::{format::value, quantize_row};
+    let dim = 64;
+    let n = 2000;
+    let keys = random_keys(n, 11);
+    let rows = random_rows(n, dim, 12);
+    let f32_tier = VolatileTier::new(dim, 1, n, OverflowPolicy::EvictRandom, 0.8).unwrap();
+    f32_tier.insert_many(&keys, &rows);
+    for format in [RowFormat::Int8, RowFormat::Int4, RowFormat::Float(FloatDtype::F16)] {
+        let t = VolatileTier::stored_as(format, dim, 1, n, OverflowPolicy::EvictRandom, 0.8).unwrap();
+        assert_eq!(t.format(), format);
+        t.insert_many(&keys, &rows);
+        let reference = |row: &[f32]| {
+            let mut q = vec![0u8; format.row_bytes(dim)];
+            quantize_row(format, row, &mut q).unwrap();
+            // SAFETY: q holds one row of `format`, read unaligned; c < dim.
+            (0..dim).map(|c| unsafe { value(format, q.as_ptr(), dim, c) }.to_bits()).collect::<Vec<u32>>()
+        };
+        let mut out = vec![f32::NAN; n * dim];
+        let mut found = vec![false; n];
+        assert_eq!(t.get_many(&keys, &mut out, &mut found), (n as u64, 0));
+        for i in (0..n).step_by(37) {
+            let want = reference(&rows[i * dim..(i + 1) * dim]);
+            assert_eq!(out[i * dim..(i + 1) * dim].iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want, "{format:?} row {i}");
+            let one = row(&t, keys[i]).unwrap();
+            assert_eq!(one.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want);
+        }
+        // Overwrites, and a row the format cannot hold.
+        let new: Vec<f32> = (0..dim).map(|c| c as f32 - 7.5).collect();
+        t.insert_many(&keys[..1], &new);
+        assert_eq!(row(&t, keys[0]).unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>(), reference(&new));
+        if format.is_quantized() {
+            let mut bad = new.clone();
+            bad[3] = f32::INFINITY;
+            t.insert_many(&keys[..1], &bad);
+            assert!(row(&t, keys[0]).is_none(), "{format:?}: the older row went with the refused one");
+        }
+        let (q, f) = (t.bytes() as f64, f32_tier.bytes() as f64);
+        let slab = format.row_bytes(dim).div_ceil(4) as f64 * 4.0 / (dim * 4) as f64;
+        assert!(q < f * (slab + 0.12), "{format:?}: {q} bytes against float32's {f}");
+    }
+    assert!(VolatileTier::stored_as(RowFormat::Int4, 5, 1, 10, OverflowPolicy::EvictRandom, 0.8).is_err());
+}
