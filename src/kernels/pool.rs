@@ -1255,6 +1255,16 @@ mod x86 {
 mod tests {
     use super::*;
 
+    /// A xorshift64 stream from `seed` (non-zero): the tests' random data.
+    fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+        move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        }
+    }
+
     /// The contract's reference: float32, key order, a multiply then an add.
     fn reference(dtype: FloatDtype, rows: &[Vec<u8>], present: &[bool], w: Option<&[f32]>, default: &[f32], start: &[f32]) -> Vec<f32> {
         let dim = default.len();
@@ -1283,13 +1293,7 @@ mod tests {
     /// reference.
     #[test]
     fn every_kernel_matches_the_reference() {
-        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = xorshift(0x9E37_79B9_7F4A_7C15u64);
         for isa in Isa::available() {
             for dtype in [FloatDtype::F32, FloatDtype::F16, FloatDtype::BF16] {
                 for dim in (1..=40).chain([63, 64, 65, 127, 128, 129, 192, 255, 256, 257, 300]) {
@@ -1361,13 +1365,7 @@ mod tests {
     /// out dtype as the `half` crate rounds), and nothing written outside the output rows.
     #[test]
     fn whole_bags_match_the_reference() {
-        let mut seed = 0x2545_F491_4F6C_DD1Du64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = xorshift(0x2545_F491_4F6C_DD1Du64);
         for isa in Isa::available() {
             for dtype in [FloatDtype::F32, FloatDtype::F16, FloatDtype::BF16] {
                 for dim in [1, 3, 8, 15, 16, 17, 31, 64, 100, 128, 200, 256, 272] {
@@ -1556,13 +1554,7 @@ mod tests {
     #[test]
     fn quantized_rows_match_the_reference() {
         use crate::kernels::format::{quantize_row, value};
-        let mut seed = 0x51AB_77D1_0C3E_9F25u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = xorshift(0x51AB_77D1_0C3E_9F25u64);
         for isa in Isa::available() {
             for format in [RowFormat::Int8, RowFormat::Int4] {
                 for dim in [2, 6, 8, 16, 18, 32, 34, 64, 100, 128, 256, 258, 512] {
