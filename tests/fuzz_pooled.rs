@@ -511,7 +511,7 @@ fn pooled_expected(table: &Table, kd: Kd, p: &Prepared, od: Fl, bounds: &[i64]) 
             let w = weights.as_ref().map_or(1.0, |w| w[j]);
             for (col, a) in acc.iter_mut().enumerate() {
                 let x = match row {
-                    Some(r) => table.dtype.to_f32(table.values[r * dim + col]),
+                    Some(r) => table.value_f32(r, col),
                     None => table.default_value,
                 };
                 *a += w * x;
@@ -1150,6 +1150,7 @@ fn empty_cuda_requests_without_a_driver_are_refused() {
         default_value: 0.0,
         missing_error: false,
         vpad: 0,
+        storage: None,
     });
     let mut keys = [0i64; 1];
     let mut offsets = [1i64];

@@ -132,6 +132,9 @@ pub fn quantize_row(format: RowFormat, src: &[f32], dst: &mut [u8]) -> Result<()
         RowFormat::Int8 => {
             // FBGEMM: scale = range / 255, bias = min, q = lrint((x - min) * 255 / (range + 1e-8)).
             let range = max - min;
+            if !range.is_finite() {
+                return Err(format!("values from {min} to {max}; an int8 row's range (max - min) must be a finite float32"));
+            }
             let inverse = 255.0f32 / (range + 1e-8f32);
             for (q, &x) in dst[..dim].iter_mut().zip(src) {
                 *q = lrint_u8((x - min) * inverse);
@@ -319,6 +322,8 @@ mod tests {
             assert!(quantize_row(f, &[1.0, 2.0, f32::NAN, 0.0], &mut q).unwrap_err().contains("column 2"));
             assert!(quantize_row(f, &[f32::NEG_INFINITY, 2.0, 1.0, 0.0], &mut q).unwrap_err().contains("column 0"));
         }
+        let mut q = vec![0u8; RowFormat::Int8.row_bytes(2)];
+        assert!(quantize_row(RowFormat::Int8, &[-3e38, 3e38], &mut q).unwrap_err().contains("finite"));
         let mut q = vec![0u8; RowFormat::Int4.row_bytes(2)];
         assert!(quantize_row(RowFormat::Int4, &[-1e6, 1.0], &mut q).unwrap_err().contains("65504"));
         assert!(quantize_row(RowFormat::Int4, &[0.0, 1e6], &mut q).unwrap_err().contains("65504"));

@@ -12,6 +12,7 @@ use dlpark::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLTensor};
 use proptest::prelude::*;
 use std::collections::{BTreeSet, HashMap};
 use std::ffi::{CStr, c_void};
+use strata::kernels::{RowFormat, format::value, quantize_row};
 
 // ---------------------------------------------------------------------------------------------
 // The C ABI, as a C caller sees it
@@ -266,6 +267,9 @@ pub struct TableSpec {
     pub missing_error: bool,
     /// Extra elements between rows of the source vectors (exercises the copy).
     pub vpad: usize,
+    /// Rows quantized at build (`opts->storage`): int8 or int4 (float32 sources, moderate
+    /// values); `None` stores the dtype given.
+    pub storage: Option<RowFormat>,
 }
 
 pub struct Table {
@@ -275,6 +279,9 @@ pub struct Table {
     pub rows: usize,
     /// Row-major `rows x dim` element bits in the table dtype.
     pub values: Vec<u32>,
+    /// For quantized tables: the float32 value of every element as the table holds it (the
+    /// scalar reference, `strata::kernels::format::value`, of the quantized row).
+    pub served: Option<Vec<f32>>,
     /// canonical key -> row (keyed tables); dense tables map key k < rows to row k.
     pub index: Option<HashMap<u64, usize>>,
     /// Raw key values of the rows (for picking hits).
@@ -317,8 +324,25 @@ impl Table {
             }
         };
         let dim = spec.dim;
-        let dt = spec.dtype;
-        let values: Vec<u32> = (0..rows * dim).map(|_| if dt == Fl::F32 { rng.value().to_bits() } else { rng.bits16(dt) }).collect();
+        let dt = if spec.storage.is_some() { Fl::F32 } else { spec.dtype };
+        let values: Vec<u32> = (0..rows * dim)
+            .map(|_| match (spec.storage, dt) {
+                (Some(_), _) => ((rng.below(20001) as f32 - 10000.0) / 64.0).to_bits(),
+                (None, Fl::F32) => rng.value().to_bits(),
+                (None, _) => rng.bits16(dt),
+            })
+            .collect();
+        let served = spec.storage.map(|format| {
+            let mut q = vec![0u8; format.row_bytes(dim)];
+            let mut out = Vec::with_capacity(rows * dim);
+            for r in 0..rows {
+                let row: Vec<f32> = values[r * dim..(r + 1) * dim].iter().map(|&b| f32::from_bits(b)).collect();
+                quantize_row(format, &row, &mut q).expect("moderate values quantize");
+                // SAFETY: q holds one row of `format` of dim values; c < dim.
+                out.extend((0..dim).map(|c| unsafe { value(format, q.as_ptr(), dim, c) }));
+            }
+            out
+        });
         // Source vectors [rows, dim] with row stride dim + vpad, in u64 words (aligned).
         let rs = dim + spec.vpad;
         let nbytes = (rows * rs).max(1) * dt.size();
@@ -374,6 +398,12 @@ impl Table {
         );
         opts.default_value = spec.default_value;
         opts.missing_key = spec.missing_error as i32;
+        opts.storage = match spec.storage {
+            None => 0,
+            Some(RowFormat::Int8) => 4,
+            Some(RowFormat::Int4) => 5,
+            Some(f) => panic!("the fuzz tables quantize to int8 or int4, not {f:?}"),
+        };
         let mut ptr = std::ptr::null_mut();
         let keys_p = if spec.keyed.is_some() { &keys as *const DLTensor } else { std::ptr::null() };
         // SAFETY: vectors and keys describe words and kbytes ([rows, dim] at row stride rs, and
@@ -389,7 +419,26 @@ impl Table {
         assert_eq!(unsafe { strata_table_dim(ptr) }, dim as i64);
         // SAFETY: ptr is the table just built (status OK, not NULL), freed only by Table's drop.
         assert_eq!(unsafe { strata_table_len(ptr) }, rows as i64);
-        Table { ptr, dtype: dt, dim, rows, values, index, raw_keys, default_value: spec.default_value, missing_error: spec.missing_error }
+        Table {
+            ptr,
+            dtype: dt,
+            dim,
+            rows,
+            values,
+            served,
+            index,
+            raw_keys,
+            default_value: spec.default_value,
+            missing_error: spec.missing_error,
+        }
+    }
+
+    /// Element `col` of row `r` as a lookup reads it, in float32.
+    pub fn value_f32(&self, r: usize, col: usize) -> f32 {
+        match &self.served {
+            Some(s) => s[r * self.dim + col],
+            None => self.dtype.to_f32(self.values[r * self.dim + col]),
+        }
     }
 
     pub fn row_of(&self, canonical: u64) -> Option<usize> {
@@ -739,8 +788,9 @@ pub fn table_spec(rows: std::ops::RangeInclusive<usize>, dims: std::ops::RangeIn
         default_value(),
         prop::bool::weighted(0.2),
         0usize..3,
+        prop_oneof![8 => Just(None), 1 => Just(Some(RowFormat::Int8)), 1 => Just(Some(RowFormat::Int4))],
     )
-        .prop_map(|(dtype, dim, rows, keyed, seed, default_value, missing_error, vpad)| TableSpec {
+        .prop_map(|(dtype, dim, rows, keyed, seed, default_value, missing_error, vpad, storage)| TableSpec {
             dtype,
             dim,
             rows,
@@ -749,6 +799,8 @@ pub fn table_spec(rows: std::ops::RangeInclusive<usize>, dims: std::ops::RangeIn
             default_value,
             missing_error,
             vpad,
+            // int4 rows need an even dim.
+            storage: storage.map(|f| if f == RowFormat::Int4 && dim % 2 == 1 { RowFormat::Int8 } else { f }),
         })
 }
 
@@ -908,7 +960,7 @@ pub fn plain_expected(table: &Table, kd: Kd, kb: &Buffer, od: Fl, ob: &Buffer) -
         for col in 0..dim {
             let want = match row {
                 Some(r) => {
-                    let b = od.round(table.dtype.to_f32(table.values[r * dim + col]));
+                    let b = od.round(table.value_f32(r, col));
                     [b, b]
                 }
                 None => [d1, d2],
