@@ -1322,7 +1322,7 @@ mod tests {
                         buf[at..at + row.len()].copy_from_slice(&row);
                         rows.push(row);
                     }
-                    let present: Vec<bool> = (0..n).map(|_| next() % 7 != 0).collect();
+                    let present: Vec<bool> = (0..n).map(|_| !next().is_multiple_of(7)).collect();
                     let ptrs: Vec<*const u8> =
                         (0..n).map(|i| if present[i] { buf[base + i * dim * size..].as_ptr() } else { std::ptr::null() }).collect();
                     let w: Vec<f32> = (0..n).map(|_| ((next() % 1000) as f32 - 300.0) / 97.0).collect();
@@ -1372,7 +1372,7 @@ mod tests {
                     let k = Pooler::with_isa(isa, dtype, dim);
                     let size = dtype.size();
                     let table_rows = 40usize;
-                    let stride = dim * size + if next() % 2 == 0 { 0 } else { size * 3 };
+                    let stride = dim * size + if next().is_multiple_of(2) { 0 } else { size * 3 };
                     let mut store = vec![0u8; table_rows * stride];
                     let mut values = vec![vec![0f32; dim]; table_rows];
                     for (r, row) in values.iter_mut().enumerate() {
@@ -1398,16 +1398,22 @@ mod tests {
                         starts.push(starts.last().unwrap() + len);
                     }
                     let n = *starts.last().unwrap();
-                    let with_misses = next() % 2 == 0;
+                    let with_misses = next().is_multiple_of(2);
                     let keys: Vec<u64> = (0..n)
-                        .map(|_| if with_misses && next() % 5 == 0 { table_rows as u64 + next() % 3 } else { next() % table_rows as u64 })
+                        .map(|_| {
+                            if with_misses && next().is_multiple_of(5) {
+                                table_rows as u64 + next() % 3
+                            } else {
+                                next() % table_rows as u64
+                            }
+                        })
                         .collect();
                     let ptrs: Vec<*const u8> = keys
                         .iter()
                         .map(|&q| if q < table_rows as u64 { store[q as usize * stride..].as_ptr() } else { std::ptr::null() })
                         .collect();
                     let w: Vec<f32> =
-                        (0..n).map(|_| if next() % 11 == 0 { 0.0 } else { ((next() % 1000) as f32 - 400.0) / 89.0 }).collect();
+                        (0..n).map(|_| if next().is_multiple_of(11) { 0.0 } else { ((next() % 1000) as f32 - 400.0) / 89.0 }).collect();
                     let default: Vec<f32> = (0..dim).map(|c| c as f32 * 0.5 - 7.0).collect();
                     for weighted in [false, true] {
                         for divide in [Divide::Nothing, Divide::WeightSum, Divide::RootSquareSum] {
@@ -1573,7 +1579,7 @@ mod tests {
                     };
                     let starts = [0usize, 3, 3, 20, 21];
                     let n = 21;
-                    let keys: Vec<u64> = (0..n).map(|_| if next() % 6 == 0 { 99 } else { next() % table_rows as u64 }).collect();
+                    let keys: Vec<u64> = (0..n).map(|_| if next().is_multiple_of(6) { 99 } else { next() % table_rows as u64 }).collect();
                     let ptrs: Vec<*const u8> = keys
                         .iter()
                         .map(|&k| if k < table_rows as u64 { base.wrapping_add(k as usize * stride) } else { std::ptr::null() })
