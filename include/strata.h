@@ -305,6 +305,11 @@ enum strata_storage
   // `i`, then a float16 scale and a float16 bias (`dim / 2 + 4` bytes a row; FBGEMM's
   // `FloatToFusedNBitRowwiseQuantizedSBHalf` with 4 bits).
   STRATA_STORAGE_INT4 = 5,
+  // fp8 with a row-wise scale: `dim` float8 e4m3fn values (OCP FP8, `torch.float8_e4m3fn`),
+  // then a float32 scale (`dim + 4` bytes a row). The scale is the row's largest magnitude
+  // over 448; a value is `float(e) * scale` in float32. (A strata layout: FBGEMM has no
+  // fused fp8 rows to match.)
+  STRATA_STORAGE_FP8 = 6,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L

@@ -60,6 +60,12 @@ def quantize_int4(x: np.ndarray) -> np.ndarray:
 
 def dequantize(q: np.ndarray, storage: str, dim: int) -> np.ndarray:
     """fma(q, scale, bias) per value, rounded once to float32."""
+    if storage == "fp8":
+        e = q[:, :dim]
+        mag = e4m3_values()[np.minimum(e & 0x7F, 0x7E)]
+        vals = np.where(e & 0x80, -mag, mag).astype(np.float32)
+        scale = np.ascontiguousarray(q[:, dim : dim + 4]).view("<f4")
+        return (vals * scale).astype(np.float32)
     if storage == "int8":
         vals = q[:, :dim].astype(np.longdouble)
         sb = np.ascontiguousarray(q[:, dim : dim + 8]).view("<f4").astype(np.longdouble)
@@ -72,7 +78,30 @@ def dequantize(q: np.ndarray, storage: str, dim: int) -> np.ndarray:
     return (vals * sb[:, :1] + sb[:, 1:2]).astype(np.float32)
 
 
-QUANTIZE = {"int8": quantize_int8, "int4": quantize_int4}
+def e4m3_values() -> np.ndarray:
+    """The 127 non-negative finite float8 e4m3fn values, by code 0..0x7E."""
+    codes = np.arange(0x7F)
+    e, m = codes >> 3, (codes & 7).astype(np.float64)
+    return np.where(e == 0, m / 8 * 2.0**-6, (1 + m / 8) * 2.0 ** (e - 7))
+
+
+def quantize_fp8(x: np.ndarray) -> np.ndarray:
+    """strata's fp8 rows: e4m3fn(x / scale), scale = max |x| / 448, nearest code (ties to the
+    even code), then the float32 scale: [rows, dim + 4] uint8."""
+    x = x.astype(np.float32)
+    amax = np.abs(x).max(axis=1, keepdims=True)
+    scale = np.where(amax == 0, np.float32(1), (amax / np.float32(448)).astype(np.float32)).astype(np.float32)
+    a = np.abs((x / scale).astype(np.float32)).astype(np.float64)
+    vals = e4m3_values()
+    hi = np.clip(np.searchsorted(vals, a), 1, 0x7E)
+    lo = hi - 1
+    dlo, dhi = a - vals[lo], vals[hi] - a
+    code = np.where(dlo < dhi, lo, np.where(dhi < dlo, hi, np.where(lo % 2 == 0, lo, hi)))
+    code = np.where(a >= vals[0x7E], 0x7E, code).astype(np.uint8) | np.where(np.signbit(x), 0x80, 0).astype(np.uint8)
+    return np.ascontiguousarray(np.concatenate([code, scale.astype("<f4").view(np.uint8)], axis=1))
+
+
+QUANTIZE = {"int8": quantize_int8, "int4": quantize_int4, "fp8": quantize_fp8}
 
 
 def random_rows(rng: np.random.Generator, rows: int, dim: int) -> np.ndarray:
@@ -97,7 +126,7 @@ def pooled_reference(vals: np.ndarray, keys: np.ndarray, offsets: np.ndarray, we
     return out
 
 
-@pytest.mark.parametrize("storage", ["int8", "int4"])
+@pytest.mark.parametrize("storage", ["int8", "int4", "fp8"])
 @pytest.mark.parametrize("dim", [8, 32, 64, 100, 128, 256])
 def test_quantized_at_build_matches_the_reference(storage, dim):
     rng = np.random.default_rng(dim * 7 + len(storage))
@@ -128,7 +157,7 @@ def test_quantized_at_build_matches_the_reference(storage, dim):
     t.close()
 
 
-@pytest.mark.parametrize("storage", ["int8", "int4"])
+@pytest.mark.parametrize("storage", ["int8", "int4", "fp8"])
 def test_quantized_rows_are_taken_as_given_copied_and_adopted(storage):
     rng = np.random.default_rng(5)
     dim = 64
@@ -183,6 +212,18 @@ def test_float_conversion_at_build():
     t = strata.Table.from_array(x, storage="float16")
     assert t.info.dtype == "float16" and t.info.vector_bytes == 50 * 16 * 2
     np.testing.assert_array_equal(t.lookup(np.arange(50)), x.astype(np.float16).astype(np.float32))
+
+
+def test_fp8_rows_are_pytorchs_float8_e4m3fn():
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed here")
+    rng = np.random.default_rng(31)
+    x = random_rows(rng, 200, 64)
+    q = quantize_fp8(x)
+    scale = torch.from_numpy(np.ascontiguousarray(q[:, 64:]).view("<f4").copy())
+    e = (torch.from_numpy(x) / scale).to(torch.float8_e4m3fn)
+    np.testing.assert_array_equal(e.view(torch.uint8).numpy(), q[:, :64])
+    t = strata.Table.from_array(x, storage="fp8")
+    np.testing.assert_array_equal(t.lookup(np.arange(200)), (e.float() * scale).numpy())
 
 
 def test_fbgemm_quantizers_and_dequantizers_agree():

@@ -74,6 +74,11 @@ pub enum strata_storage {
     /// `i`, then a float16 scale and a float16 bias (`dim / 2 + 4` bytes a row; FBGEMM's
     /// `FloatToFusedNBitRowwiseQuantizedSBHalf` with 4 bits).
     STRATA_STORAGE_INT4 = 5,
+    /// fp8 with a row-wise scale: `dim` float8 e4m3fn values (OCP FP8, `torch.float8_e4m3fn`),
+    /// then a float32 scale (`dim + 4` bytes a row). The scale is the row's largest magnitude
+    /// over 448; a value is `float(e) * scale` in float32. (A strata layout: FBGEMM has no
+    /// fused fp8 rows to match.)
+    STRATA_STORAGE_FP8 = 6,
 }
 
 /// How a pooled lookup reduces a bag's rows to one row (`strata_lookup_pooled`,
@@ -208,11 +213,12 @@ impl TryFrom<&strata_table_options> for TableOptions {
             3 => Some(RowFormat::Float(FloatDtype::BF16)),
             4 => Some(RowFormat::Int8),
             5 => Some(RowFormat::Int4),
+            6 => Some(RowFormat::Fp8),
             s => {
                 return Err(Error::invalid(
                     "opts->storage",
                     format!(
-                        "{s}; expected STRATA_STORAGE_AS_GIVEN (0), STRATA_STORAGE_FLOAT32 (1), STRATA_STORAGE_FLOAT16 (2), STRATA_STORAGE_BFLOAT16 (3), STRATA_STORAGE_INT8 (4) or STRATA_STORAGE_INT4 (5)"
+                        "{s}; expected STRATA_STORAGE_AS_GIVEN (0), STRATA_STORAGE_FLOAT32 (1), STRATA_STORAGE_FLOAT16 (2), STRATA_STORAGE_BFLOAT16 (3), STRATA_STORAGE_INT8 (4), STRATA_STORAGE_INT4 (5) or STRATA_STORAGE_FP8 (6)"
                     ),
                 ));
             }

@@ -7,13 +7,7 @@ use crate::dlpack::FloatDtype;
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
-/// Copies one row of `dim` values from `src` (table dtype) to `dst` (out dtype, `col_stride`
-/// elements apart).
-///
-/// Safety: `src` must be readable for `dim` contiguous, aligned elements of the source dtype,
-/// and `dst` writable for `dim` aligned elements of the out dtype `col_stride` elements apart,
-/// not overlapping `src`. [`row_fn`] picks the contiguous kernels only for `col_stride == 1`.
-pub type RowFn = unsafe fn(src: *const u8, dst: *mut u8, dim: usize, col_stride: usize);
+use super::RowFn;
 
 trait Elem: Copy {
     fn to_f32(self) -> f32;

@@ -6,9 +6,12 @@
 //! | --- | --- | --- |
 //! | [`RowFormat::Int8`] | `dim` uint8, then float32 scale, float32 bias | `dim + 8` |
 //! | [`RowFormat::Int4`] | `dim / 2` bytes (element `2i` in the low nibble of byte `i`), then float16 scale, float16 bias | `dim / 2 + 4` |
+//! | [`RowFormat::Fp8`] | `dim` float8 e4m3fn (OCP FP8: 1 sign, 4 exponent, 3 mantissa bits, bias 7, no infinities), then float32 scale | `dim + 4` |
 //!
-//! A quantized value `q` stands for `fma(q, scale, bias)` in float32 (one rounding, as FBGEMM's
-//! dequantizing kernels compute it). [`quantize_row`] is FBGEMM's quantizer
+//! An int8/int4 value `q` stands for `fma(q, scale, bias)` in float32 (one rounding, as FBGEMM's
+//! dequantizing kernels compute it); an fp8 value `e` for `float(e) * scale` (one rounding).
+//! fp8 rows are scaled so that the row's largest magnitude is e4m3's largest, 448, and rounded
+//! to nearest even (PyTorch's `float8_e4m3fn` cast of `x / scale`). [`quantize_row`] is FBGEMM's quantizer
 //! (`FloatToFused8BitRowwiseQuantized`, `FloatToFusedNBitRowwiseQuantizedSBHalf` with 4 bits),
 //! bit for bit. Everything here is a plain function of its arguments: any thread may call it.
 
@@ -24,6 +27,8 @@ pub enum RowFormat {
     /// FBGEMM's fused 4-bit row-wise layout (`dim` even): two values a byte, low nibble first,
     /// then float16 scale and float16 bias.
     Int4,
+    /// `dim` float8 e4m3fn values, then a float32 scale.
+    Fp8,
 }
 
 impl From<FloatDtype> for RowFormat {
@@ -39,6 +44,7 @@ impl RowFormat {
             RowFormat::Float(d) => dim * d.size(),
             RowFormat::Int8 => dim + 8,
             RowFormat::Int4 => dim.div_ceil(2) + 4,
+            RowFormat::Fp8 => dim + 4,
         }
     }
 
@@ -72,6 +78,7 @@ impl RowFormat {
             RowFormat::Float(FloatDtype::BF16) => "bfloat16",
             RowFormat::Int8 => "int8",
             RowFormat::Int4 => "int4",
+            RowFormat::Fp8 => "fp8",
         }
     }
 
@@ -83,6 +90,7 @@ impl RowFormat {
             RowFormat::Float(FloatDtype::BF16),
             RowFormat::Int8,
             RowFormat::Int4,
+            RowFormat::Fp8,
         ]
         .into_iter()
         .find(|f| f.name() == s)
@@ -169,25 +177,48 @@ pub fn quantize_row(format: RowFormat, src: &[f32], dst: &mut [u8]) -> Result<()
             dst[bytes..bytes + 2].copy_from_slice(&half::f16::from_f32(scale).to_le_bytes());
             dst[bytes + 2..bytes + 4].copy_from_slice(&bias.to_le_bytes());
         }
+        RowFormat::Fp8 => {
+            // scale = max |x| / 448 (1 for a row of zeros), e = e4m3(x / scale).
+            let amax = min.abs().max(max.abs());
+            let scale = if amax == 0.0 { 1.0 } else { amax / 448.0 };
+            if !(scale.is_finite() && scale > 0.0) {
+                return Err(format!("values up to {amax} in magnitude; an fp8 row's scale (max |x| / 448) must be a positive float32"));
+            }
+            for (q, &x) in dst[..dim].iter_mut().zip(src) {
+                *q = f32_to_e4m3(x / scale);
+            }
+            dst[dim..dim + 4].copy_from_slice(&scale.to_le_bytes());
+        }
     }
     Ok(())
 }
 
-/// Replaces `row` by the values `format` would hold for it (quantized, then dequantized: what a
-/// lookup of a table stored as `format` returns for these values); `scratch` is reused. Float32
-/// rows stay as they are. Fails, leaving `row` alone, where [`quantize_row`] would.
-pub fn round_trip(format: RowFormat, row: &mut [f32], scratch: &mut Vec<u8>) -> Result<(), String> {
-    if format == RowFormat::Float(FloatDtype::F32) {
-        return Ok(());
-    }
-    let dim = row.len();
-    scratch.resize(format.row_bytes(dim), 0);
-    quantize_row(format, row, scratch)?;
-    let f = super::pool::convert_fn(super::isa(), format, FloatDtype::F32);
-    // SAFETY: scratch holds one row of `format` (row_bytes(dim) bytes; convert_fn's kernels
-    // read at any alignment), and `row` dim writable float32 that do not overlap it.
-    unsafe { f(scratch.as_ptr(), row.as_mut_ptr().cast(), dim, 1) };
-    Ok(())
+/// `x` as float8 e4m3fn, rounded to nearest even, magnitudes beyond 448 saturated to 448 (`x`
+/// finite).
+pub fn f32_to_e4m3(x: f32) -> u8 {
+    let sign = if x.is_sign_negative() { 0x80u8 } else { 0 };
+    let a = x.abs();
+    let code = if a < 2f32.powi(-6) {
+        // Subnormals: m * 2^-9, m = 0..=7 (8 is the smallest normal, 2^-6, code 8).
+        (a * 512.0).round_ties_even() as u8
+    } else {
+        // The exponent from the float32's own bits (exact), at most 8 (saturated below).
+        let e = ((a.to_bits() >> 23) as i32 - 127).min(8);
+        let m = (a / 2f32.powi(e) * 8.0 - 8.0).round_ties_even() as i32; // 0..=8 below 2^9
+        let (e, m) = if m >= 8 { (e + 1, 0) } else { (e, m) };
+        (((e + 7) << 3) | m).min(0x7E) as u8
+    };
+    sign | code
+}
+
+/// A float8 e4m3fn value widened to float32 (exact; 0x7F, e4m3fn's NaN, which the quantizer
+/// never writes, reads as 480).
+#[inline(always)]
+pub fn e4m3_to_f32(e: u8) -> f32 {
+    // The magnitude bits put at float32's exponent and mantissa positions, times 2^120: normal
+    // and subnormal codes alike (what the SIMD kernels do).
+    let bits = ((e as u32 & 0x7F) << 20) | ((e as u32 & 0x80) << 24);
+    f32::from_bits(bits) * f32::from_bits(0x7B80_0000) // 2^120
 }
 
 /// Value `col` of the row of `dim` values at `row`, in float32 (the scalar reference every
@@ -212,6 +243,7 @@ pub unsafe fn value(format: RowFormat, row: *const u8, dim: usize, col: usize) -
                 let b = *row.add(col / 2);
                 (((b >> ((col & 1) * 4)) & 15) as f32).mul_add(scale, bias)
             }
+            RowFormat::Fp8 => e4m3_to_f32(*row.add(col)) * fp8_scale(row, dim),
         }
     }
 }
@@ -224,6 +256,16 @@ pub unsafe fn value(format: RowFormat, row: *const u8, dim: usize, col: usize) -
 pub(crate) unsafe fn int8_params(row: *const u8, dim: usize) -> (f32, f32) {
     // SAFETY: the caller's row holds dim + 8 bytes; read unaligned.
     unsafe { ((row.add(dim) as *const f32).read_unaligned(), (row.add(dim + 4) as *const f32).read_unaligned()) }
+}
+
+/// The float32 scale of an fp8 row of `dim` values.
+///
+/// # Safety
+/// `row` readable for `dim + 4` bytes.
+#[inline(always)]
+pub(crate) unsafe fn fp8_scale(row: *const u8, dim: usize) -> f32 {
+    // SAFETY: the caller's row holds dim + 4 bytes; read unaligned.
+    unsafe { (row.add(dim) as *const f32).read_unaligned() }
 }
 
 /// The scale and bias of an int4 row of `dim` values, widened to float32.
@@ -314,10 +356,52 @@ mod tests {
         assert!(RowFormat::Int4.check_dim(3).is_some() && RowFormat::Int4.check_dim(4).is_none());
     }
 
+    /// fp8: every e4m3fn code widens exactly (against a decoding from its fields), the
+    /// encoder rounds every float32 between codes to the nearer code (ties to the even code)
+    /// and saturates beyond 448, and a row's largest magnitude becomes 448 times its scale.
+    #[test]
+    fn fp8_rows_are_e4m3fn_scaled_to_448() {
+        let decode = |e: u8| {
+            let (s, ex, m) = ((e >> 7) as i32, ((e >> 3) & 15) as i32, (e & 7) as f64);
+            let mag = if ex == 0 { m / 8.0 * 2f64.powi(-6) } else { (1.0 + m / 8.0) * 2f64.powi(ex - 7) };
+            (if s == 1 { -mag } else { mag }) as f32
+        };
+        for e in 0..=255u8 {
+            if e & 0x7F == 0x7F {
+                continue;
+            }
+            assert_eq!(e4m3_to_f32(e).to_bits(), decode(e).to_bits(), "code {e:#x}");
+            assert_eq!(f32_to_e4m3(decode(e)) & 0x7F, e & 0x7F, "code {e:#x} round trip");
+        }
+        // Between neighbouring codes: the nearer one; at the midpoint the even one.
+        for e in 0..0x7Eu8 {
+            let (lo, hi) = (decode(e), decode(e + 1));
+            let mid = (lo + hi) / 2.0;
+            assert_eq!(f32_to_e4m3(mid), if e % 2 == 0 { e } else { e + 1 }, "midpoint above {e:#x}");
+            assert_eq!(f32_to_e4m3(lo + (hi - lo) * 0.25), e);
+            assert_eq!(f32_to_e4m3(lo + (hi - lo) * 0.75), e + 1);
+            assert_eq!(f32_to_e4m3(-(lo + (hi - lo) * 0.75)), 0x80 | (e + 1));
+        }
+        assert_eq!(f32_to_e4m3(1e9), 0x7E);
+        assert_eq!(f32_to_e4m3(-500.0), 0xFE);
+        for row in rows(3, 12, 32, false) {
+            let mut q = vec![0u8; RowFormat::Fp8.row_bytes(32)];
+            quantize_row(RowFormat::Fp8, &row, &mut q).unwrap();
+            // SAFETY: q holds one fp8 row of 32 values.
+            let scale = unsafe { fp8_scale(q.as_ptr(), 32) };
+            let amax = row.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let at = row.iter().position(|x| x.abs() == amax).unwrap();
+            assert_eq!(q[at] & 0x7F, 0x7E, "the largest magnitude is 448");
+            // SAFETY: as above.
+            let v = unsafe { value(RowFormat::Fp8, q.as_ptr(), 32, at) };
+            assert!((v.abs() - amax).abs() <= amax * 1e-6, "{v} vs {amax} (scale {scale})");
+        }
+    }
+
     /// NaN and infinities are refused with their column.
     #[test]
     fn non_finite_values_are_refused() {
-        for f in [RowFormat::Int8, RowFormat::Int4] {
+        for f in [RowFormat::Int8, RowFormat::Int4, RowFormat::Fp8] {
             let mut q = vec![0u8; f.row_bytes(4)];
             assert!(quantize_row(f, &[1.0, 2.0, f32::NAN, 0.0], &mut q).unwrap_err().contains("column 2"));
             assert!(quantize_row(f, &[f32::NEG_INFINITY, 2.0, 1.0, 0.0], &mut q).unwrap_err().contains("column 0"));
@@ -327,7 +411,7 @@ mod tests {
         let mut q = vec![0u8; RowFormat::Int4.row_bytes(2)];
         assert!(quantize_row(RowFormat::Int4, &[-1e6, 1.0], &mut q).unwrap_err().contains("65504"));
         assert!(quantize_row(RowFormat::Int4, &[0.0, 1e6], &mut q).unwrap_err().contains("65504"));
-        for f in ["float32", "float16", "bfloat16", "int8", "int4"] {
+        for f in ["float32", "float16", "bfloat16", "int8", "int4", "fp8"] {
             assert_eq!(RowFormat::parse(f).unwrap().name(), f);
         }
         assert_eq!(RowFormat::parse("int2"), None);

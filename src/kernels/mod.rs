@@ -19,8 +19,18 @@ pub mod copy;
 pub mod format;
 pub mod pool;
 
-pub use copy::{RowFn, row_fn, store_fence};
+pub use copy::{row_fn, store_fence};
 pub use format::{RowFormat, quantize_row};
+pub use pool::round_trip;
+
+/// Copies one row of `dim` values from `src` (table format) to `dst` (out dtype, `col_stride`
+/// elements apart).
+///
+/// Safety: `src` must be readable for one row of `dim` values of the source format (float
+/// rows: contiguous, aligned elements), and `dst` writable for `dim` aligned elements of the out
+/// dtype `col_stride` elements apart, not overlapping `src`. [`row_fn`] picks the contiguous
+/// kernels only for `col_stride == 1`.
+pub type RowFn = unsafe fn(src: *const u8, dst: *mut u8, dim: usize, col_stride: usize);
 pub use pool::{Divide, Pooler, RowsOf};
 
 /// An instruction set the kernels are compiled for.

@@ -13,7 +13,7 @@
 //! LLVM kept it in memory and stored it back after every row.
 
 use super::Isa;
-use super::format::{RowFormat, int4_params, int8_params};
+use super::format::{RowFormat, fp8_scale, int4_params, int8_params};
 use crate::dlpack::FloatDtype;
 
 /// Cache lines of rows kept in flight ahead of the row being added: 16 rows (what FBGEMM's
@@ -159,6 +159,7 @@ impl Pooler {
             RowFormat::Float(FloatDtype::BF16) => family::<BF16>(isa),
             RowFormat::Int8 => family::<Int8>(isa),
             RowFormat::Int4 => family::<Int4>(isa),
+            RowFormat::Fp8 => family::<Fp8>(isa),
         };
         let row_bytes = format.row_bytes(dim);
         let ahead = (LINES_AHEAD / row_bytes.div_ceil(64).max(1)).clamp(4, 16);
@@ -339,6 +340,8 @@ trait Simd {
     unsafe fn load_u8(p: *const u8) -> Self::V;
     /// `LANES / 2` bytes of 4-bit values (low nibble first), each widened to float32.
     unsafe fn load_u4(p: *const u8) -> Self::V;
+    /// `LANES` float8 e4m3fn values, widened to float32 (exact; as `format::e4m3_to_f32`).
+    unsafe fn load_e4m3(p: *const u8) -> Self::V;
     /// `a * b + c`, rounded once.
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
@@ -383,6 +386,7 @@ struct F16;
 struct BF16;
 struct Int8;
 struct Int4;
+struct Fp8;
 
 impl Elem for F32 {
     const FORMAT: RowFormat = RowFormat::Float(FloatDtype::F32);
@@ -457,6 +461,24 @@ impl Elem for Int8 {
     unsafe fn load<S: Simd>(row: *const u8, col: usize, p: (S::V, S::V)) -> S::V {
         // SAFETY: the caller's row holds LANES bytes from col.
         unsafe { S::fma(S::load_u8(row.add(col)), p.0, p.1) }
+    }
+}
+
+impl Elem for Fp8 {
+    const FORMAT: RowFormat = RowFormat::Fp8;
+    #[inline(always)]
+    fn bytes(n: usize) -> usize {
+        n
+    }
+    #[inline(always)]
+    unsafe fn params<S: Simd>(row: *const u8, dim: usize) -> (S::V, S::V) {
+        // SAFETY: the caller's row is an fp8 row of dim values (dim + 4 bytes).
+        unsafe { (S::splat(fp8_scale(row, dim)), S::zero()) }
+    }
+    #[inline(always)]
+    unsafe fn load<S: Simd>(row: *const u8, col: usize, p: (S::V, S::V)) -> S::V {
+        // SAFETY: the caller's row holds LANES bytes from col.
+        unsafe { S::mul(S::load_e4m3(row.add(col)), p.0) }
     }
 }
 
@@ -946,7 +968,25 @@ pub fn convert_fn(isa: Isa, format: RowFormat, out: FloatDtype) -> super::RowFn 
         RowFormat::Float(FloatDtype::BF16) => of!(BF16),
         RowFormat::Int8 => of!(Int8),
         RowFormat::Int4 => of!(Int4),
+        RowFormat::Fp8 => of!(Fp8),
     }
+}
+
+/// Replaces `row` by the values `format` would hold for it (quantized, then dequantized: what a
+/// lookup of a table stored as `format` returns for these values); `scratch` is reused. Float32
+/// rows stay as they are. Fails, leaving `row` alone, where [`super::quantize_row`] would.
+pub fn round_trip(format: RowFormat, row: &mut [f32], scratch: &mut Vec<u8>) -> Result<(), String> {
+    if format == RowFormat::Float(FloatDtype::F32) {
+        return Ok(());
+    }
+    let dim = row.len();
+    scratch.resize(format.row_bytes(dim), 0);
+    super::format::quantize_row(format, row, scratch)?;
+    let f = convert_fn(super::isa(), format, FloatDtype::F32);
+    // SAFETY: scratch holds one row of `format` (row_bytes(dim) bytes; convert_fn's kernels
+    // read at any alignment), and `row` dim writable float32 that do not overlap it.
+    unsafe { f(scratch.as_ptr(), row.as_mut_ptr().cast(), dim, 1) };
+    Ok(())
 }
 
 /// Plain Rust: 8-lane arrays the compiler vectorises for the baseline.
@@ -993,6 +1033,11 @@ impl Simd for Portable {
         std::array::from_fn(|i| ((b[i / 2] >> ((i & 1) * 4)) & 15) as f32)
     }
     #[inline(always)]
+    unsafe fn load_e4m3(p: *const u8) -> Self::V {
+        // SAFETY: the caller's p holds 8 bytes.
+        unsafe { (p as *const [u8; 8]).read_unaligned() }.map(super::format::e4m3_to_f32)
+    }
+    #[inline(always)]
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V {
         std::array::from_fn(|i| a[i].mul_add(b[i], c[i]))
     }
@@ -1036,6 +1081,10 @@ unsafe fn portable<E: Elem, Src: Source, const W: bool, const BAGS: bool, const 
 mod x86 {
     use super::{Args, Elem, Simd, Source, entry};
     use std::arch::x86_64::*;
+
+    /// 2^120: an e4m3fn code's magnitude bits at float32's exponent and mantissa positions,
+    /// times this, is its value (`format::e4m3_to_f32`).
+    const E4M3_SCALE: f32 = f32::from_bits(0x7B80_0000);
 
     /// The 4-bit values of the low 8 bytes of `x`, low nibble first, one a byte (16 bytes).
     #[inline(always)]
@@ -1089,6 +1138,16 @@ mod x86 {
         unsafe fn load_u4(p: *const u8) -> __m256 {
             // SAFETY: only called from kernels compiled with this set's features, which the CPU has; p holds 4 bytes.
             unsafe { _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(nibbles(_mm_cvtsi32_si128((p as *const i32).read_unaligned())))) }
+        }
+        #[inline(always)]
+        unsafe fn load_e4m3(p: *const u8) -> __m256 {
+            // SAFETY: only called from kernels compiled with this set's features, which the CPU has; p holds 8 bytes.
+            unsafe {
+                let x = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i));
+                let mag = _mm256_slli_epi32::<20>(_mm256_and_si256(x, _mm256_set1_epi32(0x7F)));
+                let sign = _mm256_slli_epi32::<24>(_mm256_and_si256(x, _mm256_set1_epi32(0x80)));
+                _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(mag, sign)), _mm256_set1_ps(E4M3_SCALE))
+            }
         }
         #[inline(always)]
         unsafe fn fma(a: __m256, b: __m256, c: __m256) -> __m256 {
@@ -1182,6 +1241,16 @@ mod x86 {
         unsafe fn load_u4(p: *const u8) -> __m512 {
             // SAFETY: only called from kernels compiled with this set's features, which the CPU has; p holds 8 bytes.
             unsafe { _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(nibbles(_mm_loadl_epi64(p as *const __m128i)))) }
+        }
+        #[inline(always)]
+        unsafe fn load_e4m3(p: *const u8) -> __m512 {
+            // SAFETY: only called from kernels compiled with this set's features, which the CPU has; p holds 16 bytes.
+            unsafe {
+                let x = _mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i));
+                let mag = _mm512_slli_epi32::<20>(_mm512_and_si512(x, _mm512_set1_epi32(0x7F)));
+                let sign = _mm512_slli_epi32::<24>(_mm512_and_si512(x, _mm512_set1_epi32(0x80)));
+                _mm512_mul_ps(_mm512_castsi512_ps(_mm512_or_si512(mag, sign)), _mm512_set1_ps(E4M3_SCALE))
+            }
         }
         #[inline(always)]
         unsafe fn fma(a: __m512, b: __m512, c: __m512) -> __m512 {
@@ -1562,7 +1631,7 @@ mod tests {
         use crate::kernels::format::{quantize_row, value};
         let mut next = xorshift(0x51AB_77D1_0C3E_9F25u64);
         for isa in Isa::available() {
-            for format in [RowFormat::Int8, RowFormat::Int4] {
+            for format in [RowFormat::Int8, RowFormat::Int4, RowFormat::Fp8] {
                 for dim in [2, 6, 8, 16, 18, 32, 34, 64, 100, 128, 256, 258, 512] {
                     let rb = format.row_bytes(dim);
                     let stride = rb + (next() % 3) as usize;

@@ -153,7 +153,8 @@ impl StaticTable {
             ));
         }
         if rows > 1 && rs < elems {
-            return Err(Error::layout("vectors", format!("strides[0] = {rs} is less than the row's {elems} elements; rows overlap")));
+            let row = if format.is_quantized() { format!("a {} row's {elems} bytes", format.name()) } else { format!("dim = {dim}") };
+            return Err(Error::layout("vectors", format!("strides[0] = {rs} is less than {row}; rows overlap")));
         }
         // SAFETY: the caller guarantees keys, if given, describes readable host memory.
         let index = unsafe { build_rows(keys, rows) }?;
@@ -365,12 +366,17 @@ fn check_vectors(v: &TensorView, storage: Option<RowFormat>) -> Result<(RowForma
     let is_u8 = (v.dtype.code, v.dtype.bits, v.dtype.lanes) == (dlpark::ffi::DLDataTypeCode::UINT, 8, 1);
     let (format, dim) = match quantized {
         Some(f) if is_u8 => {
-            // A fused row: the values' bytes, then scale and bias (8 bytes for int8, 4 for int4).
-            let (extra, per_byte) = if f == RowFormat::Int8 { (8, 1) } else { (4, 2) };
+            // A fused row: the values' bytes, then scale and bias (8 bytes for int8, 4 for int4),
+            // or fp8's scale (4 bytes).
+            let (extra, per_byte) = match f {
+                RowFormat::Int8 => (8, 1),
+                RowFormat::Int4 => (4, 2),
+                _ => (4, 1),
+            };
             if cols <= extra {
                 return Err(Error::invalid(
                     "vectors",
-                    format!("shape[1] = {cols}; a fused {} row is its values' bytes then {extra} bytes of scale and bias", f.name()),
+                    format!("shape[1] = {cols}; a fused {} row is its values' bytes then {extra} bytes of scale (and bias)", f.name()),
                 ));
             }
             (f, (cols - extra) * per_byte)
@@ -380,10 +386,10 @@ fn check_vectors(v: &TensorView, storage: Option<RowFormat>) -> Result<(RowForma
                 Some(f) => Error::Dtype {
                     arg: "vectors",
                     got: crate::dlpack::dtype_name(v.dtype),
-                    expected: if f == RowFormat::Int8 {
-                        "float32, float16 or bfloat16 (quantized at build), or uint8 rows in the fused int8 layout"
-                    } else {
-                        "float32, float16 or bfloat16 (quantized at build), or uint8 rows in the fused int4 layout"
+                    expected: match f {
+                        RowFormat::Int8 => "float32, float16 or bfloat16 (quantized at build), or uint8 rows in the fused int8 layout",
+                        RowFormat::Int4 => "float32, float16 or bfloat16 (quantized at build), or uint8 rows in the fused int4 layout",
+                        _ => "float32, float16 or bfloat16 (quantized at build), or uint8 rows in the fp8 layout (e4m3fn values, float32 scale)",
                     },
                 },
                 None => e,
@@ -392,7 +398,8 @@ fn check_vectors(v: &TensorView, storage: Option<RowFormat>) -> Result<(RowForma
         }
     };
     if dim == 0 || dim > MAX_DIM {
-        return Err(Error::invalid("vectors", format!("shape[1] = {cols}: dim {dim}; expected 1 <= dim <= {MAX_DIM}")));
+        let got = if format.is_quantized() { format!("shape[1] = {cols} ({} values a row)", dim) } else { format!("shape[1] = {cols}") };
+        return Err(Error::invalid("vectors", format!("{got}; expected 1 <= dim <= {MAX_DIM}")));
     }
     if let Some(m) = storage.and_then(|f| f.check_dim(dim)) {
         return Err(Error::invalid("vectors", m));

@@ -21,7 +21,7 @@
 
 use super::options::MissingKey;
 use crate::error::{Error, Result};
-use crate::kernels::{RowFormat, format::round_trip, quantize_row};
+use crate::kernels::{RowFormat, quantize_row, round_trip};
 use crate::storage::tier::persistent::PersistentTable;
 use crate::storage::tier::redis::{Failure, RedisTier};
 use crate::storage::tier::volatile::VolatileTier;

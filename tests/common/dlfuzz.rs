@@ -402,6 +402,7 @@ impl Table {
             None => 0,
             Some(RowFormat::Int8) => 4,
             Some(RowFormat::Int4) => 5,
+            Some(RowFormat::Fp8) => 6,
             Some(f) => panic!("the fuzz tables quantize to int8 or int4, not {f:?}"),
         };
         let mut ptr = std::ptr::null_mut();
@@ -788,7 +789,12 @@ pub fn table_spec(rows: std::ops::RangeInclusive<usize>, dims: std::ops::RangeIn
         default_value(),
         prop::bool::weighted(0.2),
         0usize..3,
-        prop_oneof![8 => Just(None), 1 => Just(Some(RowFormat::Int8)), 1 => Just(Some(RowFormat::Int4))],
+        prop_oneof![
+            9 => Just(None),
+            1 => Just(Some(RowFormat::Int8)),
+            1 => Just(Some(RowFormat::Int4)),
+            1 => Just(Some(RowFormat::Fp8))
+        ],
     )
         .prop_map(|(dtype, dim, rows, keyed, seed, default_value, missing_error, vpad, storage)| TableSpec {
             dtype,

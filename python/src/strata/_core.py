@@ -22,7 +22,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 _MISSING = _args.MISSING
 #: How a table stores its rows (``strata_storage``); "as_given" keeps the vectors' dtype.
-_STORAGE = {"as_given": 0, "float32": 1, "float16": 2, "bfloat16": 3, "int8": 4, "int4": 5}
+_STORAGE = {"as_given": 0, "float32": 1, "float16": 2, "bfloat16": 3, "int8": 4, "int4": 5, "fp8": 6}
 _PLACEMENT = {"static": _ffi.STRATA_GPU_STATIC, "uvm": _ffi.STRATA_GPU_UVM, "cache": _ffi.STRATA_GPU_CACHE}
 _SHARDING = {"replicate": _ffi.STRATA_GPU_REPLICATE, "shard": _ffi.STRATA_GPU_SHARD}
 _OUT_DTYPES = ("float32", "float16", "bfloat16")
@@ -91,7 +91,7 @@ class TableInfo:
     adopted: bool
     index_bytes: int
     vector_bytes: int
-    #: How rows are stored: the dtype's name, or "int8"/"int4" for quantized rows (whose
+    #: How rows are stored: the dtype's name, or "int8"/"int4"/"fp8" for quantized rows (whose
     #: ``dtype`` is "uint8").
     storage: str = ""
 
@@ -100,7 +100,7 @@ def _storage_of(dtype: str, rows: int, dim: int, vector_bytes: int) -> str:
     if dtype != "uint8":
         return dtype
     per_row = vector_bytes // rows if rows else 0
-    return "int8" if per_row == dim + 8 else "int4" if per_row == dim // 2 + 4 else "uint8"
+    return {dim + 8: "int8", dim // 2 + 4: "int4", dim + 4: "fp8"}.get(per_row, "uint8")
 
 
 @dataclass(frozen=True)
@@ -189,7 +189,8 @@ class Table(_Closeable):
         ``storage``: how the table stores its rows. "as_given" (the default) keeps the vectors'
         dtype; "float32", "float16" or "bfloat16" convert; "int8" and "int4" quantize each row
         as FBGEMM's ``FloatToFused8BitRowwiseQuantized`` and
-        ``FloatToFusedNBitRowwiseQuantizedSBHalf`` (4 bits) do, bit for bit. Rows FBGEMM or
+        ``FloatToFusedNBitRowwiseQuantizedSBHalf`` (4 bits) do, bit for bit; "fp8" stores
+        ``float8_e4m3fn`` values of ``x / scale`` with a float32 scale a row (max |x| / 448). Rows FBGEMM or
         TorchRec already quantized (uint8 ``[rows, row_bytes]`` in that fused layout) are taken
         as they are with ``storage="int8"``/``"int4"``, copied or (``copy=False``) adopted.
         Lookups dequantize (``q * scale + bias`` in float32) inside the gather and the pooling.
