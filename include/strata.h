@@ -530,7 +530,7 @@ typedef struct strata_table_info {
   // Elements per row.
   int64_t dim;
   // Dtype of the stored vectors; uint8 for quantized rows (`STRATA_STORAGE_INT8`,
-  // `STRATA_STORAGE_INT4`), whose row bytes are `vector_bytes / rows`.
+  // `STRATA_STORAGE_INT4`, `STRATA_STORAGE_FP8`), whose row bytes are `vector_bytes / rows`.
   DLDataType dtype;
   // Whether keys are arbitrary 64-bit values (hash index) rather than row numbers.
   bool keyed;

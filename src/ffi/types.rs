@@ -432,7 +432,7 @@ pub struct strata_table_info {
     /// Elements per row.
     pub dim: i64,
     /// Dtype of the stored vectors; uint8 for quantized rows (`STRATA_STORAGE_INT8`,
-    /// `STRATA_STORAGE_INT4`), whose row bytes are `vector_bytes / rows`.
+    /// `STRATA_STORAGE_INT4`, `STRATA_STORAGE_FP8`), whose row bytes are `vector_bytes / rows`.
     pub dtype: DLDataType,
     /// Whether keys are arbitrary 64-bit values (hash index) rather than row numbers.
     pub keyed: bool,

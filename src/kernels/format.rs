@@ -61,15 +61,6 @@ impl RowFormat {
         self.float().is_none()
     }
 
-    /// The alignment a row's start needs (its element's; 1 for quantized rows, which are read
-    /// unaligned).
-    pub fn align(self) -> usize {
-        match self {
-            RowFormat::Float(d) => d.size(),
-            _ => 1,
-        }
-    }
-
     /// The format's name, as `Table.from_array(storage=...)` and `ps.json` spell it.
     pub fn name(self) -> &'static str {
         match self {

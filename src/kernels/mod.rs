@@ -11,8 +11,9 @@
 //! The instruction set is chosen once per process ([`isa`]): AVX-512 (AVX512F), else AVX2 with
 //! F16C and FMA, else the portable code, which every build has and the tests also run.
 //! `STRATA_KERNELS=portable|avx2|avx512` asks for a lower set than the CPU has (never a higher
-//! one). Row formats ([`format`]): float32, float16, bfloat16 and FBGEMM's fused int8 and int4
-//! row-wise layouts; each is one `Elem` of [`pool`], which also gives its dequantizing copy.
+//! one). Row formats ([`format`]): float32, float16, bfloat16, FBGEMM's fused int8 and int4
+//! row-wise layouts and fp8 (e4m3fn with a row scale); each is one `Elem` of [`pool`], which
+//! also gives its dequantizing copy.
 //! Threading: kernels are plain functions on the caller's thread; any thread may call them.
 
 pub mod copy;
