@@ -579,3 +579,33 @@ fn high_rank_strided_requests_give_the_reference_rows() {
     ok(unsafe { strata_lookup_batch(r.as_ptr(), 1, null()) });
     check(&batched, "batched");
 }
+
+#[test]
+fn a_threads_reused_buffers_carry_nothing_between_calls() {
+    // One thread keeps its pooling buffers between calls (exec/pooled.rs): calls that grow them
+    // past what is kept (a large dim, strided out, many bags), that fill them with weights, and
+    // small calls with empty bags, in turn, each give the reference rows.
+    let mut rng = Rng(23);
+    let big = Fixture::new(&mut rng, 400, 1024, 0.5, false);
+    let small = Fixture::new(&mut rng, 60, 5, -2.0, false);
+    for round in 0..3 {
+        for (fx, bags_n, weighted, col) in [(&big, 300, true, 2), (&small, 30, false, 1), (&big, 20, false, 1), (&small, 30, true, 3)] {
+            let (mut offsets, mut bags) = ragged(&mut rng, bags_n, 4);
+            // An empty bag first: its row is the zeros the buffers hold.
+            offsets.insert(0, 0);
+            bags.insert(0, (0, 0));
+            let nnz = *offsets.last().unwrap() as usize;
+            let keys = fx.draw_keys(&mut rng, nnz);
+            let weights: Vec<f32> = (0..nnz).map(|_| rng.f32() * 3.0 - 1.0).collect();
+            let kb = key_bytes(&keys, I64);
+            let ob = offset_bytes(&offsets, I64);
+            let kdesc = Desc::compact(kb.as_ptr(), I64, &[nnz as i64]);
+            let odesc = Desc::compact(ob.as_ptr(), I64, &[offsets.len() as i64]);
+            let wdesc = Desc::compact(weights.as_ptr().cast(), F32, &[nnz as i64]);
+            let (buf, mut out) = out_buffer(bags.len(), fx.dim, F32, fx.dim * col + 1, col);
+            ok(pooled(&fx.table, &kdesc, Some(&odesc), weighted.then_some(&wdesc), 1, &mut out, None));
+            let (want, _) = fx.expected(&keys, &bags, weighted.then_some(&weights[..]), 1);
+            check_out(&buf, &out, F32, &want, fx.dim, &format!("round {round}, dim {}, weighted={weighted}", fx.dim));
+        }
+    }
+}

@@ -7,7 +7,7 @@
 
 use super::cpu::{BYTES_PER_THREAD, Found, Gather};
 use super::pool;
-use super::pooled::{self, PooledTasks, Rowset, Scratch};
+use super::pooled::{self, PooledTasks, Rowset};
 use crate::error::{Error, Result};
 use crate::kernels::store_fence;
 use crate::model::{LookupStats, Plan, PooledPlan, StaticTable};
@@ -94,27 +94,28 @@ pub(crate) fn run(jobs: &[Job], threads: usize) -> Vec<Result<LookupStats>> {
     let threads = threads.min(asked).min((bytes / BYTES_PER_THREAD).max(1)).min(total).max(1);
     let next = AtomicUsize::new(0);
     let parts = pool::run(threads, || {
-        let mut s = Scratch::new(0);
-        let mut found = vec![Found::default(); jobs.len()];
-        let mut failed: Vec<Option<Error>> = Vec::new();
-        loop {
-            let i = next.fetch_add(1, Ordering::Relaxed);
-            if i >= total {
-                break;
-            }
-            let j = starts.partition_point(|&s| s <= i) - 1;
-            match &tasks[j] {
-                Tasks::Plain(t) => t.run(i - starts[j], &mut found[j]),
-                Tasks::Pooled(t) => {
-                    if let Err(e) = t.run(i - starts[j], &mut s, &mut found[j]) {
-                        failed.resize_with(jobs.len(), || None);
-                        failed[j].get_or_insert(e);
+        pooled::with_scratch(|s| {
+            let mut found = vec![Found::default(); jobs.len()];
+            let mut failed: Vec<Option<Error>> = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= total {
+                    break;
+                }
+                let j = starts.partition_point(|&s| s <= i) - 1;
+                match &tasks[j] {
+                    Tasks::Plain(t) => t.run(i - starts[j], &mut found[j]),
+                    Tasks::Pooled(t) => {
+                        if let Err(e) = t.run(i - starts[j], s, &mut found[j]) {
+                            failed.resize_with(jobs.len(), || None);
+                            failed[j].get_or_insert(e);
+                        }
                     }
                 }
             }
-        }
-        store_fence();
-        (found, failed)
+            store_fence();
+            (found, failed)
+        })
     });
     let mut found = vec![Found::default(); jobs.len()];
     let mut failed: Vec<Option<Error>> = (0..jobs.len()).map(|_| None).collect();

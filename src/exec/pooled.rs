@@ -15,6 +15,7 @@ use crate::dlpack::FloatDtype;
 use crate::error::{Error, Result};
 use crate::kernels::{Divide, Pooler, RowFn, RowFormat, RowsOf, row_fn};
 use crate::model::{LookupStats, PooledPlan, Pooling, RowSource, Rows, StaticTable, TierScratch, TieredTable};
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Keys per chunk.
@@ -61,7 +62,23 @@ impl Scratch {
         }
     }
 
-    pub(super) fn new(dim: usize) -> Self {
+    /// Frees the buffers a call grew past [`KEEP_BYTES`] (the fixed chunk buffers stay).
+    fn trim(&mut self) {
+        fn cap<T>(v: &mut Vec<T>) {
+            if v.capacity() * std::mem::size_of::<T>() > KEEP_BYTES {
+                *v = Vec::new();
+            }
+        }
+        cap(&mut self.starts);
+        cap(&mut self.pooled);
+        cap(&mut self.staged);
+        cap(&mut self.found);
+        if self.acc.len() * 4 > KEEP_BYTES {
+            (self.acc, self.zeros) = (Vec::new(), Vec::new());
+        }
+    }
+
+    fn new(dim: usize) -> Self {
         Scratch {
             keys: vec![0; CHUNK],
             offs: vec![0; CHUNK],
@@ -76,6 +93,28 @@ impl Scratch {
             tiers: TierScratch::default(),
         }
     }
+}
+
+/// Bytes of a thread's [`Scratch`] kept for its next call: buffers grown past this by one call
+/// (a group of many bags pooled into `pooled`, say) are freed when it ends.
+const KEEP_BYTES: usize = 1 << 20;
+
+thread_local! {
+    /// This thread's pooled-lookup buffers, between calls: a small lookup, or a batch of many
+    /// small ones, pays no allocation and no zeroing (four zeroed buffers a request cost a
+    /// B = 1 batch of 26 tables more than its lookups did). Taken out while in use.
+    static SCRATCH: Cell<Option<Box<Scratch>>> = const { Cell::new(None) };
+}
+
+/// Runs `f` with this thread's [`Scratch`] (a fresh one where it is already in use), then keeps
+/// it for the thread's next call, its largest buffers freed. Tasks size its row buffers
+/// ([`PooledTasks::run`]).
+pub(super) fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
+    let mut s = SCRATCH.with(Cell::take).unwrap_or_else(|| Box::new(Scratch::new(0)));
+    let r = f(&mut s);
+    s.trim();
+    SCRATCH.with(|c| c.set(Some(s)));
+    r
 }
 
 /// What a pooled lookup reads rows from.
@@ -169,16 +208,17 @@ fn run(p: &PooledPlan, rows: &Rowset) -> Result<Found> {
     let threads = p.threads.min(by_size).min(t.tasks).max(1);
     let next = AtomicUsize::new(0);
     let parts = pool::run(threads, || -> Result<Found> {
-        let mut s = Scratch::new(rows.dim);
-        let mut found = Found::default();
-        loop {
-            let i = next.fetch_add(1, Ordering::Relaxed);
-            if i >= t.tasks {
-                break;
+        with_scratch(|s| {
+            let mut found = Found::default();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= t.tasks {
+                    break;
+                }
+                t.run(i, s, &mut found)?;
             }
-            t.run(i, &mut s, &mut found)?;
-        }
-        Ok(found)
+            Ok(found)
+        })
     });
     let mut total = Found::default();
     for part in parts {
