@@ -15,7 +15,9 @@
 //!   hotness, weights, host/device mixes) and batches (`strata_lookup_batch`: 26 tables, plain
 //!   and pooled, one device) are compared with the CPU path the same way; a pooled lookup queued
 //!   behind a spinning kernel returns before the stream finishes; bad device offsets fail the
-//!   call when it waits. Without a device each of these prints "skipped: no CUDA device".
+//!   call when it waits. Tables quantized at build (int8, int4, fp8) are compared the same way,
+//!   plain and pooled, in every placement, and in the batch beside float tables. Without a
+//!   device each of these prints "skipped: no CUDA device".
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -48,7 +50,9 @@ fn every_kernel_compiles_with_nvrtc_for_sm80_and_sm90() {
         for name in cuda::kernel_names() {
             assert!(ptx.contains(&format!(".entry {name}(")), "{name} is missing from the PTX for {arch}");
         }
-        assert_eq!(cuda::kernel_names().len(), 89);
+        // Float tables: 72 gathers and cache probes, 9 fills, 3 inserts; quantized ones: 36
+        // gathers; 6 pooled kernels, strata_pool_rows and strata_batch.
+        assert_eq!(cuda::kernel_names().len(), 128);
     }
 }
 
@@ -753,6 +757,41 @@ fn pooled_cpu_and_gpu(
     ((want, cs), (got, gs))
 }
 
+/// A pooled lookup case: `t` (of `dim`, whose keys are `keys`), a pooling (index of
+/// [`pool_code`]), ragged bags or a fixed hotness, weighted or not.
+#[derive(Clone, Copy)]
+struct PooledCase<'a> {
+    t: &'a Owned,
+    keys: &'a [i64],
+    dim: usize,
+    pooling: usize,
+    ragged: bool,
+    weighted: bool,
+}
+
+/// Random bags of `c` (random key and out dtypes, 1 to 300 bags) looked up on the CPU and on
+/// device `ctx`'s stream `s`, with the tensors in each place a host may put them; checks rows
+/// and stats agree. `what` names the table in a failure.
+fn pooled_matches_in_every_mix(
+    ctx: &std::sync::Arc<cudarc::driver::CudaContext>,
+    s: cudarc::driver::sys::CUstream,
+    rng: &mut Rng,
+    c: PooledCase,
+    what: &str,
+) {
+    let kd = [I32, I64, U32, U64][rng.below(4) as usize];
+    let od = [F32, F16, BF16][rng.below(3) as usize];
+    let b = 1 + rng.below(300) as usize;
+    let bags = HostBags::random(rng, c.keys, kd, b, c.ragged, c.weighted);
+    for mix in [PoolMix::AllDevice, PoolMix::HostInputsDeviceOut, PoolMix::DeviceInputsHostOut] {
+        let ((want, cs), (got, gs)) = pooled_cpu_and_gpu(ctx, s, c.t, &bags, pool_code(c.pooling), od, c.dim, mix);
+        let (pooling, ragged, weighted) = (c.pooling, c.ragged, c.weighted);
+        let what = format!("{what} pooling {pooling} ragged={ragged} weighted={weighted} keys {kd:?} out {od:?} {mix:?}");
+        assert_eq!((gs.hits, gs.misses), (cs.hits, cs.misses), "{what}: stats");
+        assert!(got == want, "{what}: pooled rows differ from the CPU path");
+    }
+}
+
 #[test]
 fn gpu_pooled_placements_dtypes_and_mixes_match_the_cpu_path() {
     if cuda::device_count() == 0 {
@@ -772,19 +811,83 @@ fn gpu_pooled_placements_dtypes_and_mixes_match_the_cpu_path() {
                 for pooling in 0..3 {
                     for ragged in [true, false] {
                         for weighted in [false, true] {
-                            let kd = [I32, I64, U32, U64][rng.below(4) as usize];
-                            let od = [F32, F16, BF16][rng.below(3) as usize];
-                            let b = 1 + rng.below(300) as usize;
-                            let bags = HostBags::random(&mut rng, &keys, kd, b, ragged, weighted);
-                            for mix in [PoolMix::AllDevice, PoolMix::HostInputsDeviceOut, PoolMix::DeviceInputsHostOut] {
-                                let ((want, cs), (got, gs)) = pooled_cpu_and_gpu(&ctx, s, &t, &bags, pool_code(pooling), od, dim, mix);
-                                let what = format!(
-                                    "{name} keyed={keyed} table {td:?} pooling {pooling} ragged={ragged} weighted={weighted} keys {kd:?} out {od:?} {mix:?}"
-                                );
-                                assert_eq!((gs.hits, gs.misses), (cs.hits, cs.misses), "{what}: stats");
-                                assert!(got == want, "{what}: pooled rows differ from the CPU path");
-                            }
+                            let what = format!("{name} keyed={keyed} table {td:?}");
+                            let case = PooledCase { t: &t, keys: &keys, dim, pooling, ragged, weighted };
+                            pooled_matches_in_every_mix(&ctx, s, &mut rng, case, &what);
                         }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A table of `rows` x `dim` float32 values quantized at build as `opts.storage` says: random
+/// rows, constant rows (scale 0), rows of extreme magnitudes (within what the format holds) and
+/// of tiny ones.
+fn quantized_table(rng: &mut Rng, rows: usize, dim: usize, keyed: bool, opts: &TableOptions) -> (Owned, Vec<i64>) {
+    let big = if opts.storage == strata_storage::STRATA_STORAGE_INT4 as i32 { 3.0e4 } else { 1.0e37 };
+    let mut data = Vec::with_capacity(rows * dim * 4);
+    for r in 0..rows {
+        let constant = rng.f32() * 20.0;
+        for _ in 0..dim {
+            let x = match r % 5 {
+                0 => constant,
+                1 => rng.f32() * big,
+                2 => rng.f32() * 1e-36,
+                _ => rng.f32() * 10.0,
+            };
+            data.extend_from_slice(&x.to_le_bytes());
+        }
+    }
+    let keys: Vec<i64> = if keyed { (0..rows as i64).map(|r| r * 7919 - 50_000).collect() } else { (0..rows as i64).collect() };
+    let t = Owned::build_bytes(&data, F32, rows, dim, keyed.then_some(&keys[..]), opts);
+    (t, keys)
+}
+
+/// Device 0's context and a new stream on it; `None` (saying so) without a CUDA device.
+fn device0() -> Option<(std::sync::Arc<cudarc::driver::CudaContext>, cudarc::driver::sys::CUstream)> {
+    if cuda::device_count() == 0 {
+        skipped("no CUDA device");
+        return None;
+    }
+    let ctx = gpu::ctx(0);
+    let s = gpu::stream(&ctx);
+    Some((ctx, s))
+}
+
+#[test]
+fn gpu_quantized_tables_match_the_cpu_path() {
+    let Some((ctx, s)) = device0() else { return };
+    let mut rng = Rng(45);
+    // Odd dims put scales at unaligned addresses; 300: two passes of 256 columns per bag.
+    let formats = [
+        (strata_storage::STRATA_STORAGE_INT8, 37),
+        (strata_storage::STRATA_STORAGE_INT4, 36),
+        (strata_storage::STRATA_STORAGE_FP8, 300),
+        (strata_storage::STRATA_STORAGE_INT8, 300),
+    ];
+    for (storage, dim) in formats {
+        // static, uvm, and caches of 30% and of every row
+        for (name, opts) in placements().into_iter().filter(|(name, _)| *name != "cache 0") {
+            for keyed in [false, true] {
+                let opts = TableOptions { storage: storage as i32, ..opts };
+                let (t, keys) = quantized_table(&mut rng, 2000, dim, keyed, &opts);
+                let what = format!("{name} storage {storage:?} dim {dim} keyed={keyed}");
+                for kd in [I32, U64] {
+                    for od in [F32, F16, BF16] {
+                        for mix in [Mix::DeviceDevice, Mix::HostKeysDeviceOut, Mix::DeviceKeysHostOut] {
+                            let kb = random_keys(&mut rng, &keys, 777, kd);
+                            let ((want, cs), (got, gs)) = cpu_and_gpu(&ctx, s, &t, &kb, kd, od, dim, mix);
+                            assert_eq!((gs.hits, gs.misses), (cs.hits, cs.misses), "{what} keys {kd:?} out {od:?} {mix:?}: stats");
+                            assert!(got == want, "{what} keys {kd:?} out {od:?} {mix:?}: rows differ from the CPU path");
+                        }
+                    }
+                }
+                for pooling in 0..3 {
+                    for (ragged, weighted) in [(true, true), (false, false), (true, false)] {
+                        let case = PooledCase { t: &t, keys: &keys, dim, pooling, ragged, weighted };
+                        pooled_matches_in_every_mix(&ctx, s, &mut rng, case, &what);
                     }
                 }
             }
@@ -907,6 +1010,14 @@ fn gpu_batch_of_26_tables_matches_separate_calls() {
             let td = [F32, F16, BF16][i % 3];
             // Mostly static tables (one launch for all of them), some uvm and cache ones.
             let opts = &placements[[0, 0, 0, 1, 2][i % 5]].1;
+            // Some tables quantized at build (int8, int4, fp8), in the same launch as float ones.
+            let storage = match i % 8 {
+                3 => strata_storage::STRATA_STORAGE_INT8,
+                5 => strata_storage::STRATA_STORAGE_INT4,
+                7 => strata_storage::STRATA_STORAGE_FP8,
+                _ => strata_storage::STRATA_STORAGE_AS_GIVEN,
+            };
+            let opts = &TableOptions { storage: storage as i32, ..*opts };
             let (t, keys) = random_table(&mut rng, 500 + 37 * i, dim, td, i % 2 == 0, opts);
             let pooling = [0, 1, 2, 3][i % 4];
             let kd = [I32, I64, U32, U64][i % 4];

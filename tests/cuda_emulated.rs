@@ -6,7 +6,9 @@
 //! path. Every case is compared with the CPU path's lookup of the same keys on random data,
 //! bit for bit, with poisoned outputs: plain lookups, pooled lookups (`Table::lookup_request`:
 //! every pooling, weighted and not, ragged offsets with empty bags and fixed hotness, misses,
-//! every table and out dtype, tensors in place and staged) and batches of both. This runs everywhere (CI has no GPU); what it cannot show
+//! every table and out dtype, tensors in place and staged) and batches of both; tables quantized
+//! at build (int8, int4, fp8: random, constant and extreme rows) the same way in every placement,
+//! and their float32 rows against the scalar reference `RowFormat::value`. This runs everywhere (CI has no GPU); what it cannot show
 //! is anything about real devices: memory copies, streams, peer access and timing
 //! (tests/cuda.rs and scripts/gpu-check.sh cover those on a GPU).
 #![cfg(feature = "cuda")]
@@ -18,6 +20,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use strata::exec::cuda::emulate::{self as emulate, Emulated, Emulator, Placement, Staged};
 use strata::exec::cuda::params::{BatchParams, CacheParams, GatherParams, PooledParams};
+use strata::kernels::{RowFormat, quantize_row};
 use strata::model::{Pooling, Request};
 use strata::{LookupOptions, MissingKey, Table, TableOptions};
 
@@ -74,6 +77,36 @@ fn make_table(rng: &mut Rng, rows: usize, dim: usize, dtype: DLDataType, keyed: 
     for i in 0..rows * dim {
         write_float(dtype, &mut data[i * size..], rng.f32() * 100.0);
     }
+    table_of(rng, &data, rows, dim, dtype, keyed, TableOptions { default_value: default, ..TableOptions::default() })
+}
+
+/// A table of `rows` x `dim` float32 values quantized as `format` at build: rows of random
+/// values, constant rows (scale 0 or, for int4, the float16 bias alone), rows of extreme
+/// magnitudes (within what the format can hold) and of tiny ones (fp8: subnormal codes and
+/// products).
+/// Returns the table and the float32 values it was built from.
+fn make_quantized(rng: &mut Rng, rows: usize, dim: usize, format: RowFormat, keyed: bool, default: f32) -> (TestTable, Vec<f32>) {
+    let big = if format == RowFormat::Int4 { 3.0e4 } else { 1.0e37 };
+    let mut values = vec![0f32; rows * dim];
+    for (r, row) in values.chunks_exact_mut(dim).enumerate() {
+        let constant = rng.f32() * 50.0;
+        for x in row.iter_mut() {
+            *x = match r % 5 {
+                0 => constant,
+                1 => rng.f32() * big,
+                2 => rng.f32() * 1e-36,
+                _ => rng.f32() * 100.0,
+            };
+        }
+    }
+    let data: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let opts = TableOptions { default_value: default, storage: Some(format), ..TableOptions::default() };
+    (table_of(rng, &data, rows, dim, F32, keyed, opts), values)
+}
+
+/// A table of `data` (`rows` x `dim` of `dtype`) with `opts`, dense or keyed (random keys
+/// spread over signed values).
+fn table_of(rng: &mut Rng, data: &[u8], rows: usize, dim: usize, dtype: DLDataType, keyed: bool, opts: TableOptions) -> TestTable {
     let v = Desc::compact(data.as_ptr(), dtype, &[rows as i64, dim as i64]);
     let mut keys: Vec<i64> = Vec::new();
     let mut seen = std::collections::HashSet::new();
@@ -84,7 +117,6 @@ fn make_table(rng: &mut Rng, rows: usize, dim: usize, dtype: DLDataType, keyed: 
         }
     }
     let kd = Desc::compact(keys.as_ptr().cast(), I64, &[rows as i64]);
-    let opts = TableOptions { default_value: default, ..TableOptions::default() };
     // SAFETY: v describes data ([rows, dim] of dtype, compact) and kd describes keys (rows i64),
     // both alive past the call; the table copies what it reads.
     let table = unsafe { Table::from_dlpack(&v.t, keyed.then_some(&kd.t), opts) }.unwrap();
@@ -718,65 +750,64 @@ fn batch_matches_separate_cpu_calls() {
                 BatchCase { table, pooling, bags, od: FLOATS[rng.below(3) as usize] }
             })
             .collect();
-        let rows = |c: &BatchCase| if c.pooling.is_some() { c.bags.b } else { c.bags.nnz };
-        let mut want: Vec<Vec<u8>> = cases.iter().map(|c| vec![0xA5u8; rows(c) * tables[c.table].table.dim() * elem_size(c.od)]).collect();
-        let mut got = want.clone();
-        let descs: Vec<_> = cases.iter().map(|c| (c.bags.keys_desc(), c.bags.offsets_desc(), c.bags.weights_desc())).collect();
-        let outs = |bufs: &mut Vec<Vec<u8>>| -> Vec<Desc> {
-            cases
-                .iter()
-                .zip(bufs.iter_mut())
-                .map(|(c, b)| Desc::compact(b.as_mut_ptr(), c.od, &[rows(c) as i64, tables[c.table].table.dim() as i64]))
-                .collect()
-        };
-        let (want_d, got_d) = (outs(&mut want), outs(&mut got));
-        let mut cpu = Vec::new();
-        for (i, c) in cases.iter().enumerate() {
-            let t = &tables[c.table].table;
-            let (k, o, w) = &descs[i];
-            cpu.push(match c.pooling {
-                // SAFETY: the tensors describe live host buffers of the shapes they give.
-                None => unsafe { t.lookup(&k.t, &want_d[i].t, &LookupOptions::default()) }.unwrap(),
-                // SAFETY: the tensors describe live host buffers of the shapes they give.
-                Some(p) => unsafe {
-                    t.lookup_request(
-                        &pooled(&k.t, o.as_ref().map(|d| &d.t), w.as_ref().map(|d| &d.t), p, &want_d[i].t),
-                        &LookupOptions::default(),
-                    )
-                }
-                .unwrap(),
-            });
-        }
-        let requests: Vec<emulate::Request> = cases
+        run_batch_case(emu, &tables, &placed, &cases, staged, round);
+    }
+}
+
+/// Runs `cases` as one emulated batch and as separate CPU calls into poisoned outputs; checks
+/// rows and stats agree bit for bit.
+fn run_batch_case(emu: &Emulator, tables: &[TestTable], placed: &[Emulated], cases: &[BatchCase], staged: Staged, round: usize) {
+    let rows = |c: &BatchCase| if c.pooling.is_some() { c.bags.b } else { c.bags.nnz };
+    let mut want: Vec<Vec<u8>> = cases.iter().map(|c| vec![0xA5u8; rows(c) * tables[c.table].table.dim() * elem_size(c.od)]).collect();
+    let mut got = want.clone();
+    let descs: Vec<_> = cases.iter().map(|c| (c.bags.keys_desc(), c.bags.offsets_desc(), c.bags.weights_desc())).collect();
+    let outs = |bufs: &mut Vec<Vec<u8>>| -> Vec<Desc> {
+        cases
             .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                let (k, o, w) = &descs[i];
-                let pooled = c.pooling.is_some();
-                emulate::Request {
-                    placed: &placed[c.table],
-                    table: tables[c.table].table.source().unwrap(),
-                    // SAFETY: the descriptions cover live host buffers of their shapes.
-                    request: unsafe {
-                        Request::new(
-                            &k.t,
-                            o.as_ref().filter(|_| pooled).map(|d| &d.t),
-                            w.as_ref().map(|d| &d.t),
-                            c.pooling,
-                            &got_d[i].t,
-                            true,
-                        )
-                    },
-                }
-            })
-            .collect();
-        // SAFETY: every request's tensors describe live host buffers of the shapes they give.
-        let gpu = unsafe { emulate::lookup_batch(emu, &requests, staged) }.unwrap();
-        for (i, c) in cases.iter().enumerate() {
-            let what = format!("round {round} request {i}: table {} {:?} out {:?}", c.table, c.pooling, c.od);
-            assert_eq!((gpu[i].hits, gpu[i].misses), (cpu[i].hits, cpu[i].misses), "stats of {what}");
-            assert!(got[i] == want[i], "rows of {what} differ from a separate CPU call");
-        }
+            .zip(bufs.iter_mut())
+            .map(|(c, b)| Desc::compact(b.as_mut_ptr(), c.od, &[rows(c) as i64, tables[c.table].table.dim() as i64]))
+            .collect()
+    };
+    let (want_d, got_d) = (outs(&mut want), outs(&mut got));
+    let mut cpu = Vec::new();
+    for (i, c) in cases.iter().enumerate() {
+        let t = &tables[c.table].table;
+        let (k, o, w) = &descs[i];
+        cpu.push(match c.pooling {
+            // SAFETY: the tensors describe live host buffers of the shapes they give.
+            None => unsafe { t.lookup(&k.t, &want_d[i].t, &LookupOptions::default()) }.unwrap(),
+            // SAFETY: the tensors describe live host buffers of the shapes they give.
+            Some(p) => unsafe {
+                t.lookup_request(
+                    &pooled(&k.t, o.as_ref().map(|d| &d.t), w.as_ref().map(|d| &d.t), p, &want_d[i].t),
+                    &LookupOptions::default(),
+                )
+            }
+            .unwrap(),
+        });
+    }
+    let requests: Vec<emulate::Request> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let (k, o, w) = &descs[i];
+            let pooled = c.pooling.is_some();
+            emulate::Request {
+                placed: &placed[c.table],
+                table: tables[c.table].table.source().unwrap(),
+                // SAFETY: the descriptions cover live host buffers of their shapes.
+                request: unsafe {
+                    Request::new(&k.t, o.as_ref().filter(|_| pooled).map(|d| &d.t), w.as_ref().map(|d| &d.t), c.pooling, &got_d[i].t, true)
+                },
+            }
+        })
+        .collect();
+    // SAFETY: every request's tensors describe live host buffers of the shapes they give.
+    let gpu = unsafe { emulate::lookup_batch(emu, &requests, staged) }.unwrap();
+    for (i, c) in cases.iter().enumerate() {
+        let what = format!("round {round} request {i}: table {} {:?} out {:?}", c.table, c.pooling, c.od);
+        assert_eq!((gpu[i].hits, gpu[i].misses), (cpu[i].hits, cpu[i].misses), "stats of {what}");
+        assert!(got[i] == want[i], "rows of {what} differ from a separate CPU call");
     }
 }
 
@@ -808,4 +839,151 @@ fn batch_is_validated_before_anything_runs() {
     let e = unsafe { emulate::lookup_batch(emu, &requests, Staged::default()) }.unwrap_err().to_string();
     assert!(e.starts_with("requests[2].weights: shape [4]"), "{e}");
     assert!(outs.iter().flatten().all(|x| x.is_nan()), "a request ran before the batch was validated");
+}
+
+// ---- quantized rows (int8, int4, fp8): the kernels dequantize as the scalar reference does ----
+
+const QUANTIZED: [RowFormat; 3] = [RowFormat::Int8, RowFormat::Int4, RowFormat::Fp8];
+
+/// The float32 rows the scalar reference (`RowFormat::value` of `quantize_row`'s bytes) gives
+/// for `keys` (i64) in a table built from `values`, the default row for missing keys.
+fn reference_rows(t: &TestTable, values: &[f32], format: RowFormat, keys: &[i64], default: f32) -> Vec<f32> {
+    let dim = t.table.dim();
+    let mut q = vec![0u8; format.row_bytes(dim)];
+    let mut out = Vec::with_capacity(keys.len() * dim);
+    for k in keys {
+        match t.keys.iter().position(|x| x == k) {
+            Some(r) => {
+                quantize_row(format, &values[r * dim..(r + 1) * dim], &mut q).unwrap();
+                // SAFETY: q holds one row of dim values of `format`, and c < dim.
+                out.extend((0..dim).map(|c| unsafe { strata::kernels::format::value(format, q.as_ptr(), dim, c) }));
+            }
+            None => out.extend(std::iter::repeat_n(default, dim)),
+        }
+    }
+    out
+}
+
+#[test]
+fn quantized_gather_matches_the_scalar_reference_and_the_cpu_path() {
+    let emu = emulator();
+    let mut rng = Rng(41);
+    for format in QUANTIZED {
+        // Odd dims put the scale and bias at unaligned addresses (int4 needs an even dim).
+        let dims: &[usize] = if format == RowFormat::Int4 { &[2, 14, 64, 70] } else { &[1, 13, 64, 70] };
+        for &dim in dims {
+            for keyed in [false, true] {
+                let (t, values) = make_quantized(&mut rng, 260, dim, format, keyed, -3.5);
+                let placed = Emulated::place(emu, t.table.source().unwrap(), Placement::Gather).unwrap();
+                let d = dim as i64;
+                for (i, kd) in KEY_TYPES.into_iter().enumerate() {
+                    let kb = make_keys(&mut rng, &t, 90, kd);
+                    let k = Desc::compact(kb.as_ptr(), kd, &[90]);
+                    for od in FLOATS {
+                        compare(emu, &placed, &t, &k, od, &[90, d], &[d, 1]);
+                    }
+                    // Strided out (column stride 2, padded rows).
+                    compare(emu, &placed, &t, &k, FLOATS[i % 3], &[90, d], &[2 * d + 3, 2]);
+                }
+                // float32 out against the scalar reference itself, bit for bit, out poisoned.
+                let kb = make_keys(&mut rng, &t, 200, I64);
+                let keys: Vec<i64> = kb.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+                let k = Desc::compact(kb.as_ptr(), I64, &[200]);
+                let mut got = vec![f32::NAN; 200 * dim];
+                let g = Desc::compact(got.as_mut_ptr().cast(), F32, &[200, d]);
+                // SAFETY: k and g describe kb (200 i64) and got (200 x dim floats), alive past the call.
+                unsafe { placed.lookup(emu, t.table.source().unwrap(), &k.t, &g.t) }.unwrap();
+                let want = reference_rows(&t, &values, format, &keys, -3.5);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+                assert_eq!(bits(&got), bits(&want), "{format:?} dim {dim} keyed {keyed}");
+            }
+        }
+    }
+}
+
+#[test]
+fn quantized_rows_through_shards_and_caches() {
+    let emu = emulator();
+    let mut rng = Rng(42);
+    for format in QUANTIZED {
+        for keyed in [false, true] {
+            let (t, _) = make_quantized(&mut rng, 300, 18, format, keyed, 6.0);
+            let placements = [
+                Placement::Shards { count: 3 },
+                Placement::Cache { fraction: 0.3, threshold: 2.0 },
+                Placement::Cache { fraction: 1.0, threshold: 2.0 },
+            ];
+            for placement in placements {
+                let placed = Emulated::place(emu, t.table.source().unwrap(), placement).unwrap();
+                for kd in [I32, I64, U64] {
+                    let kb = make_keys(&mut rng, &t, 120, kd);
+                    let k = Desc::compact(kb.as_ptr(), kd, &[120]);
+                    for od in FLOATS {
+                        compare(emu, &placed, &t, &k, od, &[120, 18], &[18, 1]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn quantized_pooled_matches_the_cpu_path() {
+    let emu = emulator();
+    let mut rng = Rng(43);
+    let mut case_no = 0;
+    for format in QUANTIZED {
+        // 20: one pass over each bag's keys; 300: two passes of 256 columns.
+        for (dim, keyed) in [(20usize, false), (20, true), (300, true)] {
+            let (t, _) = make_quantized(&mut rng, 250, dim, format, keyed, -1.5);
+            let d = dim as i64;
+            for placement in [Placement::Gather, Placement::Shards { count: 2 }, Placement::Cache { fraction: 0.4, threshold: 2.0 }] {
+                let placed = Emulated::place(emu, t.table.source().unwrap(), placement).unwrap();
+                for pooling in POOLINGS {
+                    for (ragged, weighted) in [(true, false), (true, true), (false, true), (false, false)] {
+                        let kd = KEY_TYPES[case_no % 4];
+                        let od = FLOATS[case_no % 3];
+                        case_no += 1;
+                        let case = BagCase::random(&mut rng, &t, kd, ragged, weighted);
+                        compare_pooled(emu, &placed, &t, &case, pooling, od, &[d, 1], Staged::default());
+                        if matches!(placement, Placement::Gather) && case_no % 3 == 0 {
+                            let staged_all = Staged { keys: true, offsets: true, weights: true, out: true };
+                            compare_pooled(emu, &placed, &t, &case, pooling, F32, &[2 * d + 5, 2], staged_all);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn quantized_and_float_tables_in_one_batch() {
+    let emu = emulator();
+    let mut rng = Rng(44);
+    let tables = [
+        make_quantized(&mut rng, 200, 24, RowFormat::Int8, false, 1.0).0,
+        make_quantized(&mut rng, 150, 300, RowFormat::Int4, true, -2.0).0,
+        make_quantized(&mut rng, 180, 9, RowFormat::Fp8, true, 0.5).0,
+        make_table(&mut rng, 120, 16, F16, true, 3.0),
+    ];
+    let placed: Vec<Emulated> =
+        tables.iter().map(|t| Emulated::place(emu, t.table.source().unwrap(), Placement::Gather).unwrap()).collect();
+    for round in 0..6 {
+        let staged = if round % 2 == 0 { Staged::default() } else { Staged { keys: true, offsets: true, weights: true, out: true } };
+        let cases: Vec<BatchCase> = (0..tables.len() + round)
+            .map(|i| {
+                let table = i % tables.len();
+                let pooling = match rng.below(4) {
+                    0 => None,
+                    p => Some(POOLINGS[p as usize - 1]),
+                };
+                let kd = KEY_TYPES[rng.below(4) as usize];
+                let weighted = pooling.is_some() && rng.below(2) == 0;
+                let bags = BagCase::random(&mut rng, &tables[table], kd, true, weighted);
+                BatchCase { table, pooling, bags, od: FLOATS[rng.below(3) as usize] }
+            })
+            .collect();
+        run_batch_case(emu, &tables, &placed, &cases, staged, round);
+    }
 }

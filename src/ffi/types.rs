@@ -141,8 +141,8 @@ pub struct strata_table_options {
     /// A `strata_gpu_sharding`. Default `STRATA_GPU_REPLICATE`.
     pub gpu_sharding: i32,
     /// A `strata_storage`: how the table stores its rows. Default `STRATA_STORAGE_AS_GIVEN`.
-    /// Quantized tables are served by CPU lookups (plain, pooled, batch); CUDA tensors,
-    /// `__partitioned__` and distributed tables refuse them for now. (Since 0.3.1.)
+    /// Quantized tables are served by CPU and CUDA lookups (plain, pooled, batch; the kernels
+    /// dequantize); `__partitioned__` and distributed tables refuse them for now. (Since 0.3.1.)
     pub storage: i32,
 }
 

@@ -164,10 +164,11 @@ impl TieredTable {
     }
 
     /// Serves rows as `format` holds them (the volatile tier, built with the same format, stores
-    /// them so): the tiers keep each row as written (the persistent tier in float32, the
-    /// volatile tier converted or quantized from it), and a row read from the persistent tier
-    /// is passed through the format before it is returned, so a key's row is the same whichever
-    /// tier it comes from. Upserts refuse rows the format cannot hold.
+    /// them so). A persistent tier created with the same format stores the same bytes, which
+    /// promotions copy into the volatile tier as they are; one of another format (float32, in a
+    /// store written before row formats) keeps rows as written, and a row read from it is
+    /// passed through the format before it is returned. Either way a key's row is the same
+    /// whichever tier it comes from. Upserts refuse rows the format cannot hold.
     pub(crate) fn stored_as(mut self, format: RowFormat) -> Self {
         self.format = format;
         self
@@ -371,7 +372,16 @@ impl TieredTable {
             Some(Volatile::Redis(r)) if self.cache_missed => Some(r.generations(keys)),
             _ => None,
         };
-        let (h, _) = t.get_many(keys, rows, found)?;
+        // Rows the volatile tier stores as the persistent tier does are promoted as stored.
+        let same_format = t.format() == self.format;
+        let promote_stored = same_format && self.cache_missed && matches!(&self.volatile, Some(Volatile::Local(_)));
+        let row_bytes = self.format.row_bytes(dim);
+        let (h, _) = if promote_stored {
+            s.read.resize(keys.len() * row_bytes, 0);
+            t.get_many_stored(keys, rows, Some(&mut s.read), found)?
+        } else {
+            t.get_many(keys, rows, found)?
+        };
         #[cfg(test)]
         race::after_persistent_read(self);
 
@@ -381,17 +391,26 @@ impl TieredTable {
         {
             s.keys.clear();
             s.rows.clear();
+            s.stored.clear();
             for (j, &k) in keys.iter().enumerate() {
                 if found[j] {
                     s.keys.push(k);
-                    s.rows.extend_from_slice(&rows[j * dim..(j + 1) * dim]);
+                    if promote_stored {
+                        s.stored.extend_from_slice(&s.read[j * row_bytes..(j + 1) * row_bytes]);
+                    } else {
+                        s.rows.extend_from_slice(&rows[j * dim..(j + 1) * dim]);
+                    }
                 }
             }
             match v {
                 Volatile::Local(v) => {
                     let writes = lock::read(&self.writes);
                     if *writes == before {
-                        v.insert_many(&s.keys, &s.rows);
+                        if promote_stored {
+                            v.insert_many_stored(&s.keys, &s.stored);
+                        } else {
+                            v.insert_many(&s.keys, &s.rows);
+                        }
                     }
                 }
                 Volatile::Redis(r) => {
@@ -401,8 +420,9 @@ impl TieredTable {
                 }
             }
         }
-        // Promotions took the rows as written; the caller gets them as the format holds them.
-        if self.format != crate::dlpack::FloatDtype::F32.into() {
+        // Rows of a persistent tier of another format were promoted as read; the caller gets
+        // them as the table's format holds them.
+        if !same_format {
             let mut scratch = Vec::new();
             for (j, row) in rows.chunks_exact_mut(dim).enumerate() {
                 if found[j] {
@@ -550,6 +570,9 @@ pub(crate) struct TierScratch {
 pub(crate) struct Promote {
     keys: Vec<u64>,
     rows: Vec<f32>,
+    /// Rows as the persistent tier stores them (when the volatile tier stores the same format).
+    read: Vec<u8>,
+    stored: Vec<u8>,
 }
 
 /// Test builds only: a hook between a promotion's persistent read and its volatile insert, so

@@ -93,7 +93,7 @@ impl Server {
                     (None, None) => StaticTable::open(sparse, dim as i64, options)?.into(),
                     (store, volatile) => {
                         let persistent = match store {
-                            Some(s) => Some(s.table(&name, dim, Some(sparse))?),
+                            Some(s) => Some(s.table_stored_as(&name, dim, format, Some(sparse))?),
                             None => None,
                         };
                         // The commit counter before warming: a write committed during the warm
@@ -289,6 +289,23 @@ fn warm(
         rows.clear();
     };
     match persistent {
+        Some(p) if p.format() == v.format() => {
+            // Rows the volatile tier stores as the persistent tier does go in as stored.
+            let limit = (p.len()? as f64 * rate).ceil() as usize;
+            let mut stored = Vec::new();
+            p.scan_stored(limit, |k, row| {
+                keys.push(k);
+                stored.extend_from_slice(row);
+                if keys.len() == BATCH {
+                    v.insert_many_stored(&keys, &stored);
+                    keys.clear();
+                    stored.clear();
+                }
+                Ok(())
+            })?;
+            v.insert_many_stored(&keys, &stored);
+            keys.clear();
+        }
         Some(p) => {
             let total = p.len()? as f64;
             let limit = (total * rate).ceil() as usize;

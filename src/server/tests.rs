@@ -259,9 +259,11 @@ fn malformed_sparse_folders_fail_like_table_open() {
 }
 
 /// A `ps.json` table stored as int8 (`strata_storage_per_table`): a key's row is the same read
-/// from the persistent tier (float32 as written, passed through the format) and, once
-/// promoted, from the volatile tier (quantized), and it is the int8 reference of the row
-/// written; upserts of rows int8 cannot hold are refused before anything is written.
+/// from the persistent tier and, once promoted, from the volatile tier (quantized), and it is
+/// the int8 reference of the row written; upserts of rows int8 cannot hold are refused before
+/// anything is written. Twice: over a new store, whose table is created int8 (LMDB holds the
+/// int8 rows, promoted as stored), and over a store first written float32 (the layout of every
+/// store before row formats), which stays float32 and whose rows are passed through the format.
 #[test]
 fn an_int8_table_serves_the_same_row_from_every_tier() {
     use crate::kernels::{RowFormat, format::value, quantize_row};
@@ -274,62 +276,86 @@ fn an_int8_table_serves_the_same_row_from_every_tier() {
     let vecs: Vec<u8> = (0..rows).flat_map(|k| (0..dim).map(move |c| original(k, c))).flat_map(|v| v.to_le_bytes()).collect();
     std::fs::write(sparse.join("key"), keys).unwrap();
     std::fs::write(sparse.join("emb_vector"), vecs).unwrap();
-    let json = |volatile: &str, storage: &str| {
+    let json_in = |db: &str, volatile: &str, storage: &str| {
         format!(
             r#"{{"supportlonglong": true,
                 "volatile_db": {volatile},
-                "persistent_db": {{"type": "rocks_db", "path": "db"}},
+                "persistent_db": {{"type": "rocks_db", "path": "{db}"}},
                 "models": [{{"model": "m", "sparse_files": ["sparse"], "embedding_vecsize_per_table": [{dim}],
                              "strata_storage_per_table": [{storage}],
                              "maxnum_catfeature_query_per_table_per_sample": [1], "max_batch_size": 64}}]}}"#
         )
     };
+    let json = |volatile: &str, storage: &str| json_in("db", volatile, storage);
     let local = r#"{"type": "parallel_hash_map", "num_partitions": 2, "overflow_margin": 100,
                     "initial_cache_rate": 0.0, "cache_missed_embeddings": true}"#;
-    let s = Server::from_json(&json(local, "\"int8\""), dir.path()).unwrap();
-    let t = tiered(&s);
-    assert_eq!(t.format(), RowFormat::Int8);
-    let reference = |row: &[f32]| {
-        let mut q = vec![0u8; dim + 8];
-        quantize_row(RowFormat::Int8, row, &mut q).unwrap();
-        // SAFETY: q holds one int8 row of dim values.
-        (0..dim).map(|c| unsafe { value(RowFormat::Int8, q.as_ptr(), dim, c) }).collect::<Vec<f32>>()
-    };
-    let fetch = |key: u64| {
-        let (mut out, mut found) = (vec![f32::NAN; dim], vec![false]);
-        let (vh, ph) = t.fetch(&[key], &mut out, &mut found, &mut TierScratch::default()).unwrap();
-        assert!(found[0]);
-        (out, vh, ph)
-    };
-    for key in 0..rows {
-        let want = reference(&(0..dim).map(|c| original(key, c)).collect::<Vec<_>>());
-        let (first, vh, ph) = fetch(key);
-        assert_eq!((vh, ph), (0, 1), "key {key}: first from the persistent tier");
-        let (again, vh, ph) = fetch(key);
-        assert_eq!((vh, ph), (1, 0), "key {key}: then from the volatile tier");
-        assert_eq!(
-            first.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-            want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-            "key {key}"
-        );
-        assert_eq!(
-            again.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-            want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-            "key {key}"
-        );
+    for legacy in [false, true] {
+        let db = if legacy { "db-float32" } else { "db" };
+        if legacy {
+            drop(Server::from_json(&json_in(db, local, "\"float32\""), dir.path()).unwrap());
+        }
+        let s = Server::from_json(&json_in(db, local, "\"int8\""), dir.path()).unwrap();
+        let t = tiered(&s);
+        assert_eq!(t.format(), RowFormat::Int8);
+        let reference = |row: &[f32]| {
+            let mut q = vec![0u8; dim + 8];
+            quantize_row(RowFormat::Int8, row, &mut q).unwrap();
+            // SAFETY: q holds one int8 row of dim values.
+            (0..dim).map(|c| unsafe { value(RowFormat::Int8, q.as_ptr(), dim, c) }).collect::<Vec<f32>>()
+        };
+        let fetch = |key: u64| {
+            let (mut out, mut found) = (vec![f32::NAN; dim], vec![false]);
+            let (vh, ph) = t.fetch(&[key], &mut out, &mut found, &mut TierScratch::default()).unwrap();
+            assert!(found[0]);
+            (out, vh, ph)
+        };
+        for key in 0..rows {
+            let want = reference(&(0..dim).map(|c| original(key, c)).collect::<Vec<_>>());
+            let (first, vh, ph) = fetch(key);
+            assert_eq!((vh, ph), (0, 1), "key {key}: first from the persistent tier");
+            let (again, vh, ph) = fetch(key);
+            assert_eq!((vh, ph), (1, 0), "key {key}: then from the volatile tier");
+            assert_eq!(
+                first.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                "key {key}"
+            );
+            assert_eq!(
+                again.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                "key {key}"
+            );
+        }
+        assert_eq!(t.stats().volatile_rows, rows);
+        // Upserts: a NaN row is refused with its row, and nothing changes; a good row is served
+        // as int8 holds it.
+        let mut bad = vec![1.0f32; dim];
+        bad[5] = f32::NAN;
+        let e = t.upsert(&[3], &bad).unwrap_err().to_string();
+        assert!(e.contains("vectors") && e.contains("row 0") && e.contains("int8"), "{e}");
+        assert_eq!(fetch(3).0, reference(&(0..dim).map(|c| original(3, c)).collect::<Vec<_>>()));
+        let new: Vec<f32> = (0..dim).map(|c| c as f32 * 10.5 - 4.0).collect();
+        t.upsert(&[3], &new).unwrap();
+        assert_eq!(fetch(3).0, reference(&new));
+        drop(s);
+        // Warmed at open (initial_cache_rate 1): the volatile tier's rows are the same.
+        let warm = local.replace("\"initial_cache_rate\": 0.0", "\"initial_cache_rate\": 1.0");
+        let s = Server::from_json(&json_in(db, &warm, "\"int8\""), dir.path()).unwrap();
+        let t = tiered(&s);
+        assert_eq!(t.stats().volatile_rows, rows);
+        for key in [0u64, 3, 17] {
+            let (mut out, mut found) = (vec![f32::NAN; dim], vec![false]);
+            let hits = t.fetch(&[key], &mut out, &mut found, &mut TierScratch::default()).unwrap();
+            let values: Vec<f32> = if key == 3 { new.clone() } else { (0..dim).map(|c| original(key, c)).collect() };
+            assert_eq!((hits, found[0]), ((1, 0), true), "key {key} from the warmed volatile tier");
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&out), bits(&reference(&values)), "key {key}");
+        }
+        drop(s);
+        let store = crate::storage::tier::persistent::PersistentStore::open(&dir.path().join(db), true).unwrap();
+        let stored = store.table("m/sparse_embedding0", dim, None).unwrap().format();
+        assert_eq!(stored, if legacy { RowFormat::Float(crate::dlpack::FloatDtype::F32) } else { RowFormat::Int8 });
     }
-    assert_eq!(t.stats().volatile_rows, rows);
-    // Upserts: a NaN row is refused with its row, and nothing changes; a good row is served
-    // as int8 holds it.
-    let mut bad = vec![1.0f32; dim];
-    bad[5] = f32::NAN;
-    let e = t.upsert(&[3], &bad).unwrap_err().to_string();
-    assert!(e.contains("vectors") && e.contains("row 0") && e.contains("int8"), "{e}");
-    assert_eq!(fetch(3).0, reference(&(0..dim).map(|c| original(3, c)).collect::<Vec<_>>()));
-    let new: Vec<f32> = (0..dim).map(|c| c as f32 * 10.5 - 4.0).collect();
-    t.upsert(&[3], &new).unwrap();
-    assert_eq!(fetch(3).0, reference(&new));
-    drop(s);
 
     // What the configuration refuses, naming the field.
     let redis = r#"{"type": "redis_cluster", "address": "127.0.0.1:7000"}"#;

@@ -104,7 +104,8 @@ impl Store {
     }
 
     /// Elements from one row's start to the next, for float rows (quantized stores are never
-    /// handed to the code that asks: CUDA placements and `__partitioned__` views refuse them).
+    /// handed to the code that asks: `__partitioned__` views refuse them; CUDA placements use
+    /// [`Store::stride_bytes`]).
     pub fn row_stride(&self) -> usize {
         self.stride / self.dtype().size()
     }

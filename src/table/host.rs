@@ -4,7 +4,6 @@
 //! CPU executors.
 
 use super::{Job, TableImpl};
-use crate::dlpack::require_host;
 use crate::error::{Error, Result};
 use crate::exec::cpu::Found;
 use crate::exec::pooled::{pool_static, pool_tiered};
@@ -38,23 +37,10 @@ impl TableImpl for StaticTable {
         partition::describe(self)
     }
     fn rows(&self) -> Option<&dyn RowSource> {
-        // (Quantized rows are served on the host only: the plan refuses CUDA tensors.)
-        (!self.format().is_quantized()).then_some(self as &dyn RowSource)
+        Some(self)
     }
 
     fn plan(&self, r: &Request, opts: &LookupOptions, plan: &mut Planned) -> Result<()> {
-        if self.format().is_quantized() {
-            for (t, arg) in r.tensors() {
-                require_host(t.device, arg).map_err(|_| Error::Device {
-                    arg,
-                    msg: format!(
-                        "{}; the table stores {} rows, which are served from host memory only in this version (no CUDA lookups yet)",
-                        crate::dlpack::device_name(t.device),
-                        self.format().name()
-                    ),
-                })?;
-            }
-        }
         // (`out` is kept clear of the table's own vectors.)
         r.plan_into(StaticTable::dim(self), self.store().byte_range(), opts, plan)
     }

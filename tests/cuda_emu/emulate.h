@@ -46,6 +46,8 @@ inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fsqrt_rn(float a) { return std::sqrt(a); }
+// One rounding, as the device's fma.rn.f32 (and Rust's f32::mul_add).
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 inline unsigned int __float_as_uint(float f) {
     unsigned int u;
     std::memcpy(&u, &f, 4);

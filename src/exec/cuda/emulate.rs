@@ -201,12 +201,12 @@ impl Emulated {
                         None => (if h.hi > h.lo { st.store().row_ptr(h.lo) as u64 } else { st.store().row_ptr_or_base() as u64 }, 0),
                     };
                     let params = shard_params(st, h, s, count, table_addr, buckets, st.default_row().as_ptr() as u64);
-                    v.push(GatherSource::from_params(params, st.dtype()));
+                    v.push(GatherSource::from_params(params, st.format()));
                 }
                 return Ok(Emulated { placed: Placed::EmulatedShards(v), inflight: Default::default(), _shards: shards_host });
             }
             (Placement::Cache { fraction, threshold }, st) => {
-                let dtype = st.map_or(crate::dlpack::FloatDtype::F32, |st| st.dtype());
+                let dtype = st.map_or(crate::dlpack::FloatDtype::F32, |st| super::residency::cache_dtype(st.format()));
                 let (rows, dim, default) = (table.len(), table.dim(), table.default_row());
                 Placed::Cache(Arc::new(CacheState::new(emu, rows, dim, dtype, fraction, threshold, default)?))
             }

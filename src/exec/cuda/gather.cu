@@ -3,7 +3,8 @@
 // Gather: one warp gathers one output row at a time. It resolves the row's key (dense: the key
 // is the row number; keyed: a probe of the same 64-byte-bucket index the CPU path builds, copied
 // to the device as is), then its 32 lanes copy the row, 16 bytes per lane per step when the row
-// and output allow it, converting to the output dtype. Misses get the default row (float32) and
+// and output allow it, converting to the output dtype (quantized rows: int8, int4 and fp8 are
+// dequantized as they are read, see Row<T>). Misses get the default row (float32) and
 // are counted when `counts` is not NULL. A sharded table runs one gather per shard, each writing
 // only the rows of the keys its shard owns.
 //
@@ -15,7 +16,8 @@
 //
 // Pooled: one warp pools one bag at a time. Its 32 lanes resolve 32 keys of the bag at once (one
 // each, through the same probe as the gather), then take them in key order, handed round by
-// shuffles, each lane adding w * row into the float32 accumulators of its columns. Adds,
+// shuffles, each lane adding w * row (quantized rows dequantized inside this loop, never copied
+// first) into the float32 accumulators of its columns. Adds,
 // multiplies, divisions and square roots are IEEE round-to-nearest (never fused), so a bag's row
 // equals the CPU path's bit for bit. Offsets left in device memory are checked as they are read:
 // a bad one sets `status` and its bag is clamped into the keys. `strata_pool_rows` pools rows a
@@ -28,7 +30,8 @@
 // strata_cache_probe_<keys>_<table>_<out>, strata_cache_fill_<table>_<out>,
 // strata_cache_insert_<table>, strata_pooled_<table>, strata_pool_rows, strata_batch (the pooled
 // and batch kernels take key and out dtypes as runtime codes: they are read and written off the
-// inner loop, and one instantiation per table dtype keeps the module small).
+// inner loop, and one instantiation per table dtype keeps the module small). <table> is f32, f16,
+// bf16, int8, int4 or fp8; quantized tables have no cache kernels (a cache of them holds float32).
 //
 // No CUDA headers are needed (NVRTC compiles this alone). With STRATA_EMULATE defined, the same
 // source compiles as C++ for the CPU-side emulator the tests run (tests/cuda_emulated.rs).
@@ -147,7 +150,7 @@ struct PooledParams {
     unsigned int pooling;  // 0 plain (batch only), 1 sum, 2 mean, 3 sqrtn
     unsigned int offsets_wide;
     unsigned int key_dtype;  // 0 i32, 1 i64, 2 u32, 3 u64
-    unsigned int table_dtype;  // strata_batch: 0 f32, 1 f16, 2 bf16
+    unsigned int table_dtype;  // strata_batch: 0 f32, 1 f16, 2 bf16, 3 int8, 4 int4, 5 fp8
     unsigned int out_dtype;  // 0 f32, 1 f16, 2 bf16
     unsigned int dim;
 };
@@ -216,6 +219,79 @@ __device__ __forceinline__ void store(bfloat16 *p, float v) {
     }
 }
 
+// Quantized rows (src/kernels/format.rs: RowFormat), read as bytes: a table of them is an array
+// of these one-byte tags, so `table + row * row_stride` counts bytes. Row<T> below gives their
+// values exactly as the scalar reference `format::value` does.
+// int8: `dim` uint8, then float32 scale and bias; value fmaf(q, scale, bias), one rounding.
+struct int8_row {
+    unsigned char b;
+};
+// int4: `dim / 2` bytes (element 2i in the low nibble of byte i), then float16 scale and bias;
+// value fmaf(q, scale, bias).
+struct int4_row {
+    unsigned char b;
+};
+// fp8: `dim` float8 e4m3fn codes, then a float32 scale; value float(e) * scale.
+struct fp8_row {
+    unsigned char b;
+};
+
+// Little-endian values at any byte address: a quantized row's parameters follow its values, so
+// they are aligned only for some dims.
+__device__ __forceinline__ unsigned int le32(const unsigned char *p) {
+    return (unsigned int)p[0] | ((unsigned int)p[1] << 8) | ((unsigned int)p[2] << 16) | ((unsigned int)p[3] << 24);
+}
+__device__ __forceinline__ unsigned short le16(const unsigned char *p) {
+    return (unsigned short)((unsigned int)p[0] | ((unsigned int)p[1] << 8));
+}
+
+// An e4m3fn code widened to float32, exactly (no subnormal float32 on the way): subnormal codes
+// are m * 2^-9, normal ones get their exponent rebiased (7 -> 127). 0x7F, e4m3fn's NaN, which
+// the quantizer never writes, reads as 480, as on the CPU.
+__device__ __forceinline__ float e4m3_to_f32(unsigned int e) {
+    const unsigned int exp = (e >> 3) & 15u, man = e & 7u;
+    const float mag = exp == 0 ? __fmul_rn((float)man, 0.001953125f) : __uint_as_float(((exp + 120u) << 23) | (man << 20));
+    return (e & 0x80u) != 0 ? -mag : mag;
+}
+
+// Values of one row of a table of T (`dim` values at `row`), in float32.
+template <typename T>
+struct Row {
+    const T *p;
+    __device__ __forceinline__ Row(const T *row, unsigned int) : p(row) {}
+    __device__ __forceinline__ float at(unsigned int c) const { return load(&p[c]); }
+};
+template <>
+struct Row<int8_row> {
+    const unsigned char *p;
+    float scale, bias;
+    __device__ __forceinline__ Row(const int8_row *row, unsigned int dim)
+        : p(reinterpret_cast<const unsigned char *>(row)),
+          scale(__uint_as_float(le32(p + dim))),
+          bias(__uint_as_float(le32(p + dim + 4))) {}
+    __device__ __forceinline__ float at(unsigned int c) const { return __fmaf_rn((float)p[c], scale, bias); }
+};
+template <>
+struct Row<int4_row> {
+    const unsigned char *p;
+    float scale, bias;
+    __device__ __forceinline__ Row(const int4_row *row, unsigned int dim)
+        : p(reinterpret_cast<const unsigned char *>(row)),
+          scale(strata_f16_to_f32(le16(p + (dim + 1) / 2))),
+          bias(strata_f16_to_f32(le16(p + (dim + 1) / 2 + 2))) {}
+    __device__ __forceinline__ float at(unsigned int c) const {
+        return __fmaf_rn((float)(((unsigned int)p[c >> 1] >> ((c & 1u) * 4u)) & 15u), scale, bias);
+    }
+};
+template <>
+struct Row<fp8_row> {
+    const unsigned char *p;
+    float scale;
+    __device__ __forceinline__ Row(const fp8_row *row, unsigned int dim)
+        : p(reinterpret_cast<const unsigned char *>(row)), scale(__uint_as_float(le32(p + dim))) {}
+    __device__ __forceinline__ float at(unsigned int c) const { return __fmul_rn(e4m3_to_f32(p[c]), scale); }
+};
+
 template <typename K>
 __device__ __forceinline__ u64 canonical(K k);
 template <> __device__ __forceinline__ u64 canonical<int>(int k) { return (u64)(i64)k; }
@@ -224,7 +300,8 @@ template <> __device__ __forceinline__ u64 canonical<unsigned int>(unsigned int 
 template <> __device__ __forceinline__ u64 canonical<u64>(u64 k) { return k; }
 
 // Copies one row of `dim` values from `src` to `dst` (output column stride `cs`) with the lanes
-// of a warp, 16 bytes per lane per step when both are float32, contiguous and aligned.
+// of a warp, 16 bytes per lane per step when both are float32, contiguous and aligned; quantized
+// rows are dequantized on the way.
 template <typename T, typename O>
 __device__ __forceinline__ void copy_row(const T *src, O *dst, unsigned int dim, i64 cs, unsigned int lane) {
     const bool wide = sizeof(T) == 4 && sizeof(O) == 4 && cs == 1 && (dim & 3u) == 0 &&
@@ -236,8 +313,9 @@ __device__ __forceinline__ void copy_row(const T *src, O *dst, unsigned int dim,
             d4[c] = __ldg(&s4[c]);
         }
     } else {
+        const Row<T> row(src, dim);
         for (unsigned int c = lane; c < dim; c += 32) {
-            store(&dst[(i64)c * cs], load(&src[c]));
+            store(&dst[(i64)c * cs], row.at(c));
         }
     }
 }
@@ -476,15 +554,15 @@ __device__ __forceinline__ void bag_range(const PooledParams &p, u64 b, unsigned
     end = (u64)e;
 }
 
-// acc[v] += w * row[v * 32 + lane] for this lane's columns below `cols`.
+// acc[v] += w * row[base + v * 32 + lane] for this lane's columns below `cols` (counted from base).
 template <typename T>
-__device__ __forceinline__ void accumulate(const T *row, float w, float (&acc)[STRATA_POOL_COLS], unsigned int lane,
-                                           unsigned int cols) {
+__device__ __forceinline__ void accumulate(const Row<T> &row, unsigned int base, float w, float (&acc)[STRATA_POOL_COLS],
+                                           unsigned int lane, unsigned int cols) {
 #pragma unroll
     for (unsigned int v = 0; v < STRATA_POOL_COLS; v++) {
         const unsigned int c = v * 32u + lane;
         if (c < cols) {
-            acc[v] = __fadd_rn(acc[v], __fmul_rn(w, load(&row[c])));
+            acc[v] = __fadd_rn(acc[v], __fmul_rn(w, row.at(base + c)));
         }
     }
 }
@@ -530,11 +608,11 @@ __device__ void pool_bag(const PooledParams &p, u64 b, unsigned int lane, unsign
                 const i64 r = (i64)strata_warp_shfl((u64)row, t);
                 const float wt = __uint_as_float((unsigned int)strata_warp_shfl(__float_as_uint(w), t));
                 if (GATHERED) {
-                    accumulate<float>(p.rows + (u64)r * dim + base, wt, acc, lane, cols);
+                    accumulate(Row<float>(p.rows + (u64)r * dim, dim), base, wt, acc, lane, cols);
                 } else if (r >= 0) {
-                    accumulate<T>(table + (u64)r * p.src.row_stride + base, wt, acc, lane, cols);
+                    accumulate(Row<T>(table + (u64)r * p.src.row_stride, dim), base, wt, acc, lane, cols);
                 } else {
-                    accumulate<float>(p.src.default_row + base, wt, acc, lane, cols);
+                    accumulate(Row<float>(p.src.default_row, dim), base, wt, acc, lane, cols);
                 }
                 wsum = __fadd_rn(wsum, wt);
                 w2sum = __fadd_rn(w2sum, __fmul_rn(wt, wt));
@@ -639,7 +717,10 @@ __device__ void batch(const BatchParams bp) {
         switch (p.table_dtype) {
             case 0: batch_item<float>(p, i, lane, hits, misses); break;
             case 1: batch_item<half16>(p, i, lane, hits, misses); break;
-            default: batch_item<bfloat16>(p, i, lane, hits, misses); break;
+            case 2: batch_item<bfloat16>(p, i, lane, hits, misses); break;
+            case 3: batch_item<int8_row>(p, i, lane, hits, misses); break;
+            case 4: batch_item<int4_row>(p, i, lane, hits, misses); break;
+            default: batch_item<fp8_row>(p, i, lane, hits, misses); break;
         }
     }
     if (current != ~0ULL) {
@@ -647,24 +728,33 @@ __device__ void batch(const BatchParams bp) {
     }
 }
 
-#define STRATA_KERNELS(KN, K, TN, T, ON, O)                                                                   \
+#define STRATA_GATHER(KN, K, TN, T, ON, O)                                                                    \
     extern "C" __global__ void STRATA_BOUNDS strata_gather_##KN##_##TN##_##ON(const GatherParams p) { \
         gather<K, T, O>(p);                                                                                    \
-    }                                                                                                          \
+    }
+
+#define STRATA_KERNELS(KN, K, TN, T, ON, O)                                                                   \
+    STRATA_GATHER(KN, K, TN, T, ON, O)                                                                         \
     extern "C" __global__ void STRATA_BOUNDS                                                          \
         strata_cache_probe_##KN##_##TN##_##ON(const CacheParams p) {                                          \
         cache_probe<K, T, O>(p);                                                                               \
     }
 
-#define STRATA_KERNELS_OUT(KN, K, TN, T)             \
-    STRATA_KERNELS(KN, K, TN, T, f32, float)         \
-    STRATA_KERNELS(KN, K, TN, T, f16, half16)        \
-    STRATA_KERNELS(KN, K, TN, T, bf16, bfloat16)
+// M for every output dtype.
+#define STRATA_KERNELS_OUT(M, KN, K, TN, T)          \
+    M(KN, K, TN, T, f32, float)                      \
+    M(KN, K, TN, T, f16, half16)                     \
+    M(KN, K, TN, T, bf16, bfloat16)
 
-#define STRATA_KERNELS_TABLE(KN, K)                  \
-    STRATA_KERNELS_OUT(KN, K, f32, float)            \
-    STRATA_KERNELS_OUT(KN, K, f16, half16)           \
-    STRATA_KERNELS_OUT(KN, K, bf16, bfloat16)
+// Float tables: gathers and cache probes; quantized tables: gathers only (a cache holds their
+// rows dequantized, as float32).
+#define STRATA_KERNELS_TABLE(KN, K)                                \
+    STRATA_KERNELS_OUT(STRATA_KERNELS, KN, K, f32, float)          \
+    STRATA_KERNELS_OUT(STRATA_KERNELS, KN, K, f16, half16)         \
+    STRATA_KERNELS_OUT(STRATA_KERNELS, KN, K, bf16, bfloat16)      \
+    STRATA_KERNELS_OUT(STRATA_GATHER, KN, K, int8, int8_row)       \
+    STRATA_KERNELS_OUT(STRATA_GATHER, KN, K, int4, int4_row)       \
+    STRATA_KERNELS_OUT(STRATA_GATHER, KN, K, fp8, fp8_row)
 
 STRATA_KERNELS_TABLE(i32, int)
 STRATA_KERNELS_TABLE(i64, i64)
@@ -696,6 +786,9 @@ STRATA_FILL_OUT(bf16, bfloat16)
 STRATA_POOLED(f32, float)
 STRATA_POOLED(f16, half16)
 STRATA_POOLED(bf16, bfloat16)
+STRATA_POOLED(int8, int8_row)
+STRATA_POOLED(int4, int4_row)
+STRATA_POOLED(fp8, fp8_row)
 
 extern "C" __global__ void STRATA_BOUNDS strata_pool_rows(const PooledParams p) { pooled<float, true>(p); }
 extern "C" __global__ void STRATA_BOUNDS strata_batch(const BatchParams p) { batch(p); }

@@ -2,6 +2,7 @@
 //! dtypes.
 
 use crate::dlpack::{FloatDtype, KeyDtype};
+use crate::kernels::RowFormat;
 
 /// The kernels' name for a key dtype.
 pub(crate) fn key_name(k: KeyDtype) -> &'static str {
@@ -19,6 +20,14 @@ pub(crate) fn float_name(f: FloatDtype) -> &'static str {
         FloatDtype::F32 => "f32",
         FloatDtype::F16 => "f16",
         FloatDtype::BF16 => "bf16",
+    }
+}
+
+/// The kernels' name for a table's row format: its float dtype's name, or `int8`, `int4`, `fp8`.
+pub(crate) fn format_name(f: RowFormat) -> &'static str {
+    match f {
+        RowFormat::Float(d) => float_name(d),
+        RowFormat::Int8 | RowFormat::Int4 | RowFormat::Fp8 => f.name(),
     }
 }
 

@@ -44,11 +44,14 @@ pub(crate) const GATHER_SOURCE: &str = include_str!("gather.cu");
 pub(crate) const KEY_NAMES: [&str; 4] = ["i32", "i64", "u32", "u64"];
 /// Table and output dtype names of the kernels.
 pub(crate) const FLOAT_NAMES: [&str; 3] = ["f32", "f16", "bf16"];
+/// Quantized row formats the gather and pooled kernels read (`io::format_name`); a cache of
+/// such a table holds float32 rows, so they have no cache kernels.
+pub(crate) const QUANTIZED_NAMES: [&str; 3] = ["int8", "int4", "fp8"];
 
 /// Every kernel's name: `strata_gather_<keys>_<table>_<out>`,
 /// `strata_cache_probe_<keys>_<table>_<out>`, `strata_cache_fill_<table>_<out>`,
 /// `strata_cache_insert_<table>`, `strata_pooled_<table>`, `strata_pool_rows` and
-/// `strata_batch`.
+/// `strata_batch` (quantized tables: gathers and pooled kernels only).
 pub fn kernel_names() -> Vec<String> {
     let mut v = Vec::new();
     for k in KEY_NAMES {
@@ -58,12 +61,19 @@ pub fn kernel_names() -> Vec<String> {
                 v.push(format!("strata_cache_probe_{k}_{t}_{o}"));
             }
         }
+        for t in QUANTIZED_NAMES {
+            for o in FLOAT_NAMES {
+                v.push(format!("strata_gather_{k}_{t}_{o}"));
+            }
+        }
     }
     for t in FLOAT_NAMES {
         for o in FLOAT_NAMES {
             v.push(format!("strata_cache_fill_{t}_{o}"));
         }
         v.push(format!("strata_cache_insert_{t}"));
+    }
+    for t in FLOAT_NAMES.into_iter().chain(QUANTIZED_NAMES) {
         v.push(format!("strata_pooled_{t}"));
     }
     v.push("strata_pool_rows".into());

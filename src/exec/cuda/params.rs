@@ -10,7 +10,8 @@ pub struct GatherParams {
     pub keys: u64,
     pub key_stride: i64,
     pub n: u64,
-    /// The table (this shard's rows): row `r` at `table + r * row_stride` elements.
+    /// The table (this shard's rows): row `r` at `table + r * row_stride` elements (bytes for
+    /// quantized rows).
     pub table: u64,
     /// Rows of the whole table (dense keys at or above it are misses).
     pub rows: u64,
@@ -107,8 +108,8 @@ pub struct PooledParams {
     /// 0: plain (batch only), 1: sum, 2: mean, 3: sqrtn.
     pub pooling: u32,
     pub offsets_wide: u32,
-    /// Dtype codes: keys 0 i32, 1 i64, 2 u32, 3 u64; table (`strata_batch` only) and out 0 f32,
-    /// 1 f16, 2 bf16.
+    /// Dtype codes: keys 0 i32, 1 i64, 2 u32, 3 u64; out 0 f32, 1 f16, 2 bf16; table
+    /// (`strata_batch` only) those of out, then 3 int8, 4 int4, 5 fp8.
     pub key_dtype: u32,
     pub table_dtype: u32,
     pub out_dtype: u32,

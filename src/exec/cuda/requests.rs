@@ -18,13 +18,14 @@
 
 use super::backend::{Backend, Mem, grid};
 use super::inflight::InFlight;
-use super::io::{Io, float_name};
+use super::io::{Io, format_name};
 use super::params::PooledParams;
 use super::readback::{first_missing, read_back};
 use super::residency::Placed;
 use super::run::{Counts, execute};
 use crate::dlpack::{FloatDtype, KeyDtype, TensorView, Walk};
 use crate::error::{Error, Result};
+use crate::kernels::RowFormat;
 use crate::model::{
     Checked, CheckedBags, Devices, KeySource, LookupStats, PooledChecked, Pooling, Request, RowSource, check, check_offset_values,
     check_pooled,
@@ -91,12 +92,23 @@ fn key_code(k: KeyDtype) -> u32 {
     }
 }
 
-/// The kernels' code for a float dtype (`PooledParams::table_dtype`, `out_dtype`).
+/// The kernels' code for a float dtype (`PooledParams::out_dtype`, `table_dtype`).
 fn float_code(f: FloatDtype) -> u32 {
     match f {
         FloatDtype::F32 => 0,
         FloatDtype::F16 => 1,
         FloatDtype::BF16 => 2,
+    }
+}
+
+/// The kernels' code for a table's row format (`PooledParams::table_dtype`): a float dtype's
+/// code, then 3 int8, 4 int4, 5 fp8.
+fn format_code(f: RowFormat) -> u32 {
+    match f {
+        RowFormat::Float(d) => float_code(d),
+        RowFormat::Int8 => 3,
+        RowFormat::Int4 => 4,
+        RowFormat::Fp8 => 5,
     }
 }
 
@@ -286,7 +298,7 @@ pub(crate) unsafe fn run(b: &dyn Backend, jobs: &[Lookup]) -> std::result::Resul
             if p.want_counts {
                 p.counts = Counts::Slot(p.params.counts);
             }
-            items.push(PooledParams { src: src.params, table_dtype: float_code(src.dtype), first: total, ..p.params });
+            items.push(PooledParams { src: src.params, table_dtype: format_code(src.format), first: total, ..p.params });
             total += p.params.bags;
         }
         let items_mem = upload(b, &items, "the batch's requests").map_err(at(direct[0]))?;
@@ -307,8 +319,8 @@ pub(crate) unsafe fn run(b: &dyn Backend, jobs: &[Lookup]) -> std::result::Resul
                 p.counts = unsafe { execute(b, job.table, job.inflight, job.placed, &io, p.want_counts) }.map_err(at(i))?;
             }
             (Shape::Pooled(..), Placed::Gather(src)) => {
-                let params = PooledParams { src: src.params, table_dtype: float_code(src.dtype), ..p.params };
-                let name = format!("strata_pooled_{}", float_name(src.dtype));
+                let params = PooledParams { src: src.params, table_dtype: format_code(src.format), ..p.params };
+                let name = format!("strata_pooled_{}", format_name(src.format));
                 // SAFETY: forwarded from the caller; the staged memory lives in `p`.
                 unsafe { b.launch_pooled(&name, grid(b.sms(), params.bags), &params) }.map_err(at(i))?;
                 if p.want_counts {

@@ -1,12 +1,12 @@
 //! Where a table's rows are for lookups on each CUDA device, made on the first lookup there:
 //!
-//! - static: the vectors, the keyed index's buckets (unchanged) and the default row copied to
-//!   device memory;
+//! - static: the vectors (quantized rows as they are stored: the kernels dequantize them), the
+//!   keyed index's buckets (unchanged) and the default row copied to device memory;
 //! - uvm: the vectors page-locked and mapped where they are (`cuMemHostRegister`), the index
 //!   and default row in device memory: the GPU reads rows over the bus, nothing is copied;
 //! - cache: a [`CacheState`] of `gpu_cache_fraction` of the rows, filled on demand from the
 //!   host table or tiers (server tables served from tiers always use a cache: they have no flat
-//!   copy to place);
+//!   copy to place); a cache of quantized rows holds them dequantized, as float32;
 //! - shards: the rows split over every visible device, each holding its rows and (keyed
 //!   tables) an index of its keys; every device's kernels may read and write its peers' memory.
 //!
@@ -21,6 +21,7 @@ use super::inflight::InFlight;
 use super::params::GatherParams;
 use crate::dlpack::FloatDtype;
 use crate::error::Result;
+use crate::kernels::RowFormat;
 use crate::model::{GpuOptions, GpuPlacement, GpuSharding, RowSource, Rows, StaticTable};
 use crate::storage::index::KeyIndex;
 use crate::util::lock::lock;
@@ -72,7 +73,7 @@ pub(crate) enum Placed {
 /// memory that backs it.
 pub(crate) struct GatherSource {
     pub params: GatherParams,
-    pub dtype: FloatDtype,
+    pub format: RowFormat,
     _mem: Vec<Mem>,
     _registration: Option<Arc<Registration>>,
 }
@@ -96,7 +97,7 @@ impl GatherSource {
         let params = GatherParams {
             table,
             rows,
-            row_stride: st.store().row_stride() as u64,
+            row_stride: kernel_stride(st.format(), st.store().stride_bytes()),
             buckets: if num_buckets == 0 { 0 } else { buckets },
             num_buckets,
             default_row,
@@ -107,15 +108,27 @@ impl GatherSource {
             dim: st.dim() as u32,
             ..GatherParams::default()
         };
-        GatherSource { params, dtype: st.dtype(), _mem: mem, _registration: registration }
+        GatherSource { params, format: st.format(), _mem: mem, _registration: registration }
     }
 }
 
 impl GatherSource {
     /// A source over host memory kept alive elsewhere (the emulator's shards).
-    pub(crate) fn from_params(params: GatherParams, dtype: FloatDtype) -> Self {
-        GatherSource { params, dtype, _mem: Vec::new(), _registration: None }
+    pub(crate) fn from_params(params: GatherParams, format: RowFormat) -> Self {
+        GatherSource { params, format, _mem: Vec::new(), _registration: None }
     }
+}
+
+/// A row stride of `bytes` as the kernels count it: elements of a float format, bytes of a
+/// quantized one (the kernels address quantized rows as bytes).
+fn kernel_stride(format: RowFormat, bytes: usize) -> u64 {
+    (bytes / format.float().map_or(1, |d| d.size())) as u64
+}
+
+/// The dtype of the rows a cache of `format` rows holds: the table's own float dtype, float32
+/// for quantized rows (the host resolves misses into float32, exactly the dequantized values).
+pub(crate) fn cache_dtype(format: RowFormat) -> FloatDtype {
+    format.float().unwrap_or(FloatDtype::F32)
 }
 
 /// Host memory page-locked and mapped for every device (`cuMemHostRegister`, portable);
@@ -193,7 +206,7 @@ fn mapped_address(device: &Arc<Device>, host: *const u8) -> Result<u64> {
 /// The bytes a store's rows span: from row 0 to the end of the last row.
 fn span(st: &StaticTable) -> usize {
     let s = st.store();
-    if s.rows() == 0 { 0 } else { ((s.rows() - 1) * s.row_stride() + s.dim()) * s.dtype().size() }
+    if s.rows() == 0 { 0 } else { (s.rows() - 1) * s.stride_bytes() + s.format().row_bytes(s.dim()) }
 }
 
 /// The index's buckets and the default row, in device memory.
@@ -267,8 +280,8 @@ impl Residency {
                 Placed::Gather(GatherSource::new(st, table_addr, b, d, vec![index, default], Some(reg)))
             }
             GpuPlacement::Cache => {
-                let c =
-                    CacheState::new(backend, st.len(), st.dim(), st.dtype(), gpu.cache_fraction, gpu.hit_rate_threshold, st.default_row())?;
+                let dtype = cache_dtype(st.format());
+                let c = CacheState::new(backend, st.len(), st.dim(), dtype, gpu.cache_fraction, gpu.hit_rate_threshold, st.default_row())?;
                 Placed::Cache(Arc::new(c))
             }
         })
@@ -290,18 +303,18 @@ pub(crate) struct HostShard {
 
 /// Splits a static table into `count` shards.
 pub(crate) fn split(st: &StaticTable, count: usize) -> Result<Vec<HostShard>> {
-    let (dim, size, rows) = (st.dim(), st.dtype().size(), st.len());
+    let (row_bytes, rows) = (st.format().row_bytes(st.dim()), st.len());
     (0..count)
         .map(|s| match &st.rows {
             Rows::Dense => Ok(HostShard { lo: rows * s / count, hi: rows * (s + 1) / count, packed: None }),
             Rows::Keyed(ix) => {
                 let mine: Vec<(u64, usize)> = ix.iter().filter(|&(k, _)| key_owner(k, count as u32) == s as u32).collect();
                 let index = KeyIndex::build(mine.iter().map(|&(k, _)| k), |k| k as i64 as i128, "keys")?;
-                let mut packed = vec![0u8; mine.len() * dim * size];
+                let mut packed = vec![0u8; mine.len() * row_bytes];
                 for (j, &(_, r)) in mine.iter().enumerate() {
-                    // SAFETY: r < rows; a row is dim elements of size bytes.
-                    let src = unsafe { std::slice::from_raw_parts(st.store().row_ptr(r), dim * size) };
-                    packed[j * dim * size..(j + 1) * dim * size].copy_from_slice(src);
+                    // SAFETY: r < rows; a row is row_bytes bytes of the store's format.
+                    let src = unsafe { std::slice::from_raw_parts(st.store().row_ptr(r), row_bytes) };
+                    packed[j * row_bytes..(j + 1) * row_bytes].copy_from_slice(src);
                 }
                 Ok(HostShard { lo: 0, hi: mine.len(), packed: Some((packed, index)) })
             }
@@ -321,7 +334,7 @@ pub(crate) fn shard_params(
 ) -> GatherParams {
     let mut p = GatherSource::new(st, table, buckets, default_row, Vec::new(), None).params;
     if let Some((_, index)) = &h.packed {
-        p.row_stride = st.dim() as u64;
+        p.row_stride = kernel_stride(st.format(), st.format().row_bytes(st.dim()));
         p.buckets = buckets;
         p.num_buckets = index.raw_buckets().1 as u64;
     }
@@ -342,14 +355,14 @@ fn shard(st: &StaticTable) -> Result<Vec<(Arc<Device>, GatherSource)>> {
             a.enable_peer_access(b)?;
         }
     }
-    let (dim, size) = (st.dim(), st.dtype().size());
+    let (dim, row_bytes) = (st.dim(), st.format().row_bytes(st.dim()));
     let mut shards = Vec::with_capacity(count);
     for (s, (device, h)) in devices.iter().zip(split(st, count)?).enumerate() {
         let default = upload(device, st.default_row().as_ptr() as *const u8, dim * 4, "the default row")?;
         let (v, b) = match &h.packed {
             None => {
                 let store = st.store();
-                let bytes = if h.hi > h.lo { ((h.hi - h.lo - 1) * store.row_stride() + dim) * size } else { 0 };
+                let bytes = if h.hi > h.lo { (h.hi - h.lo - 1) * store.stride_bytes() + row_bytes } else { 0 };
                 let start = if h.hi > h.lo { store.row_ptr(h.lo) } else { store.row_ptr_or_base() };
                 (upload(device, start, bytes, "a table shard")?, None)
             }
@@ -361,7 +374,7 @@ fn shard(st: &StaticTable) -> Result<Vec<(Arc<Device>, GatherSource)>> {
         let params = shard_params(st, &h, s, count, v.dev, b.as_ref().map_or(0, |b| b.dev), default.dev);
         let mut mem = vec![v, default];
         mem.extend(b);
-        shards.push((device.clone(), GatherSource { params, dtype: st.dtype(), _mem: mem, _registration: None }));
+        shards.push((device.clone(), GatherSource { params, format: st.format(), _mem: mem, _registration: None }));
     }
     Ok(shards)
 }

@@ -15,7 +15,7 @@ use super::backend::{Backend, Mem, Stream, grid};
 use super::cache::CacheCounts;
 use super::device::{Device, cuda_call};
 use super::inflight::InFlight;
-use super::io::{Io, float_name, key_name};
+use super::io::{Io, float_name, format_name, key_name};
 use super::params::GatherParams;
 use super::residency::Residency;
 use super::residency::{GatherSource, Placed};
@@ -120,7 +120,7 @@ pub(crate) unsafe fn execute(
 unsafe fn gather(b: &dyn Backend, src: &GatherSource, io: &Io, want_counts: bool) -> Result<Option<Mem>> {
     let counts = if want_counts { Some(b.alloc_device(16, "lookup counts")?) } else { None };
     let p = gather_params(&src.params, io, counts.as_ref().map_or(0, |c| c.dev));
-    let name = format!("strata_gather_{}_{}_{}", key_name(io.key_dtype), float_name(src.dtype), float_name(io.out_dtype));
+    let name = format!("strata_gather_{}_{}_{}", key_name(io.key_dtype), format_name(src.format), float_name(io.out_dtype));
     // SAFETY: p's keys and out come from io, valid until the stream has run this work (our
     // caller's guarantee); its table, index and default row are src's memory, which the
     // placement keeps alive; counts is the 16 bytes just allocated on b, or 0 for none. The

@@ -4,14 +4,19 @@
 
 use super::format::{Catalog, LeRow, Rows, TableRecord};
 use super::registry::StoreInner;
+use crate::dlpack::FloatDtype;
 use crate::error::{Error, Result};
+use crate::kernels::RowFormat;
 use crate::storage::hugectr::SparseFolder;
 use heed::{MdbError, PutFlags, RwTxn};
 use std::collections::HashMap;
 
-/// How a first open loads a sparse folder. Only tests use anything but the default.
+/// How a first open creates a table or loads a sparse folder. Only tests use anything but the
+/// default, apart from `format`.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct LoadParams {
+    /// How a new table stores its rows (float32 by default).
+    pub(super) format: RowFormat,
     /// Commit (durably) after about this many bytes of keys and rows.
     pub(super) txn_bytes: usize,
     /// Keys sorted at once: the first run is appended in key order (`MDB_APPEND`, packed pages),
@@ -23,7 +28,7 @@ pub(super) struct LoadParams {
 
 impl Default for LoadParams {
     fn default() -> Self {
-        LoadParams { txn_bytes: 128 << 20, run_keys: 1 << 24, crash_after_commits: None }
+        LoadParams { format: RowFormat::Float(FloatDtype::F32), txn_bytes: 128 << 20, run_keys: 1 << 24, crash_after_commits: None }
     }
 }
 
@@ -43,9 +48,13 @@ pub(super) fn load<'a>(
 ) -> Result<()> {
     let e = |op: &'static str| s.heed(name, op);
     db.clear(&mut wtxn).map_err(e("load: clear"))?;
-    let loading = TableRecord { complete: false, dim: dim as u64 };
+    let format = params.format;
+    let loading = TableRecord { complete: false, dim: dim as u64, format };
     catalog.put_record(&mut wtxn, name, loading).map_err(e("load: write metadata"))?;
     let row_bytes = dim * 4;
+    let float32 = format == RowFormat::Float(FloatDtype::F32);
+    let mut values = vec![0f32; if float32 { 0 } else { dim }];
+    let mut buf = Vec::new();
     let vecs = sparse.vecs();
     let run_keys = params.run_keys.max(1);
     let mut order: Vec<(u64, u64)> = Vec::new();
@@ -66,8 +75,18 @@ pub(super) fn load<'a>(
         let flags = if start == 0 { PutFlags::APPEND } else { PutFlags::NO_OVERWRITE };
         for &(k, r) in &order {
             let r = r as usize;
-            // `emb_vector` holds little-endian float32 rows: the stored encoding already.
-            let row = LeRow::from_le_bytes(&vecs[r * row_bytes..(r + 1) * row_bytes]);
+            // `emb_vector` holds little-endian float32 rows: a float32 table's encoding already;
+            // other formats convert or quantize them.
+            let src = &vecs[r * row_bytes..(r + 1) * row_bytes];
+            let row = if float32 {
+                LeRow::from_le_bytes(src)
+            } else {
+                for (v, c) in values.iter_mut().zip(src.chunks_exact(4)) {
+                    *v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                }
+                LeRow::encode(format, &values, &mut buf)
+                    .map_err(|m| Error::invalid("dir/emb_vector", format!("row {r}: {m} (table {name} stores {} rows)", format.name())))?
+            };
             match db.put_with_flags(&mut wtxn, flags, &k, &row) {
                 Err(heed::Error::Mdb(MdbError::KeyExist)) => return Err(duplicate_error(sparse)),
                 r => r.map_err(e("load: write row"))?,
@@ -85,7 +104,7 @@ pub(super) fn load<'a>(
         }
         start = end;
     }
-    let complete = TableRecord { complete: true, dim: dim as u64 };
+    let complete = TableRecord { complete: true, dim: dim as u64, format };
     catalog.put_record(&mut wtxn, name, complete).map_err(e("load: write metadata"))?;
     wtxn.commit().map_err(e("load: commit"))?;
     *commits += 1;

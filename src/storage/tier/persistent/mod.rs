@@ -2,7 +2,8 @@
 //! HPS's RocksDB persistent database.
 //!
 //! A [`PersistentStore`] is one LMDB environment (a folder); a [`PersistentTable`] is one named
-//! table in it, holding `dim` float32 values per 64-bit key. A table is created from a HugeCTR
+//! table in it, holding a row of `dim` values per 64-bit key, stored as float32 or in the format
+//! the table was created with (converted or quantized, e.g. FBGEMM's fused int8 rows). A table is created from a HugeCTR
 //! sparse folder on its first open and reused afterwards; updates ([`PersistentTable::upsert`],
 //! [`PersistentTable::erase`]) are durable when they return.
 //!
@@ -18,14 +19,18 @@
 //! table and the writer mutex). Inside `data.mdb` (`format` has the codecs):
 //! - the named database `strata.meta` maps
 //!   - the key `"\0format"` to `"strata-persistent-1"` (the layout version), and
-//!   - each table name (UTF-8, e.g. `wdl/table0`) to a 16-byte record
-//!     `[layout u32 LE = 1][state u32 LE: 0 = loading, 1 = complete][dim u64 LE]`, and
+//!   - each table name (UTF-8, e.g. `wdl/table0`) to a record: 16 bytes
+//!     `[layout u32 LE = 1][state u32 LE: 0 = loading, 1 = complete][dim u64 LE]` for a float32
+//!     table (every table of a store written before row formats, so such stores read as they
+//!     are), 24 bytes `[layout = 2][state][dim][row format u32 LE][0 u32]` for another format
+//!     (`format.rs` lists the numbers), and
 //!   - `"\0commits/<name>"` to the table's commit counter (`u64` LE, absent = 0), which every
 //!     upsert and every erase that removed a row increments in its own transaction (how another
 //!     process sharing the store notices a change: see [`PersistentTable::commits`]);
 //! - each table is the named database `t/<name>`: key = the canonical 64-bit key (the bit pattern
 //!   of HugeCTR's int64) as 8 **big-endian** bytes, so LMDB's byte order is numeric `u64` order;
-//!   value = the row as `dim` little-endian float32 (`dim * 4` bytes, checked on every read).
+//!   value = the row in the table's format: `dim` little-endian float32 (`dim * 4` bytes) for a
+//!   float32 table, else `RowFormat::row_bytes(dim)` bytes of that format (checked on every read).
 //!
 //! # Durability
 //! The environment is opened without `MDB_NOSYNC`, `MDB_NOMETASYNC`, `MDB_WRITEMAP` and
@@ -52,6 +57,7 @@ mod tests;
 pub use table::{Commit, PersistentStats, PersistentTable};
 
 use crate::error::{Error, Result};
+use crate::kernels::RowFormat;
 use crate::storage::hugectr::SparseFolder;
 use format::{Catalog, Rows, TABLE_PREFIX, TableRecord};
 use load::LoadParams;
@@ -159,6 +165,17 @@ impl PersistentStore {
         self.table_with(name, dim, init, LoadParams::default())
     }
 
+    /// [`table`](Self::table), creating (or loading) a new table with rows stored as `format`
+    /// (a sparse folder's rows converted or quantized as they are loaded; one the format cannot
+    /// hold fails the load, naming its row). An existing table keeps the format it was created
+    /// with ([`PersistentTable::format`]): a store written before row formats holds float32.
+    pub fn table_stored_as(&self, name: &str, dim: usize, format: RowFormat, init: Option<&Path>) -> Result<PersistentTable> {
+        if let Some(m) = format.check_dim(dim) {
+            return Err(Error::invalid("dim", m));
+        }
+        self.table_with(name, dim, init, LoadParams { format, ..LoadParams::default() })
+    }
+
     fn table_with(&self, name: &str, dim: usize, init: Option<&Path>, params: LoadParams) -> Result<PersistentTable> {
         check_name(name)?;
         crate::storage::hugectr::check_dim(dim)?;
@@ -172,12 +189,12 @@ impl PersistentStore {
             return Ok(PersistentTable { inner: t, read_only: self.read_only });
         }
         let db_name = format!("{TABLE_PREFIX}{name}");
-        let db = if self.read_only || s.env_read_only {
+        let (db, format) = if self.read_only || s.env_read_only {
             self.open_existing(name, &db_name, dim)?
         } else {
             self.open_or_load(name, &db_name, dim, init, params)?
         };
-        let inner = Arc::new(TableInner::new(s.clone(), name, db, dim));
+        let inner = Arc::new(TableInner::new(s.clone(), name, db, dim, format));
         tables.retain(|_, w| w.strong_count() > 0);
         tables.insert(key, Arc::downgrade(&inner));
         Ok(PersistentTable { inner, read_only: self.read_only })
@@ -190,8 +207,8 @@ impl PersistentStore {
         catalog.record(txn, name).map_err(s.heed(name, "read metadata"))
     }
 
-    /// Read-only path: the table must exist and be complete.
-    fn open_existing(&self, name: &str, db_name: &str, dim: usize) -> Result<Rows> {
+    /// Read-only path: the table must exist and be complete. Returns it and its format.
+    fn open_existing(&self, name: &str, db_name: &str, dim: usize) -> Result<(Rows, RowFormat)> {
         let s = &self.inner;
         let rtxn = s.env.read_txn().map_err(s.heed(name, "begin read transaction"))?;
         match self.read_record(&rtxn, name)? {
@@ -203,18 +220,19 @@ impl PersistentStore {
                 Err(interrupted(name, &s.folder(), "open the store read-write with the sparse folder to redo it"))
             }
             Some(r) if r.dim != dim as u64 => Err(dim_mismatch(name, &s.folder(), r.dim, dim)),
-            Some(_) => {
+            Some(r) => {
                 let db: Rows = s.env.open_database(&rtxn, Some(db_name)).map_err(s.heed(name, "open table"))?.ok_or_else(|| {
                     Error::Store { what: name.to_owned(), msg: format!("has metadata but no database {db_name:?}: the store is corrupt") }
                 })?;
                 rtxn.commit().map_err(s.heed(name, "open table"))?;
-                Ok(db)
+                Ok((db, r.format))
             }
         }
     }
 
-    /// Read-write path: reuse, create empty, or (re)load.
-    fn open_or_load(&self, name: &str, db_name: &str, dim: usize, init: Option<&Path>, params: LoadParams) -> Result<Rows> {
+    /// Read-write path: reuse, create empty, or (re)load (new tables in `params.format`).
+    /// Returns the table and its format.
+    fn open_or_load(&self, name: &str, db_name: &str, dim: usize, init: Option<&Path>, params: LoadParams) -> Result<(Rows, RowFormat)> {
         let s = &self.inner;
         let catalog: Catalog = s.catalog.ok_or_else(|| Error::Internal("read-write store without metadata database".into()))?;
         // Check the sparse folder before taking the write lock, and only if a load may follow.
@@ -236,21 +254,21 @@ impl PersistentStore {
                     return Err(dim_mismatch(name, &s.folder(), r.dim, dim));
                 }
                 wtxn.commit().map_err(s.heed(name, "open table"))?;
-                Ok(db)
+                Ok((db, r.format))
             }
             (None, None) => {
                 // A new, empty table (a leftover database of a failed load is emptied).
                 db.clear(&mut wtxn).map_err(s.heed(name, "create table"))?;
-                let record = TableRecord { complete: true, dim: dim as u64 };
+                let record = TableRecord { complete: true, dim: dim as u64, format: params.format };
                 catalog.put_record(&mut wtxn, name, record).map_err(s.heed(name, "create table"))?;
                 wtxn.commit().map_err(s.heed(name, "create table"))?;
-                Ok(db)
+                Ok((db, params.format))
             }
             (Some(_), None) => Err(interrupted(name, &s.folder(), "give the sparse folder again to redo it")),
             (_, Some(sparse)) => {
                 let mut commits = 0;
                 match load::load(s, wtxn, db, catalog, name, dim, &sparse, params, &mut commits) {
-                    Ok(()) => Ok(db),
+                    Ok(()) => Ok((db, params.format)),
                     Err(e) => {
                         if commits > 0 && params.crash_after_commits.is_none() {
                             load::discard(s, db, catalog, name);

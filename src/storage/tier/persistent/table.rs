@@ -4,11 +4,13 @@
 use super::format::{LeRow, Rows};
 use super::registry::StoreInner;
 use crate::error::{Error, Result};
+use crate::kernels::RowFormat;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-/// One table of a [`PersistentStore`](super::PersistentStore): an LMDB database of
-/// `dim`-float32 rows by 64-bit key.
+/// One table of a [`PersistentStore`](super::PersistentStore): an LMDB database of rows of `dim`
+/// values by 64-bit key, stored as the table's [`format`](Self::format) (float32, or converted
+/// or quantized when the table was created so); rows go in and come out as float32.
 ///
 /// Cheap to clone (a shared handle; clones share counters); `Send + Sync`: any number of threads
 /// may read and write it at once. It keeps the store's environment open while it lives.
@@ -35,6 +37,7 @@ pub(super) struct TableInner {
     pub(super) name: String,
     pub(super) db: Rows,
     pub(super) dim: usize,
+    pub(super) format: RowFormat,
     hits: AtomicU64,
     misses: AtomicU64,
     upserts: AtomicU64,
@@ -42,12 +45,13 @@ pub(super) struct TableInner {
 }
 
 impl TableInner {
-    pub(super) fn new(store: Arc<StoreInner>, name: &str, db: Rows, dim: usize) -> Self {
+    pub(super) fn new(store: Arc<StoreInner>, name: &str, db: Rows, dim: usize, format: RowFormat) -> Self {
         TableInner {
             store,
             name: name.to_owned(),
             db,
             dim,
+            format,
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             upserts: AtomicU64::new(0),
@@ -88,9 +92,15 @@ impl PersistentTable {
         &self.inner.name
     }
 
-    /// Elements (float32) per row.
+    /// Values per row.
     pub fn dim(&self) -> usize {
         self.inner.dim
+    }
+
+    /// How the table stores its rows (recorded when it was created: a table of a store written
+    /// before formats existed is float32).
+    pub fn format(&self) -> RowFormat {
+        self.inner.format
     }
 
     /// Whether writes through this handle are refused.
@@ -128,7 +138,13 @@ impl PersistentTable {
     /// Decodes the stored row of `key` into `out`; a row of the wrong length is
     /// [`Error::Store`] "corrupt row".
     fn decode(&self, key: u64, row: LeRow, out: &mut [f32]) -> Result<()> {
-        row.decode_into(key, out).map_err(|c| Error::Store { what: self.inner.name.clone(), msg: c.0 })
+        row.decode_into(key, self.inner.format, out).map_err(|c| Error::Store { what: self.inner.name.clone(), msg: c.0 })
+    }
+
+    /// The stored bytes of the row of `key` (`format().row_bytes(dim)`); a row of the wrong
+    /// length is [`Error::Store`] "corrupt row".
+    fn stored<'a>(&self, key: u64, row: LeRow<'a>) -> Result<&'a [u8]> {
+        row.bytes(key, self.inner.format, self.inner.dim).map_err(|c| Error::Store { what: self.inner.name.clone(), msg: c.0 })
     }
 
     /// For each `keys[i]` that is present, copies its row into `out[i*dim..(i+1)*dim]` and sets
@@ -141,7 +157,20 @@ impl PersistentTable {
     /// them to the table's [`stats`](Self::stats). A stored row of the wrong length is
     /// [`Error::Store`] "corrupt row".
     pub fn get_many(&self, keys: &[u64], out: &mut [f32], found: &mut [bool]) -> Result<(u64, u64)> {
+        self.get_many_stored(keys, out, None, found)
+    }
+
+    /// [`get_many`](Self::get_many), also copying each found row's stored bytes into `stored`
+    /// when given (`keys.len() * format().row_bytes(dim)` bytes, row `i` at `i * row_bytes`):
+    /// what a tier of the same format keeps, exactly.
+    pub fn get_many_stored(&self, keys: &[u64], out: &mut [f32], mut stored: Option<&mut [u8]>, found: &mut [bool]) -> Result<(u64, u64)> {
         self.check_batch(keys.len(), out.len(), "out")?;
+        let row_bytes = self.inner.format.row_bytes(self.inner.dim);
+        if let Some(s) = &stored
+            && s.len() != keys.len() * row_bytes
+        {
+            return Err(Error::invalid("stored", format!("{} bytes; expected {} keys x {row_bytes}", s.len(), keys.len())));
+        }
         if found.len() != keys.len() {
             return Err(Error::invalid("found", format!("{} flags; expected one per key ({})", found.len(), keys.len())));
         }
@@ -159,6 +188,9 @@ impl PersistentTable {
             match t.db.get(&rtxn, &k).map_err(self.err("read row"))? {
                 Some(row) => {
                     self.decode(k, row, &mut out[i * dim..(i + 1) * dim])?;
+                    if let Some(s) = stored.as_deref_mut() {
+                        s[i * row_bytes..(i + 1) * row_bytes].copy_from_slice(self.stored(k, row)?);
+                    }
                     found[i] = true;
                     hits += 1;
                 }
@@ -188,7 +220,9 @@ impl PersistentTable {
     }
 
     /// Inserts or overwrites the rows of `keys` (`rows` holds `keys.len() * dim` values, row `i`
-    /// at `rows[i*dim..]`); a key given twice keeps its last row.
+    /// at `rows[i*dim..]`), stored as the table's format; a key given twice keeps its last row.
+    /// A row the format cannot hold (NaN or infinite values of a quantized table) fails the
+    /// call, naming it, before anything is written.
     ///
     /// One write transaction, committed durably (data `fdatasync`ed, then the meta page written
     /// synchronously) before `Ok` is returned: a process killed right after loses nothing, and a
@@ -211,10 +245,17 @@ impl PersistentTable {
         // Write in key order (B-tree locality); the sort is stable, so duplicates keep their order.
         let mut order: Vec<usize> = (0..keys.len()).collect();
         order.sort_by_key(|&i| keys[i]);
-        let mut buf = Vec::with_capacity(dim * 4);
+        let row_bytes = t.format.row_bytes(dim);
+        let mut encoded = vec![0u8; keys.len() * row_bytes];
+        let mut buf = Vec::with_capacity(row_bytes);
+        for (i, bytes) in encoded.chunks_exact_mut(row_bytes).enumerate() {
+            let row = LeRow::encode(t.format, &rows[i * dim..(i + 1) * dim], &mut buf)
+                .map_err(|m| Error::invalid("rows", format!("row {i}: {m} (table {} stores {} rows)", t.name, t.format.name())))?;
+            bytes.copy_from_slice(row.bytes(keys[i], t.format, dim).map_err(|c| Error::Internal(c.0))?);
+        }
         let mut wtxn = t.store.env.write_txn().map_err(self.err("upsert: begin write transaction"))?;
         for i in order {
-            let row = LeRow::encode(&rows[i * dim..(i + 1) * dim], &mut buf);
+            let row = LeRow::from_le_bytes(&encoded[i * row_bytes..(i + 1) * row_bytes]);
             t.db.put(&mut wtxn, &keys[i], &row).map_err(self.err("upsert"))?;
         }
         let commit = self.count_commit(&mut wtxn, true, "upsert")?;
@@ -293,13 +334,22 @@ impl PersistentTable {
     /// the table; a long scan keeps the pages of its snapshot from being reused meanwhile. A
     /// stored key that is not 8 bytes is [`Error::Store`] "corrupt key".
     pub fn scan(&self, limit: usize, mut f: impl FnMut(u64, &[f32])) -> Result<()> {
+        let mut row = vec![0f32; self.inner.dim];
+        self.scan_stored(limit, |key, stored| {
+            self.decode(key, LeRow::from_le_bytes(stored), &mut row)?;
+            f(key, &row);
+            Ok(())
+        })
+    }
+
+    /// [`scan`](Self::scan) of the rows' stored bytes (`format().row_bytes(dim)` each, length
+    /// checked); an error of `f` ends the scan with it.
+    pub fn scan_stored(&self, limit: usize, mut f: impl FnMut(u64, &[u8]) -> Result<()>) -> Result<()> {
         let t = &self.inner;
         let rtxn = t.store.env.read_txn().map_err(self.err("begin read transaction"))?;
-        let mut row = vec![0f32; t.dim];
         for item in t.db.iter(&rtxn).map_err(self.err("scan"))?.take(limit) {
             let (key, stored) = item.map_err(self.err("scan"))?;
-            self.decode(key, stored, &mut row)?;
-            f(key, &row);
+            f(key, self.stored(key, stored)?)?;
         }
         Ok(())
     }

@@ -1,5 +1,7 @@
 use super::*;
+use crate::dlpack::FloatDtype;
 use crate::error::ErrorKind;
+use crate::kernels::{format::value, quantize_row};
 use heed::types::Bytes;
 use std::io::Write;
 use std::sync::atomic::Ordering::Relaxed;
@@ -123,7 +125,7 @@ fn load_in_many_transactions_and_runs() {
     let keys = gen_keys(3001);
     write_sparse(&tmp.path().join("sparse"), &keys, 3);
     let s = PersistentStore::open(&tmp.path().join("ps"), false).unwrap();
-    let params = LoadParams { txn_bytes: 1000, run_keys: 700, crash_after_commits: None };
+    let params = LoadParams { txn_bytes: 1000, run_keys: 700, crash_after_commits: None, ..LoadParams::default() };
     let t = s.table_with("t", 3, Some(&tmp.path().join("sparse")), params).unwrap();
     assert_eq!(t.len().unwrap(), 3001);
     check_rows(&t, &keys);
@@ -346,7 +348,7 @@ fn duplicate_found_after_commits_leaves_no_table() {
     let want = open_error(&sparse, 4).to_string();
     assert!(want.contains("rows 3 and 1500"), "{want}");
     let s = PersistentStore::open(&tmp.path().join("ps"), false).unwrap();
-    let params = LoadParams { txn_bytes: 2000, run_keys: 500, crash_after_commits: None };
+    let params = LoadParams { txn_bytes: 2000, run_keys: 500, crash_after_commits: None, ..LoadParams::default() };
     let e = s.table_with("t", 4, Some(&sparse), params).err().unwrap();
     assert_eq!(e.to_string(), want);
     assert_eq!(s.table("t", 4, None).unwrap().len().unwrap(), 0);
@@ -361,7 +363,7 @@ fn an_interrupted_load_is_detected_and_redone() {
     let ps = tmp.path().join("ps");
     {
         let s = PersistentStore::open(&ps, false).unwrap();
-        let params = LoadParams { txn_bytes: 4000, run_keys: 1 << 20, crash_after_commits: Some(2) };
+        let params = LoadParams { txn_bytes: 4000, run_keys: 1 << 20, crash_after_commits: Some(2), ..LoadParams::default() };
         let e = s.table_with("m/t", 4, Some(&sparse), params).err().unwrap();
         assert!(e.to_string().contains("simulated crash"), "{e}");
     }
@@ -486,16 +488,17 @@ fn codecs_encode_the_first_layout_byte_for_byte() {
     }
     assert_eq!(&old[..4], &[0x00, 0x00, 0xc0, 0x3f]);
     let mut buf = Vec::new();
-    let row = LeRow::encode(&values, &mut buf);
+    let f32_rows = RowFormat::Float(FloatDtype::F32);
+    let row = LeRow::encode(f32_rows, &values, &mut buf).unwrap();
     assert_eq!(&*RowCodec::bytes_encode(&row).unwrap(), &old[..]);
     let mut back = [0f32; 6];
-    RowCodec::bytes_decode(&old).unwrap().decode_into(7, &mut back).unwrap();
+    RowCodec::bytes_decode(&old).unwrap().decode_into(7, f32_rows, &mut back).unwrap();
     assert_eq!(back.map(f32::to_bits), values.map(f32::to_bits));
-    let e = RowCodec::bytes_decode(&old[..20]).unwrap().decode_into(7, &mut back).unwrap_err();
+    let e = RowCodec::bytes_decode(&old[..20]).unwrap().decode_into(7, f32_rows, &mut back).unwrap_err();
     assert_eq!(e.to_string(), "corrupt row for key 7: 20 bytes; expected 24 (6 float32)");
 
-    let complete = TableRecord { complete: true, dim: 0x0102_0304_0506_0708 };
-    let loading = TableRecord { complete: false, dim: 32 };
+    let complete = TableRecord { complete: true, dim: 0x0102_0304_0506_0708, format: f32_rows };
+    let loading = TableRecord { complete: false, dim: 32, format: f32_rows };
     assert_eq!(&*RecordCodec::bytes_encode(&complete).unwrap(), &[1, 0, 0, 0, 1, 0, 0, 0, 8, 7, 6, 5, 4, 3, 2, 1]);
     assert_eq!(&*RecordCodec::bytes_encode(&loading).unwrap(), &[1, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0, 0, 0, 0, 0, 0]);
     for r in [complete, loading] {
@@ -503,7 +506,8 @@ fn codecs_encode_the_first_layout_byte_for_byte() {
     }
     for (bytes, why) in [
         (&[1u8, 0, 0, 0, 1, 0, 0, 0, 4, 0, 0, 0][..], "12 bytes; expected 16"),
-        (&[2, 0, 0, 0, 1, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0], "layout 2; this strata reads layout 1"),
+        (&[2, 0, 0, 0, 1, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0], "16 bytes; expected 24"),
+        (&[3, 0, 0, 0, 1, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0], "layout 3; this strata reads layouts 1 and 2"),
         (&[1, 0, 0, 0, 7, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0], "state 7; expected 0 (loading) or 1 (complete)"),
     ] {
         let e = RecordCodec::bytes_decode(bytes).unwrap_err();
@@ -511,6 +515,31 @@ fn codecs_encode_the_first_layout_byte_for_byte() {
     }
     assert_eq!(format::FORMAT, b"strata-persistent-1");
     assert_eq!((format::META_DB, format::FORMAT_KEY, format::TABLE_PREFIX), ("strata.meta", "\0format", "t/"));
+}
+
+/// Writes, with raw LMDB calls, a store in folder `dir` (existing, empty) in the first layout
+/// (float32 rows, 16-byte records), as the code before the typed codecs and before row formats
+/// wrote it: table `name` of `dim` values holding `row(k)` for each of `keys`.
+fn write_first_layout(dir: &Path, name: &str, dim: usize, keys: &[u64], row: impl Fn(u64) -> Vec<f32>) {
+    let mut opts = heed::EnvOpenOptions::new();
+    opts.max_dbs(4);
+    // SAFETY: a fresh folder of the calling test's own, opened once, by this process only.
+    let env = unsafe { opts.open(dir) }.unwrap();
+    let mut w = env.write_txn().unwrap();
+    let meta: heed::Database<Bytes, Bytes> = env.create_database(&mut w, Some("strata.meta")).unwrap();
+    meta.put(&mut w, b"\0format", b"strata-persistent-1").unwrap();
+    let mut record = Vec::new();
+    record.extend_from_slice(&1u32.to_le_bytes());
+    record.extend_from_slice(&1u32.to_le_bytes());
+    record.extend_from_slice(&(dim as u64).to_le_bytes());
+    meta.put(&mut w, name.as_bytes(), &record).unwrap();
+    let rows: heed::Database<Bytes, Bytes> = env.create_database(&mut w, Some(&format!("t/{name}"))).unwrap();
+    for &k in keys {
+        let bytes: Vec<u8> = row(k).iter().flat_map(|v| v.to_le_bytes()).collect();
+        rows.put(&mut w, &k.to_be_bytes(), &bytes).unwrap();
+    }
+    w.commit().unwrap();
+    env.prepare_for_closing().wait();
 }
 
 /// A store written with raw LMDB calls in the first layout, as the code before the typed codecs
@@ -523,27 +552,7 @@ fn a_store_in_the_first_layout_opens_and_reads_the_same_rows() {
     let dim = 3;
     let keys: Vec<u64> = vec![5, 1 << 63, u64::MAX, 0, 77];
     let row = |k: u64| -> Vec<f32> { (0..dim).map(|j| k as f32 * 0.25 - j as f32).collect() };
-    {
-        let mut opts = heed::EnvOpenOptions::new();
-        opts.max_dbs(4);
-        // SAFETY: a fresh folder of this test's own, opened once, by this process only.
-        let env = unsafe { opts.open(&dir) }.unwrap();
-        let mut w = env.write_txn().unwrap();
-        let meta: heed::Database<Bytes, Bytes> = env.create_database(&mut w, Some("strata.meta")).unwrap();
-        meta.put(&mut w, b"\0format", b"strata-persistent-1").unwrap();
-        let mut record = Vec::new();
-        record.extend_from_slice(&1u32.to_le_bytes());
-        record.extend_from_slice(&1u32.to_le_bytes());
-        record.extend_from_slice(&(dim as u64).to_le_bytes());
-        meta.put(&mut w, b"m/t", &record).unwrap();
-        let rows: heed::Database<Bytes, Bytes> = env.create_database(&mut w, Some("t/m/t")).unwrap();
-        for &k in &keys {
-            let bytes: Vec<u8> = row(k).iter().flat_map(|v| v.to_le_bytes()).collect();
-            rows.put(&mut w, &k.to_be_bytes(), &bytes).unwrap();
-        }
-        w.commit().unwrap();
-        env.prepare_for_closing().wait();
-    }
+    write_first_layout(&dir, "m/t", dim, &keys, row);
 
     let s = PersistentStore::open(&dir, false).unwrap();
     let t = s.table("m/t", dim, None).unwrap();
@@ -578,4 +587,112 @@ fn a_store_in_the_first_layout_opens_and_reads_the_same_rows() {
     let new_rows: heed::Database<Bytes, Bytes> = env.open_database(&r, Some("t/m/new")).unwrap().unwrap();
     assert_eq!(new_rows.len(&r).unwrap(), 0);
     drop((r, t2));
+}
+
+/// A store of the first layout (float32, 16-byte records: every store written before row
+/// formats) opened for a quantized table keeps its float32 rows: the table reports float32,
+/// reads the rows written, and new rows land as float32 bytes.
+#[test]
+fn a_first_layout_store_stays_float32_when_a_quantized_table_opens_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ps");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (dim, keys) = (4usize, vec![3u64, 9, 1 << 40]);
+    let row = |k: u64| -> Vec<f32> { (0..dim).map(|j| k as f32 * 1e-3 + j as f32 * 7.5 - 11.0).collect() };
+    write_first_layout(&dir, "m/t", dim, &keys, row);
+    let s = PersistentStore::open(&dir, false).unwrap();
+    let t = s.table_stored_as("m/t", dim, RowFormat::Int8, None).unwrap();
+    assert_eq!(t.format(), RowFormat::Float(FloatDtype::F32));
+    let (out, found) = read_all(&t, &keys);
+    assert!(found.iter().all(|&f| f));
+    let want: Vec<f32> = keys.iter().flat_map(|&k| row(k)).collect();
+    assert_eq!(out, want);
+    t.upsert(&[5], &[0.5, f32::NAN, 2.0, 3.0]).unwrap(); // float32 keeps any value, as before
+    let r = s.inner.env.read_txn().unwrap();
+    assert_eq!(t.inner.db.remap_types::<Bytes, Bytes>().get(&r, &5u64.to_be_bytes()).unwrap().unwrap().len(), dim * 4);
+}
+
+/// Tables created with a format store its bytes (rows loaded from a sparse folder quantized at
+/// load, upserts quantized on write), record it in a 24-byte record, read back the scalar
+/// reference of those bytes, and keep it when reopened by a caller asking for float32.
+#[test]
+fn tables_stored_as_a_format_keep_its_bytes_and_record_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dim = 6;
+    let keys: Vec<i64> = (0..50).map(|k| k * 3 - 20).collect();
+    // Rows `val` gives; upserts add a constant row (scale 0) and a row of extreme values.
+    write_sparse(&tmp.path().join("sparse"), &keys, dim);
+    let formats = [(RowFormat::Int8, 4u32), (RowFormat::Int4, 5), (RowFormat::Fp8, 6), (RowFormat::Float(FloatDtype::F16), 2)];
+    for (format, code) in formats {
+        let dir = tmp.path().join(format!("ps-{}", format.name()));
+        let extreme = match format {
+            RowFormat::Int4 => 6.0e4,  // float16 scale and bias
+            RowFormat::Int8 => 1.0e38, // a finite range
+            _ => 3.0e38,
+        };
+        let reference = |values: &[f32]| -> (Vec<u8>, Vec<f32>) {
+            let mut q = vec![0u8; format.row_bytes(dim)];
+            quantize_row(format, values, &mut q).unwrap();
+            // SAFETY: q holds one row of dim values of `format`; c < dim.
+            let v = (0..dim).map(|c| unsafe { value(format, q.as_ptr(), dim, c) }).collect();
+            (q, v)
+        };
+        {
+            let s = PersistentStore::open(&dir, false).unwrap();
+            let t = s.table_stored_as("m/t", dim, format, Some(&tmp.path().join("sparse"))).unwrap();
+            assert_eq!(t.format(), format);
+            let new_rows = [vec![2.5f32; dim], (0..dim).map(|j| if j % 2 == 0 { extreme } else { -extreme }).collect::<Vec<_>>()];
+            t.upsert(&[1000, 1001], &new_rows.concat()).unwrap();
+            let r = t.upsert(&[2000, 2001], &[[1.0f32; 6], [1.0, 2.0, f32::INFINITY, 0.0, 0.0, 0.0]].concat());
+            if format.is_quantized() {
+                let m = r.unwrap_err().to_string();
+                assert!(m.contains("rows") && m.contains("row 1") && m.contains("column 2"), "{m}");
+                assert!(t.get_many(&[2000], &mut [0.0; 6], &mut [true]).unwrap() == (0, 1), "nothing of a refused batch is written");
+            }
+            let r = s.inner.env.read_txn().unwrap();
+            let raw = t.inner.db.remap_types::<Bytes, Bytes>();
+            for (k, values) in [1000u64, 1001].iter().zip(&new_rows) {
+                assert_eq!(raw.get(&r, &k.to_be_bytes()).unwrap().unwrap(), &reference(values).0[..], "{format:?} key {k}");
+            }
+            let k0 = keys[0] as u64;
+            let loaded: Vec<f32> = (0..dim).map(|j| val(k0, j)).collect();
+            assert_eq!(raw.get(&r, &k0.to_be_bytes()).unwrap().unwrap(), &reference(&loaded).0[..]);
+            let meta: heed::Database<Bytes, Bytes> = s.inner.env.open_database(&r, Some("strata.meta")).unwrap().unwrap();
+            let mut record = vec![2, 0, 0, 0, 1, 0, 0, 0, dim as u8, 0, 0, 0, 0, 0, 0, 0];
+            record.extend_from_slice(&code.to_le_bytes());
+            record.extend_from_slice(&[0; 4]);
+            assert_eq!(meta.get(&r, b"m/t").unwrap().unwrap(), &record[..]);
+        }
+        // Reopened (every handle gone) by a caller asking for float32: the recorded format.
+        let s = PersistentStore::open(&dir, true).unwrap();
+        let t = s.table("m/t", dim, None).unwrap();
+        assert_eq!(t.format(), format);
+        let all: Vec<u64> = keys.iter().map(|&k| k as u64).chain([1000, 1001]).collect();
+        let (out, found) = read_all(&t, &all);
+        assert!(found.iter().all(|&f| f));
+        let mut stored = vec![0u8; all.len() * format.row_bytes(dim)];
+        let mut again = vec![0f32; all.len() * dim];
+        t.get_many_stored(&all, &mut again, Some(&mut stored), &mut vec![false; all.len()]).unwrap();
+        for (i, &k) in all.iter().enumerate() {
+            let values: Vec<f32> = match k {
+                1000 => vec![2.5; dim],
+                1001 => (0..dim).map(|j| if j % 2 == 0 { extreme } else { -extreme }).collect(),
+                _ => (0..dim).map(|j| val(k, j)).collect(),
+            };
+            let (q, v) = reference(&values);
+            let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&out[i * dim..(i + 1) * dim]), bits(&v), "{format:?} key {k}");
+            assert_eq!(&stored[i * q.len()..(i + 1) * q.len()], &q[..]);
+        }
+    }
+    // A sparse folder with a value int8 cannot hold fails the load, naming the file and row.
+    let bad = tmp.path().join("bad");
+    write_sparse(&bad, &[1, 2, 3], 2);
+    let mut vecs = std::fs::read(bad.join("emb_vector")).unwrap();
+    vecs[12..16].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(bad.join("emb_vector"), vecs).unwrap();
+    let s = PersistentStore::open(&tmp.path().join("ps-bad"), false).unwrap();
+    let m = s.table_stored_as("m/t", 2, RowFormat::Int8, Some(&bad)).unwrap_err().to_string();
+    assert!(m.contains("dir/emb_vector") && m.contains("row 1") && m.contains("int8"), "{m}");
+    assert!(s.table_stored_as("m/odd", 3, RowFormat::Int4, None).unwrap_err().to_string().contains("even dim"));
 }

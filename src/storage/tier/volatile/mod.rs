@@ -60,7 +60,7 @@ use crate::kernels::RowFormat;
 // the high bits, the map position from the low bits.
 use crate::util::hash::mix;
 use crate::util::prefetch;
-use slots::{Geometry, Slots, Upsert};
+use slots::{Geometry, RowIn, Slots, Upsert};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -393,16 +393,31 @@ impl VolatileTier {
     /// current block (at most `BLOCK` = 1024 keys). If memory for a new row cannot be
     /// allocated the row is silently not cached. Panics if `rows.len() != keys.len() * dim`.
     pub fn insert_many(&self, keys: &[u64], rows: &[f32]) -> u64 {
-        let g = &self.geo;
-        let dim = g.dim;
+        let dim = self.geo.dim;
         assert_eq!(rows.len(), keys.len() * dim, "VolatileTier::insert_many: rows length; expected keys.len() * dim");
+        self.insert_rows(keys, |i| RowIn::Values(&rows[i * dim..(i + 1) * dim]))
+    }
+
+    /// [`insert_many`](Self::insert_many) of rows already in the tier's [`format`](Self::format)
+    /// (`format().row_bytes(dim)` bytes each, back to back, e.g. as a persistent tier of the
+    /// same format stores them), kept exactly as given. Panics if `rows` is not `keys.len()`
+    /// such rows.
+    pub fn insert_many_stored(&self, keys: &[u64], rows: &[u8]) -> u64 {
+        let row_bytes = self.geo.format.row_bytes(self.geo.dim);
+        assert_eq!(rows.len(), keys.len() * row_bytes, "VolatileTier::insert_many_stored: rows length; expected keys.len() * row bytes");
+        self.insert_rows(keys, |i| RowIn::Stored(&rows[i * row_bytes..(i + 1) * row_bytes]))
+    }
+
+    /// Inserts or overwrites `keys[i]` with `row(i)` (see [`insert_many`](Self::insert_many)).
+    fn insert_rows<'a>(&self, keys: &[u64], row: impl Fn(usize) -> RowIn<'a>) -> u64 {
+        let g = &self.geo;
         let mut total = 0u64;
         self.for_each_shard_run(keys, |shard, idx| {
             let (mut ins, mut over, mut ev) = (0u64, 0u64, 0u64);
             {
                 let mut s = shard.write();
                 for &i in idx {
-                    match s.upsert(g, keys[i], &rows[i * dim..(i + 1) * dim]) {
+                    match s.upsert(g, keys[i], row(i)) {
                         Upsert::Inserted { evicted } => {
                             ins += 1;
                             ev += evicted;

@@ -16,6 +16,14 @@ const CHUNK_BYTES: usize = 256 << 10;
 /// Most rows one shard can index (slots are `u32`).
 const MAX_ROWS_PER_SHARD: usize = u32::MAX as usize - 1;
 
+/// A row handed to a shard: `dim` float32 values, or a row already in the shard's format
+/// (`format.row_bytes(dim)` bytes, e.g. as the persistent tier of the same format stores it).
+#[derive(Clone, Copy)]
+pub(super) enum RowIn<'a> {
+    Values(&'a [f32]),
+    Stored(&'a [u8]),
+}
+
 /// The fixed shape of every shard.
 #[derive(Clone, Copy)]
 pub(super) struct Geometry {
@@ -58,19 +66,25 @@ impl Geometry {
         self.format == RowFormat::Float(FloatDtype::F32)
     }
 
-    /// Writes `row` (`dim` float32) into a slot's words in the tier's format; false (the slot
-    /// then holds nothing meaningful) when the format cannot hold the values (NaN or infinite
-    /// values in a quantized row).
-    fn encode(&self, row: &[f32], slot: &mut [f32]) -> bool {
-        if self.plain() {
-            slot.copy_from_slice(row);
+    /// Writes `row` into a slot's words in the tier's format (values converted or quantized,
+    /// stored rows copied as they are); false (the slot then holds nothing meaningful) when the
+    /// format cannot hold the values (NaN or infinite values in a quantized row).
+    fn encode(&self, row: RowIn, slot: &mut [f32]) -> bool {
+        if let (true, RowIn::Values(v)) = (self.plain(), row) {
+            slot.copy_from_slice(v);
             return true;
         }
         let bytes = self.format.row_bytes(self.dim);
         // SAFETY: a float slice's memory is readable and writable as bytes (any bit pattern is a
         // valid f32 and u8); `bytes <= 4 * words = 4 * slot.len()`.
         let dst = unsafe { std::slice::from_raw_parts_mut(slot.as_mut_ptr().cast::<u8>(), bytes) };
-        quantize_row(self.format, row, dst).is_ok()
+        match row {
+            RowIn::Values(v) => quantize_row(self.format, v, dst).is_ok(),
+            RowIn::Stored(b) => {
+                dst.copy_from_slice(b);
+                true
+            }
+        }
     }
 
     /// Writes a slot's row (its words) into `dst` as `dim` float32 values.
@@ -288,7 +302,7 @@ impl Slots {
 
     /// Inserts or overwrites one row (under the write lock). A row the tier's format cannot
     /// hold is not cached (and an older row of its key goes, so no reader sees it).
-    pub(super) fn upsert(&mut self, g: &Geometry, key: u64, row: &[f32]) -> Upsert {
+    pub(super) fn upsert(&mut self, g: &Geometry, key: u64, row: RowIn) -> Upsert {
         let h = mix(key);
         if let Some(s) = self.map.find(key, h) {
             if !g.encode(row, self.row_mut(g, s)) {
