@@ -661,6 +661,31 @@ def test_fast_paths_keep_the_general_paths_refusals(rng, three_tables):
         strata.lookup_pooled(t, np.arange(4), np.array([0, 2, 4]), out=poisoned((2, 8)))
 
 
+def test_fast_batch_with_torch_tensors(rng, three_tables):
+    """The batch's fast path calls PyTorch's exchange function itself: torch and NumPy tensors
+    mixed in one request and across requests give the reference rows in torch outs that were
+    poisoned first; an out that requires grad goes the general way, which names it."""
+    torch = pytest.importorskip("torch", reason="skipped: PyTorch is not installed (pip install torch)")
+    (ta, a, _), (tb, b, bkeys), _ = three_tables
+    k = rng.integers(0, len(a), size=9)
+    off = np.array([0, 4, 4, 9])
+    w = rng.uniform(-1, 2, size=9).astype(np.float32)
+    outs = [torch.full((3, 8), float("nan")) for _ in range(3)]
+    plain = torch.full((9, 8), float("nan"))
+    got = strata.lookup_batch([strata.Request(ta, torch.from_numpy(k), outs[0], off, None, "sum"),
+                               strata.Request(ta, k, outs[1], torch.from_numpy(off), torch.from_numpy(w), "mean"),
+                               strata.Request(ta, torch.from_numpy(k), plain),
+                               strata.Request(ta, torch.from_numpy(k), outs[2], torch.from_numpy(off), w, "sqrtn")])
+    assert got[0] is outs[0] and got[2] is plain
+    np.testing.assert_array_equal(outs[0].numpy(), ref_pooled(a, k, off, None, "sum"))
+    np.testing.assert_array_equal(outs[1].numpy(), ref_pooled(a, k, off, w, "mean"))
+    np.testing.assert_array_equal(plain.numpy(), a[k])
+    np.testing.assert_array_equal(outs[2].numpy(), ref_pooled(a, k, off, w, "sqrtn"))
+    grad = torch.zeros((3, 8), requires_grad=True)
+    with pytest.raises(strata.InvalidArgument, match=r"^requests\[1\]\.out: .*require"):
+        strata.lookup_batch([strata.Request(ta, k, torch.zeros(3, 8), off, None, "sum"), strata.Request(ta, k, grad, off, None, "sum")])
+
+
 def test_large_batch_runs_as_one_piece_of_work(rng):
     """A batch big enough for several threads (its static requests share the participants,
     exec/batch.rs): plain and pooled requests of tables of different dims and dtypes, ragged

@@ -284,45 +284,70 @@ def lookup_pooled(handle: Any, keys: Any, offsets: Any, weights: Any, pooling: i
 def lookup_batch(requests: Any, table_type: Any, request_type: Any, num_threads: Optional[int]) -> Optional[int]:
     """strata's status for ``strata_lookup_batch`` of ``requests`` (``request_type`` objects
     whose tables are open ``table_type`` objects and whose tensors are all given and on the host),
-    or None when the call is not one the fast path takes (nothing was called then)."""
+    or None when the call is not one the fast path takes (nothing was called then).
+
+    The loop is the Python side's whole cost of a small batch: about 2.2 us a request, of which
+    the producer's exchange function through ctypes takes 0.46 us a tensor. It calls that
+    function itself rather than through :meth:`_Scratch.describe` (26 requests: 78 -> 71 us)."""
     if _lookup_batch is None:
         return None
     count = len(requests)
     n = 0 if num_threads is None else int(num_threads)
     opts = _options.get(n) or _options_for(n)
     s = _take("batch", count)
+    fillers = _fillers
     try:
         a, d = s.addrs, s.devices
-        for i, r in enumerate(requests):
+        table_at, offsets_at, weights_at, pooling_at = s.table_at, s.offsets_at, s.weights_at, s.pooling_at
+        j = 0
+        for i in range(count):
+            r = requests[i]
             if type(r) is not request_type:
                 return None
             t = r.table
             if type(t) is not table_type or not t._h or (t._owner is not None and not t._owner._h):
                 return None
-            pooling = POOLING.get(r.pooling) if type(r.pooling) is str else r.pooling
+            pooling = r.pooling
+            if type(pooling) is str:
+                pooling = POOLING.get(pooling)
             if type(pooling) is not int:
                 return None
             keys, out, offsets, weights = r.keys, r.out, r.offsets, r.weights
-            j = 4 * i
-            if out is None or not (s.describe(keys, type(keys), a[j]) and s.describe_out(out, a[j + 3])):
+            if out is None or getattr(out, "requires_grad", False):
+                return None
+            # keys and out: the producer's exchange function where it has one, else describe().
+            kt, ot = type(keys), type(out)
+            fill = fillers.get(kt)
+            if not (fill(keys, a[j]) == 0 if fill is not None else s.describe(keys, kt, a[j])):
+                return None
+            fill = fillers.get(ot)
+            if not (fill(out, a[j + 3]) == 0 if fill is not None else s.describe_out(out, a[j + 3])):
                 return None
             if d[j].value != _CPU or d[j + 3].value != _CPU:
                 return None
             if offsets is None:
-                s.offsets_at[i].value = None
-            elif s.describe(offsets, type(offsets), a[j + 1]) and d[j + 1].value == _CPU:
-                s.offsets_at[i].value = a[j + 1]
+                offsets_at[i].value = None
             else:
-                return None
+                fill = fillers.get(type(offsets))
+                at = a[j + 1]
+                if not (fill(offsets, at) == 0 if fill is not None else s.describe(offsets, type(offsets), at)):
+                    return None
+                if d[j + 1].value != _CPU:
+                    return None
+                offsets_at[i].value = at
             if weights is None:
-                s.weights_at[i].value = None
-            elif hasattr(weights, "__dlpack__") and s.describe(weights, type(weights), a[j + 2]) and d[j + 2].value == _CPU:
-                s.weights_at[i].value = a[j + 2]
+                weights_at[i].value = None
             else:
-                return None
-            s.table_at[i].value = t._addr
-            s.pooling_at[i].value = pooling
+                at = a[j + 2]
+                if not (hasattr(weights, "__dlpack__") and s.describe(weights, type(weights), at) and d[j + 2].value == _CPU):
+                    return None
+                weights_at[i].value = at
+            table_at[i].value = t._addr
+            pooling_at[i].value = pooling
+            j += 4
         return int(_lookup_batch(s.base, count, opts))
+    except Exception:  # a producer refused: the general path gives its message
+        return None
     finally:
         s.busy = False
         s.capsules.clear()
