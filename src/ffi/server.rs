@@ -1,12 +1,13 @@
 //! The parameter server (`strata_server_*`) and table updates (`strata_table_upsert`,
-//! `strata_table_erase`, `strata_table_get_stats`).
+//! `strata_table_erase`), and a table's counters: `strata_table_stats` and
+//! `strata_table_get_stats`.
 
 use super::boundary::{arg_mut, arg_ref, boundary, c_str, out_handle, write_opt};
-use super::sized::out_struct_required;
+use super::sized::{Extensible, out_struct_required};
 use super::status::Status;
 use super::table::{strata_table, table_arg};
-use super::types::strata_table_stats;
 use crate::error::{Error, Result};
+use crate::model::TableStats;
 use crate::server::Server;
 use crate::util::lock::lock;
 use dlpark::ffi::DLTensor;
@@ -84,6 +85,69 @@ unsafe fn write_count(p: *mut i32, arg: &'static str, n: usize) -> Result<()> {
     // SAFETY: forwarded.
     *unsafe { arg_mut(p, arg) }? = n.min(i32::MAX as usize) as i32;
     Ok(())
+}
+
+/// Cumulative counters of one table, all tiers (an out-struct, `strata_table_get_stats`).
+/// Initialise `struct_size` with `strata_table_stats_default()`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
+pub struct strata_table_stats {
+    /// `sizeof(strata_table_stats)`, set by `strata_table_stats_default()`.
+    pub struct_size: usize,
+    /// Lookup calls that succeeded.
+    pub lookups: u64,
+    /// Keys looked up.
+    pub keys: u64,
+    /// Keys found in the volatile tier.
+    pub volatile_hits: u64,
+    /// Keys found in the persistent tier (after missing the volatile tier).
+    pub persistent_hits: u64,
+    /// Keys found in no tier (given the default value).
+    pub misses: u64,
+    /// Rows the volatile tier evicted to stay within its capacity.
+    pub evictions: u64,
+    /// Rows the volatile tier holds now.
+    pub volatile_rows: u64,
+    /// Bytes the volatile tier holds now.
+    pub volatile_bytes: u64,
+    /// Rows the persistent tier holds now.
+    pub persistent_rows: u64,
+    /// Keys written by `strata_table_upsert`.
+    pub upserts: u64,
+    /// Keys removed by `strata_table_erase`.
+    pub erases: u64,
+}
+
+impl Default for strata_table_stats {
+    fn default() -> Self {
+        TableStats::default().into()
+    }
+}
+
+// SAFETY: repr(C), starts with struct_size, every field accepts any bit pattern.
+unsafe impl Extensible for strata_table_stats {
+    const NAME: &'static str = "strata_table_stats";
+    const FIRST_SIZE: usize = 96;
+}
+
+impl From<TableStats> for strata_table_stats {
+    fn from(s: TableStats) -> Self {
+        strata_table_stats {
+            struct_size: size_of::<Self>(),
+            lookups: s.lookups,
+            keys: s.keys,
+            volatile_hits: s.volatile_hits,
+            persistent_hits: s.persistent_hits,
+            misses: s.misses,
+            evictions: s.evictions,
+            volatile_rows: s.volatile_rows,
+            volatile_bytes: s.volatile_bytes,
+            persistent_rows: s.persistent_rows,
+            upserts: s.upserts,
+            erases: s.erases,
+        }
+    }
 }
 
 /// A `strata_table_stats` with `struct_size = sizeof(strata_table_stats)` and zero counters,
@@ -357,4 +421,19 @@ pub unsafe extern "C" fn strata_table_get_stats(table: *const strata_table, stat
         stats.write(&table.stats().into());
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::sized::Extensible;
+    use std::mem::offset_of;
+
+    /// The first published layout (strata 0.3), frozen: fields are only ever appended.
+    #[test]
+    fn first_published_layout_is_frozen() {
+        assert_eq!([offset_of!(strata_table_stats, lookups), offset_of!(strata_table_stats, erases)], [8, 88]);
+        assert_eq!(strata_table_stats::FIRST_SIZE, 96);
+        assert_eq!(size_of::<strata_table_stats>(), 96);
+    }
 }
