@@ -10,6 +10,7 @@
 //! arrays of extensible structs, strided by their elements' `struct_size`.
 
 use super::boundary::{arg_ref, boundary, c_path, opt_ref, out_handle};
+use super::handle::boxed;
 use super::sized::{Extensible, in_array};
 use super::status::Status;
 use super::table::{strata_table, strata_table_options, table_arg, table_options};
@@ -457,7 +458,7 @@ pub unsafe extern "C" fn strata_table_from_partitioned(
         let options = unsafe { table_options(opts) };
         // SAFETY: the description and the data it points to are valid for the call, as this export's # Safety section requires.
         let table = unsafe { crate::dist::table_from_description(desc, comm, options) }?;
-        *out = strata_table::into_owned_raw(table);
+        *out = boxed(table);
         Ok(())
     })
 }
@@ -493,7 +494,7 @@ pub unsafe extern "C" fn strata_table_open_distributed(
         // An error reading the options fails the collective call on every rank.
         // SAFETY: `opts` is NULL or valid as this export's # Safety section requires.
         let options = unsafe { table_options(opts) };
-        *out = strata_table::into_owned_raw(crate::dist::open(dir, dim, fint, options)?);
+        *out = boxed(crate::dist::open(dir, dim, fint, options)?);
         Ok(())
     })
 }

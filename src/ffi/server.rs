@@ -3,78 +3,25 @@
 //! `strata_table_get_stats`.
 
 use super::boundary::{arg_mut, arg_ref, boundary, c_str, out_handle, write_opt};
+pub use super::handle::strata_server;
+use super::handle::{boxed, free_boxed, handle_arg, lent};
 use super::sized::{Extensible, out_struct_required};
 use super::status::Status;
 use super::table::{strata_table, table_arg};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::model::TableStats;
 use crate::server::Server;
-use crate::util::lock::lock;
 use dlpark::ffi::DLTensor;
 use std::ffi::c_char;
 use std::path::Path;
-use std::sync::{Arc, Mutex, Weak};
-
-/// A handle to the parameter server of a configuration. Every handle opened on the same
-/// configuration in one process shares one server and one set of `strata_table` handles for its
-/// tables (see `strata_server_open`).
-///
-/// Ownership: each handle is counted; `strata_server_free` drops one, and the server closes
-/// with the last. Threading: any thread may use or free a handle; lookups and updates on the
-/// tables may run at once from many threads.
-pub struct strata_server {
-    shared: Arc<Tables>,
-}
-
-/// A server and the `strata_table` handles of its tables, shared by every `strata_server`
-/// handle of the server.
-struct Tables {
-    /// Per model, per table; boxed so the handles handed out never move.
-    #[allow(clippy::vec_box)]
-    handles: Vec<Vec<Box<strata_table>>>,
-    /// Declared after the handles, which point into it, so it is dropped after them.
-    server: Arc<Server>,
-}
-
-// SAFETY: the table handles point into `server`'s tables, which are Send + Sync and live as long
-// as this value (it holds the server); the handles themselves are only read.
-unsafe impl Send for Tables {}
-// SAFETY: as above.
-unsafe impl Sync for Tables {}
-
-/// The table handles of each live server, so every `strata_server` handle of one server lends
-/// the same `strata_table` pointers (valid while any of them is open).
-static TABLES: Mutex<Vec<Weak<Tables>>> = Mutex::new(Vec::new());
-
-impl strata_server {
-    /// A new handle on `server`, for the caller to free with `strata_server_free`.
-    fn into_raw(server: Arc<Server>) -> *mut strata_server {
-        let mut all = lock(&TABLES);
-        all.retain(|t| t.strong_count() > 0);
-        let shared = match all.iter().filter_map(Weak::upgrade).find(|t| Arc::ptr_eq(&t.server, &server)) {
-            Some(t) => t,
-            None => {
-                let handles = server
-                    .models()
-                    .iter()
-                    .map(|m| m.tables.iter().map(|t| Box::new(strata_table::borrowed_from_server(t))).collect())
-                    .collect();
-                let t = Arc::new(Tables { handles, server });
-                all.push(Arc::downgrade(&t));
-                t
-            }
-        };
-        Box::into_raw(Box::new(strata_server { shared }))
-    }
-}
 
 /// Borrows the server of a required handle argument.
 ///
 /// # Safety
 /// `p` must be NULL or a live handle.
-unsafe fn server_arg<'a>(p: *const strata_server) -> Result<&'a strata_server> {
+unsafe fn server_arg<'a>(p: *const strata_server) -> Result<&'a Server> {
     // SAFETY: forwarded.
-    unsafe { arg_ref(p, "server") }
+    Ok(unsafe { handle_arg(p, "server") }?.as_ref())
 }
 
 /// Answers a count through a required `int32_t *` out-parameter.
@@ -184,7 +131,7 @@ pub unsafe extern "C" fn strata_server_open(ps_json_path: *const c_char, out: *m
         let out = unsafe { out_handle(out, "out") }?;
         // SAFETY: `ps_json_path` is NULL or valid as this export's # Safety section requires.
         let path = unsafe { c_str(ps_json_path, "ps_json_path") }?;
-        *out = strata_server::into_raw(crate::server::open_shared(Path::new(path))?);
+        *out = boxed(crate::server::open_shared(Path::new(path))?);
         Ok(())
     })
 }
@@ -205,7 +152,7 @@ pub unsafe extern "C" fn strata_server_open_json(json: *const c_char, base_dir: 
         let json = unsafe { c_str(json, "json") }?;
         // SAFETY: `base_dir` is NULL or valid as this export's # Safety section requires.
         let base = if base_dir.is_null() { "." } else { unsafe { c_str(base_dir, "base_dir") }? };
-        *out = strata_server::into_raw(crate::server::open_json_shared(json, Path::new(base))?);
+        *out = boxed(crate::server::open_json_shared(json, Path::new(base))?);
         Ok(())
     })
 }
@@ -219,10 +166,8 @@ pub unsafe extern "C" fn strata_server_open_json(json: *const c_char, base_dir: 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_server_free(server: *mut strata_server) {
     boundary(|| {
-        if !server.is_null() {
-            // SAFETY: made by Box::into_raw in strata_server::into_raw; not used after this.
-            drop(unsafe { Box::from_raw(server) });
-        }
+        // SAFETY: `server` is NULL or a handle from strata, not used after this call.
+        unsafe { free_boxed(server) };
         Ok(())
     })
 }
@@ -245,12 +190,10 @@ pub unsafe extern "C" fn strata_server_table(
         // SAFETY: `out` is NULL or valid as this export's # Safety section requires.
         let out = unsafe { out_handle(out, "out") }?;
         // SAFETY: `server` is NULL or valid as this export's # Safety section requires.
-        let s = unsafe { server_arg(server) }?;
+        let server = unsafe { server_arg(server) }?;
         // SAFETY: `model` is NULL or valid as this export's # Safety section requires.
         let model = unsafe { c_str(model, "model") }?;
-        s.shared.server.table(model, table_id)?;
-        let m = s.shared.server.models().iter().position(|m| m.name.to_bytes() == model.as_bytes()).expect("found above");
-        *out = &*s.shared.handles[m][table_id as usize] as *const strata_table as *mut strata_table;
+        *out = lent(server.table(model, table_id)?);
         Ok(())
     })
 }
@@ -265,7 +208,7 @@ pub unsafe extern "C" fn strata_server_num_models(server: *const strata_server, 
         // SAFETY: `server` is NULL or valid as this export's # Safety section requires.
         let s = unsafe { server_arg(server) }?;
         // SAFETY: `count` is NULL or valid as this export's # Safety section requires.
-        unsafe { write_count(count, "count", s.shared.server.models().len()) }
+        unsafe { write_count(count, "count", s.models().len()) }
     })
 }
 
@@ -284,13 +227,10 @@ pub unsafe extern "C" fn strata_server_model(
 ) -> Status {
     boundary(|| {
         // SAFETY: `server` is NULL or valid as this export's # Safety section requires.
-        let server = &unsafe { server_arg(server) }?.shared.server;
+        let server = unsafe { server_arg(server) }?;
         // SAFETY: `name` is NULL or valid as this export's # Safety section requires.
         let name = unsafe { arg_mut(name, "name") }?;
-        let m = usize::try_from(index)
-            .ok()
-            .and_then(|i| server.models().get(i))
-            .ok_or_else(|| Error::invalid("index", format!("{index}; the server has models 0..{}", server.models().len())))?;
+        let m = server.model_at(index)?;
         *name = m.name.as_ptr();
         // SAFETY: `num_tables` is NULL or valid as this export's # Safety section requires.
         unsafe { write_opt(num_tables, m.tables.len() as i32) };
@@ -313,13 +253,12 @@ pub unsafe extern "C" fn strata_server_table_name(
 ) -> Status {
     boundary(|| {
         // SAFETY: `server` is NULL or valid as this export's # Safety section requires.
-        let server = &unsafe { server_arg(server) }?.shared.server;
+        let server = unsafe { server_arg(server) }?;
         // SAFETY: `model` is NULL or valid as this export's # Safety section requires.
         let model = unsafe { c_str(model, "model") }?;
         // SAFETY: `name` is NULL or valid as this export's # Safety section requires.
         let name = unsafe { arg_mut(name, "name") }?;
-        server.table(model, table_id)?;
-        *name = server.model(model)?.table_names[table_id as usize].as_ptr();
+        *name = server.table_name(model, table_id)?.as_ptr();
         Ok(())
     })
 }
@@ -334,7 +273,7 @@ pub unsafe extern "C" fn strata_server_num_warnings(server: *const strata_server
         // SAFETY: `server` is NULL or valid as this export's # Safety section requires.
         let s = unsafe { server_arg(server) }?;
         // SAFETY: `count` is NULL or valid as this export's # Safety section requires.
-        unsafe { write_count(count, "count", s.shared.server.warnings().len()) }
+        unsafe { write_count(count, "count", s.warnings().len()) }
     })
 }
 
@@ -346,14 +285,10 @@ pub unsafe extern "C" fn strata_server_num_warnings(server: *const strata_server
 pub unsafe extern "C" fn strata_server_warning(server: *const strata_server, index: i32, text: *mut *const c_char) -> Status {
     boundary(|| {
         // SAFETY: `server` is NULL or valid as this export's # Safety section requires.
-        let server = &unsafe { server_arg(server) }?.shared.server;
+        let server = unsafe { server_arg(server) }?;
         // SAFETY: `text` is NULL or valid as this export's # Safety section requires.
         let text = unsafe { arg_mut(text, "text") }?;
-        let w = usize::try_from(index)
-            .ok()
-            .and_then(|i| server.warnings().get(i))
-            .ok_or_else(|| Error::invalid("index", format!("{index}; the server has warnings 0..{}", server.warnings().len())))?;
-        *text = w.as_ptr();
+        *text = server.warning(index)?.as_ptr();
         Ok(())
     })
 }

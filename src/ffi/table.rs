@@ -7,6 +7,7 @@
 use super::boundary::{arg_ref, boundary, c_path, opt_ref, out_handle};
 pub use super::handle::strata_table;
 pub(crate) use super::handle::table_arg;
+use super::handle::{boxed, free_table};
 use super::sized::{Extensible, out_struct_required, read_in};
 use super::status::Status;
 use super::tensor::check_managed;
@@ -359,7 +360,7 @@ pub unsafe extern "C" fn strata_table_from_dlpack(
         let options = unsafe { table_options(opts) }?;
         // SAFETY: `vectors` is NULL or valid as this export's # Safety section requires.
         let table = unsafe { Table::from_dlpack(vectors, opt_ref(keys), options) }?;
-        *out = strata_table::into_owned_raw(table);
+        *out = boxed(table);
         Ok(())
     })
 }
@@ -382,7 +383,7 @@ unsafe fn adopt<M: ManagedTensorBase>(
         let options = unsafe { table_options(opts) }?;
         // SAFETY: forwarded: the caller upholds this export's # Safety section.
         let table = unsafe { Table::adopt(vectors, opt_ref(keys), options) }?;
-        *out = strata_table::into_owned_raw(table);
+        *out = boxed(table);
         Ok(())
     })
 }
@@ -456,7 +457,7 @@ pub unsafe extern "C" fn strata_table_open(
         let path = unsafe { c_path(dir, "dir") }?;
         // SAFETY: `opts` is NULL or valid as this export's # Safety section requires.
         let table = Table::open(path, dim, unsafe { table_options(opts) }?)?;
-        *out = strata_table::into_owned_raw(table);
+        *out = boxed(table);
         Ok(())
     })
 }
@@ -473,7 +474,7 @@ pub unsafe extern "C" fn strata_table_open(
 pub unsafe extern "C" fn strata_table_free(table: *mut strata_table) {
     boundary(|| {
         // SAFETY: `table` is NULL or a handle from strata, not used after this call.
-        unsafe { strata_table::free(table) };
+        unsafe { free_table(table) };
         Ok(())
     })
 }
