@@ -176,10 +176,15 @@ unsafe fn run(
     let (opts, stats) = args().map_err(|e| table.refuse(Call::Lookup, e))?;
     // SAFETY: the pointers are NULL or valid as this export's # Safety section requires.
     let found = unsafe { table.lookup_request(&Request::plain(keys, out, stats.is_some()), &opts) }?;
+    write_stats(stats, found);
+    Ok(())
+}
+
+/// Writes a lookup's stats where the caller asked for them.
+fn write_stats(stats: Option<OutStruct<strata_lookup_stats>>, found: LookupStats) {
     if let Some(s) = stats {
         s.write(&found.into());
     }
-    Ok(())
 }
 
 /// Looks up `keys` in `table` and writes one row per key into `out`.
@@ -403,10 +408,7 @@ pub unsafe extern "C" fn strata_lookup_pooled(
         // SAFETY: the pointers are NULL or valid, as this export's # Safety section requires.
         let (r, opts, stats) =
             unsafe { pooled_args(keys, offsets, weights, pooling, out, opts, stats) }.map_err(|e| table.refuse(Call::Pooled, e))?;
-        let found = table.lookup_request(&r, &opts)?;
-        if let Some(s) = stats {
-            s.write(&found.into());
-        }
+        write_stats(stats, table.lookup_request(&r, &opts)?);
         Ok(())
     })
 }
@@ -428,9 +430,7 @@ unsafe fn pooled_args<'a>(
 ) -> Result<(Request<'a>, LookupOptions, Option<OutStruct<strata_lookup_stats>>)> {
     // SAFETY: `keys` and `out` are NULL or valid, as the caller guarantees.
     let (keys, out) = unsafe { (arg_ref(keys, "keys")?, arg_ref(out, "out")?) };
-    let pooling = pooling_of(pooling, "pooling")?.ok_or_else(|| {
-        Error::invalid("pooling", "0 (STRATA_POOL_NONE); expected STRATA_POOL_SUM (1), STRATA_POOL_MEAN (2) or STRATA_POOL_SQRTN (3) (use strata_lookup for unpooled rows)")
-    })?;
+    let pooling = Pooling::required(pooling_of(pooling, "pooling")?, "pooling")?;
     // SAFETY: `opts` is NULL or valid, and its stream NULL or live, as the caller guarantees.
     let opts = unsafe { read_in(opts, "opts")?.core() };
     // SAFETY: `stats` is NULL or valid, as the caller guarantees.
@@ -495,44 +495,46 @@ pub unsafe extern "C" fn strata_lookup_batch(
     opts: *const strata_lookup_options,
 ) -> Status {
     boundary(|| {
-        // An unreadable array names no table: the refusal goes to the process's one group of
-        // ranks, if it has one (crate::dist::refuse_batch).
-        if n > 0 && requests.is_null() {
-            return Err(crate::dist::refuse_batch(None, Error::Null { arg: "requests" }));
-        }
-        // SAFETY: `requests` points to n requests, as this export's # Safety section requires.
-        let list = unsafe { in_array(requests, n, "requests", "requests") }.map_err(|e| crate::dist::refuse_batch(None, e))?;
-        let mut batch = Vec::with_capacity(n);
-        let mut outs: Vec<Option<OutStruct<strata_lookup_stats>>> = Vec::with_capacity(n);
-        // A request refused here fails a collective batch on every rank: the other ranks wait
-        // in the batch's first agreement (see crate::dist::refuse_batch).
-        let refuse = |e: Error| {
-            let dist = (0..n).find_map(|i| {
-                // SAFETY: the request's table is NULL or a live handle, as this export's
-                // # Safety section requires.
-                list.get(i).ok().and_then(|r| unsafe { table_arg(r.table, "table") }.ok()).filter(|t| t.is_distributed())
-            });
-            crate::dist::refuse_batch(dist, e)
-        };
-        // SAFETY: `opts` is NULL or valid, and its stream NULL or live, as this export's
-        // # Safety section requires.
-        let opts = unsafe { read_in(opts, "opts").map_err(&refuse)?.core() };
-        for i in 0..n {
-            let in_request = |e: Error| refuse(e.within(format!("requests[{i}].")));
-            // SAFETY: the request's pointers are NULL or valid, as this export's # Safety
-            // section requires.
-            let (request, stats) = unsafe { list.get(i).map_err(&refuse)?.read() }.map_err(in_request)?;
-            batch.push(request);
-            outs.push(stats);
-        }
+        // SAFETY: the pointers are NULL or valid, as this export's # Safety section requires.
+        let (batch, stats, opts) = unsafe { batch_args(requests, n, opts) }?;
         let found = crate::table::lookup_batch(&batch, &opts)?;
-        for (s, f) in outs.into_iter().zip(found) {
-            if let Some(s) = s {
-                s.write(&f.into());
-            }
-        }
+        stats.into_iter().zip(found).for_each(|(s, f)| write_stats(s, f));
         Ok(())
     })
+}
+
+/// The arguments of `strata_lookup_batch`, checked in the order the errors are reported: the
+/// array, `opts`, then each request's fields. A refused argument fails a collective batch on
+/// every rank: the other ranks wait in the batch's first agreement ([`crate::dist::refuse_batch`],
+/// given the tables this rank can read; an unreadable array names none).
+///
+/// # Safety
+/// As for `strata_lookup_batch`, for `'a`.
+#[allow(clippy::type_complexity)] // the requests, their stats and the options, as the export takes them
+unsafe fn batch_args<'a>(
+    requests: *const strata_lookup_request,
+    n: usize,
+    opts: *const strata_lookup_options,
+) -> Result<(Vec<BatchRequest<'a>>, Vec<Option<OutStruct<strata_lookup_stats>>>, LookupOptions)> {
+    use crate::dist::refuse_batch;
+    if n > 0 && requests.is_null() {
+        return Err(refuse_batch([], Error::Null { arg: "requests" }));
+    }
+    // SAFETY: `requests` points to n requests, as the caller guarantees.
+    let list = unsafe { in_array(requests, n, "requests", "requests") }.map_err(|e| refuse_batch([], e))?;
+    // SAFETY: each request's table is NULL or a live handle, as the caller guarantees.
+    let readable = (0..n).filter_map(|i| list.get(i).ok().and_then(|r| unsafe { table_arg(r.table, "table") }.ok()));
+    let refuse = |e: Error| refuse_batch(readable.clone(), e);
+    // SAFETY: `opts` is NULL or valid, and its stream NULL or live, as the caller guarantees.
+    let opts = unsafe { read_in(opts, "opts").map_err(&refuse)?.core() };
+    let (mut batch, mut stats) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n {
+        // SAFETY: the request's pointers are NULL or valid, as the caller guarantees.
+        let (request, s) = unsafe { list.get(i).map_err(&refuse)?.read() }.map_err(|e| refuse(e.within(format!("requests[{i}]."))))?;
+        batch.push(request);
+        stats.push(s);
+    }
+    Ok((batch, stats, opts))
 }
 
 #[cfg(test)]
