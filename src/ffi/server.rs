@@ -8,6 +8,7 @@ use super::handle::{boxed, free_boxed, handle_arg, lent};
 use super::sized::{Extensible, out_struct_required};
 use super::status::Status;
 use super::table::{strata_table, table_arg};
+use crate::dlpack::Vouched;
 use crate::error::Result;
 use crate::model::TableStats;
 use crate::server::Server;
@@ -309,12 +310,11 @@ pub unsafe extern "C" fn strata_table_upsert(table: *mut strata_table, keys: *co
     boundary(|| {
         // SAFETY: `table` is NULL or valid as this export's # Safety section requires.
         let table = unsafe { table_arg(table, "table") }?;
-        // SAFETY: `keys` is NULL or valid as this export's # Safety section requires.
-        let keys = unsafe { arg_ref(keys, "keys") }?;
-        // SAFETY: `vectors` is NULL or valid as this export's # Safety section requires.
-        let vectors = unsafe { arg_ref(vectors, "vectors") }?;
-        // SAFETY: the pointers are NULL or valid as this export's # Safety section requires.
-        unsafe { table.upsert(keys, vectors) }
+        // SAFETY: `keys` is NULL or valid, and its memory too, as this export's # Safety section requires.
+        let keys = unsafe { Vouched::new(arg_ref(keys, "keys")?) };
+        // SAFETY: `vectors` is NULL or valid, and its memory too, as this export's # Safety section requires.
+        let vectors = unsafe { Vouched::new(arg_ref(vectors, "vectors")?) };
+        table.upsert(keys, vectors)
     })
 }
 
@@ -329,10 +329,8 @@ pub unsafe extern "C" fn strata_table_erase(table: *mut strata_table, keys: *con
     boundary(|| {
         // SAFETY: `table` is NULL or valid as this export's # Safety section requires.
         let table = unsafe { table_arg(table, "table") }?;
-        // SAFETY: `keys` is NULL or valid as this export's # Safety section requires.
-        let keys = unsafe { arg_ref(keys, "keys") }?;
-        // SAFETY: the pointers are NULL or valid as this export's # Safety section requires.
-        let n = unsafe { table.erase(keys) }?;
+        // SAFETY: `keys` is NULL or valid, and its memory too, as this export's # Safety section requires.
+        let n = table.erase(unsafe { Vouched::new(arg_ref(keys, "keys")?) })?;
         // SAFETY: `erased` is NULL or valid as this export's # Safety section requires.
         unsafe { write_opt(erased, n) };
         Ok(())
