@@ -337,6 +337,31 @@ impl<T: Copy + Default + PartialEq, const N: usize> PartialEq<Vec<T>> for Dims<T
     }
 }
 
+/// A caller's DLPack tensor whose memory its maker vouched for: valid as DLPack requires
+/// (readable, and writable where it is an output, for every element its shape and strides
+/// reach) for `'a`, and for a CUDA tensor until the stream of the call it is given to has run
+/// it. Made once, at the C boundary, by [`Vouched::new`] (the one unsafe step); the core's
+/// functions that take one (`Table::upsert`, `erase`, `lookup`) are safe.
+#[derive(Debug, Clone, Copy)]
+pub struct Vouched<'a> {
+    tensor: &'a DLTensor,
+}
+
+impl<'a> Vouched<'a> {
+    /// Vouches for `tensor`.
+    ///
+    /// # Safety
+    /// Its memory is valid as the type's docs say, for `'a`.
+    pub unsafe fn new(tensor: &'a DLTensor) -> Self {
+        Vouched { tensor }
+    }
+
+    /// The tensor.
+    pub fn get(self) -> &'a DLTensor {
+        self.tensor
+    }
+}
+
 /// A structurally validated, borrowed tensor: shape, element strides (possibly negative), and
 /// the byte-offset-adjusted base pointer, checked so that every element address is computed
 /// without overflow and is aligned for the dtype.

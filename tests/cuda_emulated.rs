@@ -38,6 +38,12 @@ unsafe fn pooled<'a>(
     unsafe { Request::new(keys, offsets, weights, Some(pooling), out, true) }
 }
 
+/// Vouches for a test tensor, which describes memory the test owns for the whole lookup.
+fn vouch(t: &DLTensor) -> strata::dlpack::Vouched<'_> {
+    // SAFETY: the tests' tensors describe buffers they keep alive across each lookup.
+    unsafe { strata::dlpack::Vouched::new(t) }
+}
+
 /// Builds the emulator library once per test process.
 fn emulator() -> &'static Emulator {
     static EMU: OnceLock<Emulator> = OnceLock::new();
@@ -148,9 +154,9 @@ fn compare(emu: &Emulator, placed: &Emulated, t: &TestTable, keys: &Desc, out_dt
     let mut got = want.clone();
     let w = Desc::new(want.as_mut_ptr(), out_dtype, out_shape, out_strides, 0);
     let g = Desc::new(got.as_mut_ptr(), out_dtype, out_shape, out_strides, 0);
-    // SAFETY: keys describes readable host memory (the promise of every caller, above) and w
+    // Vouched: keys describes readable host memory (the promise of every caller, above) and w
     // describes want, whose span * size bytes cover every element out_shape and out_strides reach.
-    let cpu = unsafe { t.table.lookup(&keys.t, &w.t, &LookupOptions::default()) }.unwrap();
+    let cpu = t.table.lookup(vouch(&keys.t), vouch(&w.t), &LookupOptions::default()).unwrap();
     // SAFETY: keys describes readable host memory (the promise of every caller, above) and g
     // describes got, whose span * size bytes cover every element out_shape and out_strides reach.
     let gpu = unsafe { placed.lookup(emu, t.table.source().unwrap(), &keys.t, &g.t) }.unwrap();
@@ -282,8 +288,8 @@ fn cache_above_the_threshold_fills_defaults_and_inserts_in_the_background() {
     // The background insert has run (the emulator runs it at once): the rows are now cached.
     let mut want = vec![0f32; 50 * 8];
     let w = Desc::compact(want.as_mut_ptr().cast(), F32, &[50, 8]);
-    // SAFETY: k and w describe keys (50 i64) and want (50x8 floats), alive past the call.
-    unsafe { t.table.lookup(&k.t, &w.t, &LookupOptions::default()) }.unwrap();
+    // Vouched: k and w describe keys (50 i64) and want (50x8 floats), alive past the call.
+    t.table.lookup(vouch(&k.t), vouch(&w.t), &LookupOptions::default()).unwrap();
     out.fill(f32::NAN);
     // SAFETY: k and o describe keys (50 i64) and out (50x8 floats), alive past the call.
     let second = unsafe { placed.lookup(emu, t.table.source().unwrap(), &k.t, &o.t) }.unwrap();
@@ -361,10 +367,10 @@ fn missing_keys_as_errors_name_the_first_one_like_the_cpu_path() {
             let mut b = vec![0f32; 48];
             let oa = Desc::compact(a.as_mut_ptr().cast(), F32, &[shape[0], shape[1], 4]);
             let ob = Desc::compact(b.as_mut_ptr().cast(), F32, &[shape[0], shape[1], 4]);
-            // SAFETY: k describes the 12 i32 of keys (as [3, 4] or its [4, 3] transpose, both
+            // Vouched: k describes the 12 i32 of keys (as [3, 4] or its [4, 3] transpose, both
             // inside them) and oa describes a, whose 48 floats are shape[0] * shape[1] * 4; all
             // alive past the call.
-            let cpu = unsafe { table.lookup(&k.t, &oa.t, &LookupOptions::default()) }.unwrap_err().to_string();
+            let cpu = table.lookup(vouch(&k.t), vouch(&oa.t), &LookupOptions::default()).unwrap_err().to_string();
             // SAFETY: k describes the 12 i32 of keys (as [3, 4] or its [4, 3] transpose, both
             // inside them) and ob describes b, whose 48 floats are shape[0] * shape[1] * 4; all
             // alive past the call.
@@ -774,8 +780,8 @@ fn run_batch_case(emu: &Emulator, tables: &[TestTable], placed: &[Emulated], cas
         let t = &tables[c.table].table;
         let (k, o, w) = &descs[i];
         cpu.push(match c.pooling {
-            // SAFETY: the tensors describe live host buffers of the shapes they give.
-            None => unsafe { t.lookup(&k.t, &want_d[i].t, &LookupOptions::default()) }.unwrap(),
+            // Vouched: the tensors describe live host buffers of the shapes they give.
+            None => t.lookup(vouch(&k.t), vouch(&want_d[i].t), &LookupOptions::default()).unwrap(),
             // SAFETY: the tensors describe live host buffers of the shapes they give.
             Some(p) => unsafe {
                 t.lookup_request(

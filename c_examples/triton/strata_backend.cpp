@@ -1,7 +1,7 @@
 // libtriton_strata.so: a Triton Inference Server backend named `strata` that serves embedding
 // lookups from strata tables (include/strata.h, used only through its public C API).
 //
-// Two interfaces, chosen by the model configuration (README, "Triton backend"):
+// Two interfaces, chosen by the model configuration (docs/guide.md, "Triton Inference Server backend"):
 //   - HPS: the model configuration of HugeCTR's hps_backend, unchanged but for `backend: "strata"`:
 //     inputs KEYS (the keys of every table of the model, concatenated) and NUMKEYS (int32, how
 //     many of them belong to each table), output OUTPUT0 (the rows, concatenated, flattened).

@@ -82,11 +82,11 @@ impl From<DistTable> for Table {
 }
 
 /// The error of a `strata_lookup_batch` this rank refuses at the C boundary: on the first
-/// distributed table of the batch that this rank could read (`table`), or, when it could read
-/// none, on the process's one group of ranks where it has one (see the channel module's
+/// distributed table of the batch among those this rank could read (`tables`), or, when there
+/// is none, on the process's one group of ranks where it has one (see the channel module's
 /// rules). The other ranks of a collective batch then fail with the error instead of waiting.
-pub fn refuse_batch(table: Option<&Table>, e: Error) -> Error {
-    match table {
+pub fn refuse_batch<'a>(tables: impl IntoIterator<Item = &'a Table>, e: Error) -> Error {
+    match tables.into_iter().find(|t| t.is_distributed()) {
         Some(t) => t.refuse(crate::table::Call::Batch, e),
         #[cfg(feature = "mpi")]
         None => channel::refuse_batch(e),

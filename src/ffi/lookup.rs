@@ -1,24 +1,140 @@
-//! `strata_lookup` and its managed-tensor variants.
+//! Lookups in C: `strata_lookup_options`, `strata_lookup_request`, `strata_lookup_stats` and
+//! `strata_pooling`, their initialisers and conversions; `strata_lookup`, its managed-tensor
+//! variants, `strata_lookup_pooled` and `strata_lookup_batch`.
 
 use super::boundary::opt_ref;
 use super::boundary::{arg_ref, boundary};
-use super::sized::{OutStruct, in_array, out_struct, read_in};
+use super::sized::{Extensible, OutStruct, in_array, out_struct, read_in};
 use super::status::Status;
 use super::table::{strata_table, table_arg};
 use super::tensor::check_managed;
-use super::types::{pooling_of, strata_lookup_options, strata_lookup_request, strata_lookup_stats};
-use crate::error::Error;
-use crate::error::Result;
-use crate::model::{LookupOptions, Request};
+use crate::error::{Error, Result};
+use crate::model::{LookupOptions, LookupStats, Pooling, Request};
 use crate::table::{BatchRequest, Call};
 use dlpark::ManagedTensorBase;
 use dlpark::ffi::{DLManagedTensor, DLManagedTensorVersioned, DLTensor};
+use std::ffi::c_void;
+
+/// How a pooled lookup reduces a bag's rows to one row (`strata_lookup_pooled`,
+/// `strata_lookup_request.pooling`). TensorFlow's `embedding_lookup_sparse` combiners.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
+pub enum strata_pooling {
+    /// No pooling: a plain lookup, one row per key (in `strata_lookup_request` only).
+    STRATA_POOL_NONE = 0,
+    /// Σ wⱼ·row(kⱼ) per bag.
+    STRATA_POOL_SUM = 1,
+    /// The sum divided by Σ wⱼ (zeros when that is 0).
+    STRATA_POOL_MEAN = 2,
+    /// The sum divided by √(Σ wⱼ²) (zeros when that is 0).
+    STRATA_POOL_SQRTN = 3,
+}
+
+/// The pooling a C caller asked for: `None` for `STRATA_POOL_NONE`.
+pub(crate) fn pooling_of(v: i32, arg: &'static str) -> Result<Option<Pooling>> {
+    match v {
+        0 => Ok(None),
+        1 => Ok(Some(Pooling::Sum)),
+        2 => Ok(Some(Pooling::Mean)),
+        3 => Ok(Some(Pooling::Sqrtn)),
+        p => Err(Error::invalid(
+            arg,
+            format!(
+                "{p}; expected STRATA_POOL_SUM (1), STRATA_POOL_MEAN (2) or STRATA_POOL_SQRTN (3), or STRATA_POOL_NONE (0) for a plain lookup"
+            ),
+        )),
+    }
+}
+
+/// Per-call lookup options (an in-struct). Initialise with `strata_lookup_options_default()`;
+/// a NULL pointer means the defaults.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(non_camel_case_types)]
+pub struct strata_lookup_options {
+    /// `sizeof(strata_lookup_options)`, set by `strata_lookup_options_default()`.
+    pub struct_size: usize,
+    /// A `cudaStream_t` / `CUstream` for CUDA tensors. Ignored for host tensors, which are
+    /// read and written before the call returns. Default NULL.
+    pub stream: *mut c_void,
+    /// CPU threads for this call: 0 = the library default (the process affinity mask, or
+    /// `STRATA_NUM_THREADS`), 1 = only the calling thread, n = at most n threads. Default 0.
+    pub num_threads: i32,
+}
+
+impl Default for strata_lookup_options {
+    fn default() -> Self {
+        let d = LookupOptions::default();
+        strata_lookup_options { struct_size: size_of::<Self>(), stream: d.stream(), num_threads: d.num_threads }
+    }
+}
+
+// SAFETY: repr(C), starts with struct_size, every field accepts any bit pattern.
+unsafe impl Extensible for strata_lookup_options {
+    const NAME: &'static str = "strata_lookup_options";
+    const FIRST_SIZE: usize = 24;
+}
+
+impl strata_lookup_options {
+    /// The core's options for these.
+    ///
+    /// # Safety
+    /// `self.stream` must be as [`LookupOptions::on_stream`] requires (the lookup exports'
+    /// contract with their caller).
+    pub(crate) unsafe fn core(&self) -> LookupOptions {
+        // SAFETY: forwarded from the caller.
+        unsafe { LookupOptions::on_stream(self.stream, self.num_threads) }
+    }
+}
 
 /// Default lookup options (`struct_size = sizeof(strata_lookup_options)`): no stream, the
 /// library's default thread count.
 #[unsafe(no_mangle)]
 pub extern "C" fn strata_lookup_options_default() -> strata_lookup_options {
     strata_lookup_options::default()
+}
+
+/// What one lookup found (an out-struct). Initialise `struct_size` with
+/// `strata_lookup_stats_default()`; strata writes only the fields it covers.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
+pub struct strata_lookup_stats {
+    /// `sizeof(strata_lookup_stats)`, set by `strata_lookup_stats_default()`.
+    pub struct_size: usize,
+    /// Keys found in the table (in any tier).
+    pub hits: u64,
+    /// Keys not in the table (filled with the default value).
+    pub misses: u64,
+    /// Of the hits, keys found in a server table's volatile tier (0 for other tables).
+    pub volatile_hits: u64,
+    /// Of the hits, keys found in a server table's persistent tier (0 for other tables).
+    pub persistent_hits: u64,
+}
+
+impl Default for strata_lookup_stats {
+    fn default() -> Self {
+        LookupStats::default().into()
+    }
+}
+
+// SAFETY: repr(C), starts with struct_size, every field accepts any bit pattern.
+unsafe impl Extensible for strata_lookup_stats {
+    const NAME: &'static str = "strata_lookup_stats";
+    const FIRST_SIZE: usize = 40;
+}
+
+impl From<LookupStats> for strata_lookup_stats {
+    fn from(s: LookupStats) -> Self {
+        strata_lookup_stats {
+            struct_size: size_of::<Self>(),
+            hits: s.hits,
+            misses: s.misses,
+            volatile_hits: s.volatile_hits,
+            persistent_hits: s.persistent_hits,
+        }
+    }
 }
 
 /// A `strata_lookup_stats` with `struct_size = sizeof(strata_lookup_stats)` and zero counts,
@@ -60,10 +176,15 @@ unsafe fn run(
     let (opts, stats) = args().map_err(|e| table.refuse(Call::Lookup, e))?;
     // SAFETY: the pointers are NULL or valid as this export's # Safety section requires.
     let found = unsafe { table.lookup_request(&Request::plain(keys, out, stats.is_some()), &opts) }?;
+    write_stats(stats, found);
+    Ok(())
+}
+
+/// Writes a lookup's stats where the caller asked for them.
+fn write_stats(stats: Option<OutStruct<strata_lookup_stats>>, found: LookupStats) {
     if let Some(s) = stats {
         s.write(&found.into());
     }
-    Ok(())
 }
 
 /// Looks up `keys` in `table` and writes one row per key into `out`.
@@ -189,6 +310,52 @@ pub unsafe extern "C" fn strata_lookup_managed_versioned(
     unsafe { run_managed(table, keys, out, opts, stats) }
 }
 
+/// One lookup of a `strata_lookup_batch` (an in-struct; an array's stride is its elements'
+/// `struct_size`). Initialise each with `strata_lookup_request_default()`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(non_camel_case_types)]
+pub struct strata_lookup_request {
+    /// `sizeof(strata_lookup_request)`, set by `strata_lookup_request_default()`; the same in
+    /// every element of one array.
+    pub struct_size: usize,
+    /// The table to look up (any kind; a distributed table makes the batch collective).
+    pub table: *mut strata_table,
+    /// As `strata_lookup`'s keys (plain), or `strata_lookup_pooled`'s keys (pooled).
+    pub keys: *const DLTensor,
+    /// Pooled requests with 1-D keys: `B + 1` offsets; NULL otherwise.
+    pub offsets: *const DLTensor,
+    /// Pooled requests: NULL or float32 weights of the keys' shape; NULL for plain requests.
+    pub weights: *const DLTensor,
+    /// A `strata_pooling`: `STRATA_POOL_NONE` (the default) for a plain lookup.
+    pub pooling: i32,
+    /// The rows: `[*keys.shape, dim]` or `[numel(keys), dim]` (plain), `[B, dim]` (pooled).
+    pub out: *mut DLTensor,
+    /// NULL, or this request's stats (an out-struct with its `struct_size` set).
+    pub stats: *mut strata_lookup_stats,
+}
+
+impl Default for strata_lookup_request {
+    fn default() -> Self {
+        strata_lookup_request {
+            struct_size: size_of::<Self>(),
+            table: std::ptr::null_mut(),
+            keys: std::ptr::null(),
+            offsets: std::ptr::null(),
+            weights: std::ptr::null(),
+            pooling: strata_pooling::STRATA_POOL_NONE as i32,
+            out: std::ptr::null_mut(),
+            stats: std::ptr::null_mut(),
+        }
+    }
+}
+
+// SAFETY: repr(C), starts with struct_size, every field accepts any bit pattern.
+unsafe impl Extensible for strata_lookup_request {
+    const NAME: &'static str = "strata_lookup_request";
+    const FIRST_SIZE: usize = 64;
+}
+
 /// A `strata_lookup_request` with `struct_size = sizeof(strata_lookup_request)`, every pointer
 /// NULL and `pooling = STRATA_POOL_NONE`.
 #[unsafe(no_mangle)]
@@ -241,10 +408,7 @@ pub unsafe extern "C" fn strata_lookup_pooled(
         // SAFETY: the pointers are NULL or valid, as this export's # Safety section requires.
         let (r, opts, stats) =
             unsafe { pooled_args(keys, offsets, weights, pooling, out, opts, stats) }.map_err(|e| table.refuse(Call::Pooled, e))?;
-        let found = table.lookup_request(&r, &opts)?;
-        if let Some(s) = stats {
-            s.write(&found.into());
-        }
+        write_stats(stats, table.lookup_request(&r, &opts)?);
         Ok(())
     })
 }
@@ -266,9 +430,7 @@ unsafe fn pooled_args<'a>(
 ) -> Result<(Request<'a>, LookupOptions, Option<OutStruct<strata_lookup_stats>>)> {
     // SAFETY: `keys` and `out` are NULL or valid, as the caller guarantees.
     let (keys, out) = unsafe { (arg_ref(keys, "keys")?, arg_ref(out, "out")?) };
-    let pooling = pooling_of(pooling, "pooling")?.ok_or_else(|| {
-        Error::invalid("pooling", "0 (STRATA_POOL_NONE); expected STRATA_POOL_SUM (1), STRATA_POOL_MEAN (2) or STRATA_POOL_SQRTN (3) (use strata_lookup for unpooled rows)")
-    })?;
+    let pooling = Pooling::required(pooling_of(pooling, "pooling")?, "pooling")?;
     // SAFETY: `opts` is NULL or valid, and its stream NULL or live, as the caller guarantees.
     let opts = unsafe { read_in(opts, "opts")?.core() };
     // SAFETY: `stats` is NULL or valid, as the caller guarantees.
@@ -333,42 +495,70 @@ pub unsafe extern "C" fn strata_lookup_batch(
     opts: *const strata_lookup_options,
 ) -> Status {
     boundary(|| {
-        // An unreadable array names no table: the refusal goes to the process's one group of
-        // ranks, if it has one (crate::dist::refuse_batch).
-        if n > 0 && requests.is_null() {
-            return Err(crate::dist::refuse_batch(None, Error::Null { arg: "requests" }));
-        }
-        // SAFETY: `requests` points to n requests, as this export's # Safety section requires.
-        let list = unsafe { in_array(requests, n, "requests", "requests") }.map_err(|e| crate::dist::refuse_batch(None, e))?;
-        let mut batch = Vec::with_capacity(n);
-        let mut outs: Vec<Option<OutStruct<strata_lookup_stats>>> = Vec::with_capacity(n);
-        // A request refused here fails a collective batch on every rank: the other ranks wait
-        // in the batch's first agreement (see crate::dist::refuse_batch).
-        let refuse = |e: Error| {
-            let dist = (0..n).find_map(|i| {
-                // SAFETY: the request's table is NULL or a live handle, as this export's
-                // # Safety section requires.
-                list.get(i).ok().and_then(|r| unsafe { table_arg(r.table, "table") }.ok()).filter(|t| t.is_distributed())
-            });
-            crate::dist::refuse_batch(dist, e)
-        };
-        // SAFETY: `opts` is NULL or valid, and its stream NULL or live, as this export's
-        // # Safety section requires.
-        let opts = unsafe { read_in(opts, "opts").map_err(&refuse)?.core() };
-        for i in 0..n {
-            let in_request = |e: Error| refuse(e.within(format!("requests[{i}].")));
-            // SAFETY: the request's pointers are NULL or valid, as this export's # Safety
-            // section requires.
-            let (request, stats) = unsafe { list.get(i).map_err(&refuse)?.read() }.map_err(in_request)?;
-            batch.push(request);
-            outs.push(stats);
-        }
+        // SAFETY: the pointers are NULL or valid, as this export's # Safety section requires.
+        let (batch, stats, opts) = unsafe { batch_args(requests, n, opts) }?;
         let found = crate::table::lookup_batch(&batch, &opts)?;
-        for (s, f) in outs.into_iter().zip(found) {
-            if let Some(s) = s {
-                s.write(&f.into());
-            }
-        }
+        stats.into_iter().zip(found).for_each(|(s, f)| write_stats(s, f));
         Ok(())
     })
+}
+
+/// The arguments of `strata_lookup_batch`, checked in the order the errors are reported: the
+/// array, `opts`, then each request's fields. A refused argument fails a collective batch on
+/// every rank: the other ranks wait in the batch's first agreement ([`crate::dist::refuse_batch`],
+/// given the tables this rank can read; an unreadable array names none).
+///
+/// # Safety
+/// As for `strata_lookup_batch`, for `'a`.
+#[allow(clippy::type_complexity)] // the requests, their stats and the options, as the export takes them
+unsafe fn batch_args<'a>(
+    requests: *const strata_lookup_request,
+    n: usize,
+    opts: *const strata_lookup_options,
+) -> Result<(Vec<BatchRequest<'a>>, Vec<Option<OutStruct<strata_lookup_stats>>>, LookupOptions)> {
+    use crate::dist::refuse_batch;
+    if n > 0 && requests.is_null() {
+        return Err(refuse_batch([], Error::Null { arg: "requests" }));
+    }
+    // SAFETY: `requests` points to n requests, as the caller guarantees.
+    let list = unsafe { in_array(requests, n, "requests", "requests") }.map_err(|e| refuse_batch([], e))?;
+    // SAFETY: each request's table is NULL or a live handle, as the caller guarantees.
+    let readable = (0..n).filter_map(|i| list.get(i).ok().and_then(|r| unsafe { table_arg(r.table, "table") }.ok()));
+    let refuse = |e: Error| refuse_batch(readable.clone(), e);
+    // SAFETY: `opts` is NULL or valid, and its stream NULL or live, as the caller guarantees.
+    let opts = unsafe { read_in(opts, "opts").map_err(&refuse)?.core() };
+    let (mut batch, mut stats) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n {
+        // SAFETY: the request's pointers are NULL or valid, as the caller guarantees.
+        let (request, s) = unsafe { list.get(i).map_err(&refuse)?.read() }.map_err(|e| refuse(e.within(format!("requests[{i}]."))))?;
+        batch.push(request);
+        stats.push(s);
+    }
+    Ok((batch, stats, opts))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::sized::Extensible;
+    use std::mem::offset_of;
+
+    /// The first published layouts (strata 0.3), frozen: fields are only ever appended.
+    #[test]
+    fn first_published_layouts_are_frozen() {
+        assert_eq!([offset_of!(strata_lookup_options, stream), offset_of!(strata_lookup_options, num_threads)], [8, 16]);
+        assert_eq!(
+            [
+                offset_of!(strata_lookup_stats, hits),
+                offset_of!(strata_lookup_stats, misses),
+                offset_of!(strata_lookup_stats, volatile_hits),
+                offset_of!(strata_lookup_stats, persistent_hits),
+            ],
+            [8, 16, 24, 32]
+        );
+        assert_eq!(strata_lookup_options::FIRST_SIZE, 24);
+        assert_eq!(strata_lookup_stats::FIRST_SIZE, 40);
+        assert_eq!(size_of::<strata_lookup_options>(), 24);
+        assert_eq!(size_of::<strata_lookup_stats>(), 40);
+    }
 }

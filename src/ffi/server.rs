@@ -1,79 +1,28 @@
 //! The parameter server (`strata_server_*`) and table updates (`strata_table_upsert`,
-//! `strata_table_erase`, `strata_table_get_stats`).
+//! `strata_table_erase`), and a table's counters: `strata_table_stats` and
+//! `strata_table_get_stats`.
 
 use super::boundary::{arg_mut, arg_ref, boundary, c_str, out_handle, write_opt};
-use super::sized::out_struct_required;
+pub use super::handle::strata_server;
+use super::handle::{boxed, free_boxed, handle_arg, lent};
+use super::sized::{Extensible, out_struct_required};
 use super::status::Status;
 use super::table::{strata_table, table_arg};
-use super::types::strata_table_stats;
-use crate::error::{Error, Result};
+use crate::dlpack::Vouched;
+use crate::error::Result;
+use crate::model::TableStats;
 use crate::server::Server;
-use crate::util::lock::lock;
 use dlpark::ffi::DLTensor;
 use std::ffi::c_char;
 use std::path::Path;
-use std::sync::{Arc, Mutex, Weak};
-
-/// A handle to the parameter server of a configuration. Every handle opened on the same
-/// configuration in one process shares one server and one set of `strata_table` handles for its
-/// tables (see `strata_server_open`).
-///
-/// Ownership: each handle is counted; `strata_server_free` drops one, and the server closes
-/// with the last. Threading: any thread may use or free a handle; lookups and updates on the
-/// tables may run at once from many threads.
-pub struct strata_server {
-    shared: Arc<Tables>,
-}
-
-/// A server and the `strata_table` handles of its tables, shared by every `strata_server`
-/// handle of the server.
-struct Tables {
-    /// Per model, per table; boxed so the handles handed out never move.
-    #[allow(clippy::vec_box)]
-    handles: Vec<Vec<Box<strata_table>>>,
-    /// Declared after the handles, which point into it, so it is dropped after them.
-    server: Arc<Server>,
-}
-
-// SAFETY: the table handles point into `server`'s tables, which are Send + Sync and live as long
-// as this value (it holds the server); the handles themselves are only read.
-unsafe impl Send for Tables {}
-// SAFETY: as above.
-unsafe impl Sync for Tables {}
-
-/// The table handles of each live server, so every `strata_server` handle of one server lends
-/// the same `strata_table` pointers (valid while any of them is open).
-static TABLES: Mutex<Vec<Weak<Tables>>> = Mutex::new(Vec::new());
-
-impl strata_server {
-    /// A new handle on `server`, for the caller to free with `strata_server_free`.
-    fn into_raw(server: Arc<Server>) -> *mut strata_server {
-        let mut all = lock(&TABLES);
-        all.retain(|t| t.strong_count() > 0);
-        let shared = match all.iter().filter_map(Weak::upgrade).find(|t| Arc::ptr_eq(&t.server, &server)) {
-            Some(t) => t,
-            None => {
-                let handles = server
-                    .models()
-                    .iter()
-                    .map(|m| m.tables.iter().map(|t| Box::new(strata_table::borrowed_from_server(t))).collect())
-                    .collect();
-                let t = Arc::new(Tables { handles, server });
-                all.push(Arc::downgrade(&t));
-                t
-            }
-        };
-        Box::into_raw(Box::new(strata_server { shared }))
-    }
-}
 
 /// Borrows the server of a required handle argument.
 ///
 /// # Safety
 /// `p` must be NULL or a live handle.
-unsafe fn server_arg<'a>(p: *const strata_server) -> Result<&'a strata_server> {
+unsafe fn server_arg<'a>(p: *const strata_server) -> Result<&'a Server> {
     // SAFETY: forwarded.
-    unsafe { arg_ref(p, "server") }
+    Ok(unsafe { handle_arg(p, "server") }?.as_ref())
 }
 
 /// Answers a count through a required `int32_t *` out-parameter.
@@ -84,6 +33,69 @@ unsafe fn write_count(p: *mut i32, arg: &'static str, n: usize) -> Result<()> {
     // SAFETY: forwarded.
     *unsafe { arg_mut(p, arg) }? = n.min(i32::MAX as usize) as i32;
     Ok(())
+}
+
+/// Cumulative counters of one table, all tiers (an out-struct, `strata_table_get_stats`).
+/// Initialise `struct_size` with `strata_table_stats_default()`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
+pub struct strata_table_stats {
+    /// `sizeof(strata_table_stats)`, set by `strata_table_stats_default()`.
+    pub struct_size: usize,
+    /// Lookup calls that succeeded.
+    pub lookups: u64,
+    /// Keys looked up.
+    pub keys: u64,
+    /// Keys found in the volatile tier.
+    pub volatile_hits: u64,
+    /// Keys found in the persistent tier (after missing the volatile tier).
+    pub persistent_hits: u64,
+    /// Keys found in no tier (given the default value).
+    pub misses: u64,
+    /// Rows the volatile tier evicted to stay within its capacity.
+    pub evictions: u64,
+    /// Rows the volatile tier holds now.
+    pub volatile_rows: u64,
+    /// Bytes the volatile tier holds now.
+    pub volatile_bytes: u64,
+    /// Rows the persistent tier holds now.
+    pub persistent_rows: u64,
+    /// Keys written by `strata_table_upsert`.
+    pub upserts: u64,
+    /// Keys removed by `strata_table_erase`.
+    pub erases: u64,
+}
+
+impl Default for strata_table_stats {
+    fn default() -> Self {
+        TableStats::default().into()
+    }
+}
+
+// SAFETY: repr(C), starts with struct_size, every field accepts any bit pattern.
+unsafe impl Extensible for strata_table_stats {
+    const NAME: &'static str = "strata_table_stats";
+    const FIRST_SIZE: usize = 96;
+}
+
+impl From<TableStats> for strata_table_stats {
+    fn from(s: TableStats) -> Self {
+        strata_table_stats {
+            struct_size: size_of::<Self>(),
+            lookups: s.lookups,
+            keys: s.keys,
+            volatile_hits: s.volatile_hits,
+            persistent_hits: s.persistent_hits,
+            misses: s.misses,
+            evictions: s.evictions,
+            volatile_rows: s.volatile_rows,
+            volatile_bytes: s.volatile_bytes,
+            persistent_rows: s.persistent_rows,
+            upserts: s.upserts,
+            erases: s.erases,
+        }
+    }
 }
 
 /// A `strata_table_stats` with `struct_size = sizeof(strata_table_stats)` and zero counters,
@@ -120,7 +132,7 @@ pub unsafe extern "C" fn strata_server_open(ps_json_path: *const c_char, out: *m
         let out = unsafe { out_handle(out, "out") }?;
         // SAFETY: `ps_json_path` is NULL or valid as this export's # Safety section requires.
         let path = unsafe { c_str(ps_json_path, "ps_json_path") }?;
-        *out = strata_server::into_raw(crate::server::open_shared(Path::new(path))?);
+        *out = boxed(crate::server::open_shared(Path::new(path))?);
         Ok(())
     })
 }
@@ -141,7 +153,7 @@ pub unsafe extern "C" fn strata_server_open_json(json: *const c_char, base_dir: 
         let json = unsafe { c_str(json, "json") }?;
         // SAFETY: `base_dir` is NULL or valid as this export's # Safety section requires.
         let base = if base_dir.is_null() { "." } else { unsafe { c_str(base_dir, "base_dir") }? };
-        *out = strata_server::into_raw(crate::server::open_json_shared(json, Path::new(base))?);
+        *out = boxed(crate::server::open_json_shared(json, Path::new(base))?);
         Ok(())
     })
 }
@@ -155,10 +167,8 @@ pub unsafe extern "C" fn strata_server_open_json(json: *const c_char, base_dir: 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn strata_server_free(server: *mut strata_server) {
     boundary(|| {
-        if !server.is_null() {
-            // SAFETY: made by Box::into_raw in strata_server::into_raw; not used after this.
-            drop(unsafe { Box::from_raw(server) });
-        }
+        // SAFETY: `server` is NULL or a handle from strata, not used after this call.
+        unsafe { free_boxed(server) };
         Ok(())
     })
 }
@@ -181,12 +191,10 @@ pub unsafe extern "C" fn strata_server_table(
         // SAFETY: `out` is NULL or valid as this export's # Safety section requires.
         let out = unsafe { out_handle(out, "out") }?;
         // SAFETY: `server` is NULL or valid as this export's # Safety section requires.
-        let s = unsafe { server_arg(server) }?;
+        let server = unsafe { server_arg(server) }?;
         // SAFETY: `model` is NULL or valid as this export's # Safety section requires.
         let model = unsafe { c_str(model, "model") }?;
-        s.shared.server.table(model, table_id)?;
-        let m = s.shared.server.models().iter().position(|m| m.name.to_bytes() == model.as_bytes()).expect("found above");
-        *out = &*s.shared.handles[m][table_id as usize] as *const strata_table as *mut strata_table;
+        *out = lent(server.table(model, table_id)?);
         Ok(())
     })
 }
@@ -201,7 +209,7 @@ pub unsafe extern "C" fn strata_server_num_models(server: *const strata_server, 
         // SAFETY: `server` is NULL or valid as this export's # Safety section requires.
         let s = unsafe { server_arg(server) }?;
         // SAFETY: `count` is NULL or valid as this export's # Safety section requires.
-        unsafe { write_count(count, "count", s.shared.server.models().len()) }
+        unsafe { write_count(count, "count", s.models().len()) }
     })
 }
 
@@ -220,13 +228,10 @@ pub unsafe extern "C" fn strata_server_model(
 ) -> Status {
     boundary(|| {
         // SAFETY: `server` is NULL or valid as this export's # Safety section requires.
-        let server = &unsafe { server_arg(server) }?.shared.server;
+        let server = unsafe { server_arg(server) }?;
         // SAFETY: `name` is NULL or valid as this export's # Safety section requires.
         let name = unsafe { arg_mut(name, "name") }?;
-        let m = usize::try_from(index)
-            .ok()
-            .and_then(|i| server.models().get(i))
-            .ok_or_else(|| Error::invalid("index", format!("{index}; the server has models 0..{}", server.models().len())))?;
+        let m = server.model_at(index)?;
         *name = m.name.as_ptr();
         // SAFETY: `num_tables` is NULL or valid as this export's # Safety section requires.
         unsafe { write_opt(num_tables, m.tables.len() as i32) };
@@ -249,13 +254,12 @@ pub unsafe extern "C" fn strata_server_table_name(
 ) -> Status {
     boundary(|| {
         // SAFETY: `server` is NULL or valid as this export's # Safety section requires.
-        let server = &unsafe { server_arg(server) }?.shared.server;
+        let server = unsafe { server_arg(server) }?;
         // SAFETY: `model` is NULL or valid as this export's # Safety section requires.
         let model = unsafe { c_str(model, "model") }?;
         // SAFETY: `name` is NULL or valid as this export's # Safety section requires.
         let name = unsafe { arg_mut(name, "name") }?;
-        server.table(model, table_id)?;
-        *name = server.model(model)?.table_names[table_id as usize].as_ptr();
+        *name = server.table_name(model, table_id)?.as_ptr();
         Ok(())
     })
 }
@@ -270,7 +274,7 @@ pub unsafe extern "C" fn strata_server_num_warnings(server: *const strata_server
         // SAFETY: `server` is NULL or valid as this export's # Safety section requires.
         let s = unsafe { server_arg(server) }?;
         // SAFETY: `count` is NULL or valid as this export's # Safety section requires.
-        unsafe { write_count(count, "count", s.shared.server.warnings().len()) }
+        unsafe { write_count(count, "count", s.warnings().len()) }
     })
 }
 
@@ -282,14 +286,10 @@ pub unsafe extern "C" fn strata_server_num_warnings(server: *const strata_server
 pub unsafe extern "C" fn strata_server_warning(server: *const strata_server, index: i32, text: *mut *const c_char) -> Status {
     boundary(|| {
         // SAFETY: `server` is NULL or valid as this export's # Safety section requires.
-        let server = &unsafe { server_arg(server) }?.shared.server;
+        let server = unsafe { server_arg(server) }?;
         // SAFETY: `text` is NULL or valid as this export's # Safety section requires.
         let text = unsafe { arg_mut(text, "text") }?;
-        let w = usize::try_from(index)
-            .ok()
-            .and_then(|i| server.warnings().get(i))
-            .ok_or_else(|| Error::invalid("index", format!("{index}; the server has warnings 0..{}", server.warnings().len())))?;
-        *text = w.as_ptr();
+        *text = server.warning(index)?.as_ptr();
         Ok(())
     })
 }
@@ -310,12 +310,11 @@ pub unsafe extern "C" fn strata_table_upsert(table: *mut strata_table, keys: *co
     boundary(|| {
         // SAFETY: `table` is NULL or valid as this export's # Safety section requires.
         let table = unsafe { table_arg(table, "table") }?;
-        // SAFETY: `keys` is NULL or valid as this export's # Safety section requires.
-        let keys = unsafe { arg_ref(keys, "keys") }?;
-        // SAFETY: `vectors` is NULL or valid as this export's # Safety section requires.
-        let vectors = unsafe { arg_ref(vectors, "vectors") }?;
-        // SAFETY: the pointers are NULL or valid as this export's # Safety section requires.
-        unsafe { table.upsert(keys, vectors) }
+        // SAFETY: `keys` is NULL or valid, and its memory too, as this export's # Safety section requires.
+        let keys = unsafe { Vouched::new(arg_ref(keys, "keys")?) };
+        // SAFETY: `vectors` is NULL or valid, and its memory too, as this export's # Safety section requires.
+        let vectors = unsafe { Vouched::new(arg_ref(vectors, "vectors")?) };
+        table.upsert(keys, vectors)
     })
 }
 
@@ -330,10 +329,8 @@ pub unsafe extern "C" fn strata_table_erase(table: *mut strata_table, keys: *con
     boundary(|| {
         // SAFETY: `table` is NULL or valid as this export's # Safety section requires.
         let table = unsafe { table_arg(table, "table") }?;
-        // SAFETY: `keys` is NULL or valid as this export's # Safety section requires.
-        let keys = unsafe { arg_ref(keys, "keys") }?;
-        // SAFETY: the pointers are NULL or valid as this export's # Safety section requires.
-        let n = unsafe { table.erase(keys) }?;
+        // SAFETY: `keys` is NULL or valid, and its memory too, as this export's # Safety section requires.
+        let n = table.erase(unsafe { Vouched::new(arg_ref(keys, "keys")?) })?;
         // SAFETY: `erased` is NULL or valid as this export's # Safety section requires.
         unsafe { write_opt(erased, n) };
         Ok(())
@@ -357,4 +354,19 @@ pub unsafe extern "C" fn strata_table_get_stats(table: *const strata_table, stat
         stats.write(&table.stats().into());
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::sized::Extensible;
+    use std::mem::offset_of;
+
+    /// The first published layout (strata 0.3), frozen: fields are only ever appended.
+    #[test]
+    fn first_published_layout_is_frozen() {
+        assert_eq!([offset_of!(strata_table_stats, lookups), offset_of!(strata_table_stats, erases)], [8, 88]);
+        assert_eq!(strata_table_stats::FIRST_SIZE, 96);
+        assert_eq!(size_of::<strata_table_stats>(), 96);
+    }
 }

@@ -92,3 +92,16 @@ pub enum Pooling {
     /// The sum divided by √(Σ wⱼ²).
     Sqrtn,
 }
+
+impl Pooling {
+    /// The pooling of a pooled lookup (`strata_lookup_pooled`), which must name one: `None`
+    /// (`STRATA_POOL_NONE`, a plain lookup) is refused, naming `arg`.
+    pub fn required(p: Option<Pooling>, arg: &'static str) -> Result<Pooling> {
+        p.ok_or_else(|| {
+            Error::invalid(
+                arg,
+                "0 (STRATA_POOL_NONE); expected STRATA_POOL_SUM (1), STRATA_POOL_MEAN (2) or STRATA_POOL_SQRTN (3) (use strata_lookup for unpooled rows)",
+            )
+        })
+    }
+}

@@ -3,7 +3,7 @@
 //! from a HugeCTR folder, then immutable: any number of threads may look one up at once.
 
 use super::options::{GpuOptions, MissingKey, TableOptions};
-use crate::dlpack::{FloatDtype, KeyDtype, TensorView, require_host};
+use crate::dlpack::{FloatDtype, KeyDtype, TensorView, Vouched, require_host};
 use crate::error::{Error, Result};
 use crate::kernels::{RowFormat, quantize_row};
 use crate::limits::MAX_DIM;
@@ -321,22 +321,17 @@ fn canonical_keys(k: &TensorView, kd: KeyDtype) -> impl ExactSizeIterator<Item =
 }
 
 /// Reads a 1-D host tensor of integer keys into canonical 64-bit form.
-///
-/// # Safety
-/// `keys` must describe readable host memory as DLPack requires.
-pub(crate) unsafe fn read_keys(keys: &DLTensor) -> Result<Vec<u64>> {
-    // SAFETY: keys_1d needs what our caller guarantees: keys is readable host memory.
-    let (k, kd) = unsafe { keys_1d(keys, "a 1-D tensor of keys") }?;
+pub(crate) fn read_keys(keys: Vouched) -> Result<Vec<u64>> {
+    // SAFETY: keys_1d needs readable host memory, which a Vouched tensor is (keys_1d refuses
+    // other devices).
+    let (k, kd) = unsafe { keys_1d(keys.get(), "a 1-D tensor of keys") }?;
     Ok(canonical_keys(&k, kd).collect())
 }
 
 /// Reads `[n, dim]` host float vectors as float32 rows.
-///
-/// # Safety
-/// `vectors` must describe readable host memory as DLPack requires.
-pub(crate) unsafe fn read_rows(vectors: &DLTensor, n: usize, dim: usize) -> Result<Vec<f32>> {
-    // SAFETY: the caller guarantees vectors is a valid DLPack tensor: shape and strides readable.
-    let v = unsafe { TensorView::new(vectors, "vectors") }?;
+pub(crate) fn read_rows(vectors: Vouched, n: usize, dim: usize) -> Result<Vec<f32>> {
+    // SAFETY: a Vouched tensor is a valid DLPack tensor: shape and strides readable.
+    let v = unsafe { TensorView::new(vectors.get(), "vectors") }?;
     require_host(v.device, "vectors")?;
     let dtype = FloatDtype::of(v.dtype, "vectors")?;
     if v.shape != [n, dim] {
@@ -346,7 +341,8 @@ pub(crate) unsafe fn read_rows(vectors: &DLTensor, n: usize, dim: usize) -> Resu
     for r in 0..n {
         for c in 0..dim {
             let p = v.at(r as isize * v.strides[0] + c as isize * v.strides[1]);
-            // SAFETY: the view validated every element; p is aligned for dtype.
+            // SAFETY: the view validated every element (host memory, readable: Vouched); p is
+            // aligned for dtype.
             rows.push(unsafe { dtype.load_f32(p) });
         }
     }

@@ -8,7 +8,7 @@
 //! A [`Server`] is `Send + Sync`; its tables live as long as it does.
 
 mod shared;
-pub use shared::{open as open_shared, open_json as open_json_shared};
+pub use shared::{lends, open as open_shared, open_json as open_json_shared};
 
 use crate::config::{self, PersistentDbKind, PsConfig, VolatileDbKind};
 use crate::error::{Error, Result};
@@ -18,7 +18,7 @@ use crate::storage::tier::persistent::PersistentStore;
 use crate::storage::tier::redis::{self as redis_tier, Cluster, ClusterOptions, RedisTableOptions, RedisTier};
 use crate::storage::tier::volatile::{OverflowPolicy, VolatileTier};
 use crate::table::Table;
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -26,8 +26,7 @@ use std::sync::Arc;
 pub struct ServerModel {
     pub(crate) name: CString,
     pub(crate) table_names: Vec<CString>,
-    /// Boxed so the `strata_table*` handed out stays put.
-    /// Boxed: `strata_server_table` hands out pointers that must not move.
+    /// Boxed: `strata_server_table` lends pointers to them, which must not move.
     #[allow(clippy::vec_box)]
     pub(crate) tables: Vec<Box<Table>>,
 }
@@ -151,6 +150,34 @@ impl Server {
                 format!("{table_id}; model \"{model}\" has tables 0..{} ({} sparse files)", m.tables.len(), m.tables.len()),
             )
         })
+    }
+
+    /// The name of table `table_id` of `model` (its `embedding_table_names` entry).
+    pub fn table_name(&self, model: &str, table_id: i32) -> Result<&CStr> {
+        self.table(model, table_id)?;
+        Ok(&self.model(model)?.table_names[table_id as usize])
+    }
+
+    /// Model `index`, in configuration order.
+    pub fn model_at(&self, index: i32) -> Result<&ServerModel> {
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| self.models.get(i))
+            .ok_or_else(|| Error::invalid("index", format!("{index}; the server has models 0..{}", self.models.len())))
+    }
+
+    /// Warning `index` ("models[0].dense_file: ignored ...").
+    pub fn warning(&self, index: i32) -> Result<&CStr> {
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| self.warnings.get(i))
+            .map(|w| w.as_c_str())
+            .ok_or_else(|| Error::invalid("index", format!("{index}; the server has warnings 0..{}", self.warnings.len())))
+    }
+
+    /// Whether `table` is one of this server's tables.
+    pub fn holds(&self, table: &Table) -> bool {
+        self.models.iter().any(|m| m.tables.iter().any(|t| std::ptr::eq(&**t, table)))
     }
 
     /// The models, in configuration order.

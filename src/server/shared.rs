@@ -10,6 +10,8 @@
 //!   store but not the volatile tier of a table, so an upsert through one would go unseen
 //!   through the other: the second is refused with `STRATA_CONFIG_ERROR` naming both.
 //! - The registry holds the servers weakly: a server closes when its last `Arc` goes.
+//! - It is the process's one registry of servers: a table pointer a server lends is known by
+//!   it ([`lends`]), so freeing one leaves it to its server.
 //!
 //! Thread-safe: opens of many threads are serialised by the registry's lock (an open that
 //! builds a server holds it, so two threads never build the same configuration twice).
@@ -17,6 +19,7 @@
 use super::Server;
 use crate::config;
 use crate::error::{Error, Result};
+use crate::table::Table;
 use crate::util::lock::lock;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
@@ -64,6 +67,14 @@ pub fn open_json(text: &str, base_dir: &Path) -> Result<Arc<Server>> {
         std::fs::canonicalize(base_dir).map_err(|source| Error::Io { arg: "base_dir", path: base_dir.display().to_string(), source })?;
     let origin = format!("JSON text with base folder {}", base.display());
     shared(Key::Text(text.to_string(), base.clone()), origin, || config::parse(text, "ps.json", &base))
+}
+
+/// Whether `table` is a table of a server open in this process: the tables the servers lend
+/// (`strata_server_table`), which they free themselves.
+pub fn lends(table: &Table) -> bool {
+    // Upgraded under the lock, checked and dropped after it.
+    let live: Vec<Arc<Server>> = lock(&REGISTRY).iter().filter_map(|e| e.server.upgrade()).collect();
+    live.iter().any(|s| s.holds(table))
 }
 
 /// The live server of `key`, or a new one built from `parse`'s configuration.

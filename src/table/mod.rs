@@ -21,6 +21,7 @@ mod host;
 
 pub use batch::{BatchRequest, lookup_batch};
 
+use crate::dlpack::Vouched;
 use crate::error::{Error, Result};
 use crate::exec::batch::Job;
 use crate::model::{
@@ -274,31 +275,22 @@ impl Table {
     /// tables can change; on a tiered table the write is durable in the persistent tier when
     /// this returns.
     ///
-    /// # Safety
-    /// The tensors must describe readable host memory as DLPack requires.
-    pub unsafe fn upsert(&self, keys: &DLTensor, vectors: &DLTensor) -> Result<()> {
+    pub fn upsert(&self, keys: Vouched, vectors: Vouched) -> Result<()> {
         // (An immutable table says so before its arguments are read.)
         if !self.imp.is_mutable() {
             return Err(immutable("upsert"));
         }
-        // SAFETY: the caller guarantees keys describes readable host memory as DLPack requires.
-        let k = unsafe { read_keys(keys) }?;
-        // SAFETY: the caller guarantees the same of vectors.
-        let rows = unsafe { read_rows(vectors, k.len(), self.dim()) }?;
+        let k = read_keys(keys)?;
+        let rows = read_rows(vectors, k.len(), self.dim())?;
         self.imp.upsert(&k, &rows)
     }
 
     /// Removes `keys` (a 1-D integer tensor) from every tier; returns how many the table held.
-    ///
-    /// # Safety
-    /// `keys` must describe readable host memory as DLPack requires.
-    pub unsafe fn erase(&self, keys: &DLTensor) -> Result<u64> {
+    pub fn erase(&self, keys: Vouched) -> Result<u64> {
         if !self.imp.is_mutable() {
             return Err(immutable("erase"));
         }
-        // SAFETY: the caller guarantees keys describes readable host memory as DLPack requires.
-        let k = unsafe { read_keys(keys) }?;
-        self.imp.erase(&k)
+        self.imp.erase(&read_keys(keys)?)
     }
 
     /// The error of `call` refused on this rank before it starts (a bad argument). On a
@@ -335,15 +327,9 @@ impl Table {
     /// non-negative, non-overlapping strides). Both are borrowed for the call only. Missing keys
     /// get the default row, or fail the call with `STRATA_KEY_NOT_FOUND` when the table's
     /// options say so (then `out` is unspecified). Safe to call from many threads at once.
-    ///
-    /// # Safety
-    /// The tensors must describe memory that is valid as DLPack requires: `keys` readable,
-    /// `out` writable, for every element their shape and strides reach. CUDA tensors must stay
-    /// so until `opts.stream` has run the lookup, and `opts.stream` must be NULL or a live
-    /// stream of their device's primary context.
-    pub unsafe fn lookup(&self, keys: &DLTensor, out: &DLTensor, opts: &LookupOptions) -> Result<LookupStats> {
-        // SAFETY: the caller vouches for the tensors, as Request::plain requires.
-        self.lookup_request(&unsafe { Request::plain(keys, out, true) }, opts)
+    pub fn lookup(&self, keys: Vouched, out: Vouched, opts: &LookupOptions) -> Result<LookupStats> {
+        // SAFETY: Vouched tensors are what Request::plain requires.
+        self.lookup_request(&unsafe { Request::plain(keys.get(), out.get(), true) }, opts)
     }
 
     /// Runs one lookup, plain or pooled (see [`Request`]): what `strata_lookup` and
