@@ -474,7 +474,7 @@ typedef struct strata_table_options {
   int32_t gpu_sharding;
   // A `strata_storage`: how the table stores its rows. Default `STRATA_STORAGE_AS_GIVEN`.
   // Quantized tables are served by CPU and CUDA lookups (plain, pooled, batch; the kernels
-  // dequantize); `__partitioned__` and distributed tables refuse them for now. (Since 0.3.1.)
+  // dequantize), and `__partitioned__` and distributed tables store them too. (Since 0.3.1.)
   int32_t storage;
 } strata_table_options;
 

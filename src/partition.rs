@@ -8,7 +8,7 @@
 
 use crate::dlpack::{FloatDtype, TensorView, dtype_name, require_host};
 use crate::error::{Error, Result};
-use crate::model::{StaticTable, TableOptions};
+use crate::model::{RowFormat, StaticTable, TableOptions, quantized_store_named};
 use crate::storage::store::Store;
 use dlpark::ffi::{DLDataType, DLDevice, DLDeviceType, DLTensor};
 use std::ffi::c_void;
@@ -362,13 +362,14 @@ pub(crate) fn check_row_split(layout: &Layout) -> Result<(usize, usize)> {
 /// Builds a single-process table from a validated [`rows, dim`] description split along rows
 /// (tiling (P, 1)), every partition local. One partition (tiling (1, 1), or a replicated one)
 /// with unit element stride is borrowed without a copy; several partitions are copied into one
-/// table. Dense: the key of a row is its global row number.
+/// table. Dense: the key of a row is its global row number. With an `options.storage` other
+/// than the data's dtype, the rows are copied and quantized (or converted) row by row, as
+/// `strata_table_from_dlpack` does.
 ///
 /// # Safety
 /// For a borrowed table, the partition's memory must stay valid and unchanged until the table
 /// is freed.
 pub(crate) unsafe fn table_from(layout: Layout, options: TableOptions) -> Result<StaticTable> {
-    let options = options.stored_as_given("__partitioned__ tables")?;
     let (rows, dim) = check_row_split(&layout)?;
     let mut dtype = None;
     for p in &layout.parts {
@@ -382,6 +383,32 @@ pub(crate) unsafe fn table_from(layout: Layout, options: TableOptions) -> Result
         dtype = Some(FloatDtype::of(v.dtype, "desc")?);
     }
     let dtype = dtype.unwrap_or(FloatDtype::F32);
+    let format = options.storage.unwrap_or(RowFormat::Float(dtype));
+    if format != RowFormat::Float(dtype) {
+        // Copied, each row quantized (or converted) from where it lies; a row that cannot be
+        // stored fails, naming it (and its partition, when there are several).
+        if let Some(m) = format.check_dim(dim) {
+            return Err(Error::invalid("desc", m));
+        }
+        let part_of =
+            |r: usize| layout.parts.iter().find(|p| (p.start[0]..p.start[0] + p.shape[0]).contains(&r)).expect("rows tile the shape");
+        let read = |r: usize, row: &mut [f32]| {
+            let p = part_of(r);
+            let v = p.data.as_ref().expect("checked above");
+            let at = (r - p.start[0]) as isize * v.strides[0];
+            for (c, x) in row.iter_mut().enumerate() {
+                // SAFETY: element (r - start, c) lies inside the partition's view, which
+                // validated every element addressable and aligned for dtype; the caller
+                // guarantees it is readable.
+                *x = unsafe { dtype.load_f32(v.at(at + c as isize * v.strides[1])) };
+            }
+        };
+        let failed = |r: usize, m: String| match layout.parts.len() {
+            1 => Error::invalid("desc", format!("row {r}: {m}")),
+            _ => Error::invalid("desc", format!("{}: row {}: {m}", grid_name(&part_of(r).grid), r - part_of(r).start[0])),
+        };
+        return StaticTable::dense_over(quantized_store_named(format, rows, dim, read, failed)?, options);
+    }
     if layout.parts.len() == 1 {
         let v = layout.parts[0].data.as_ref().expect("checked above");
         // Borrowed rows are read as `dim` adjacent elements, `row stride` apart.
@@ -507,7 +534,7 @@ pub(crate) mod claims {
     use super::grid_name;
     use crate::dlpack::{FloatDtype, dtype_name};
     use crate::error::{Error, Result};
-    use crate::model::MissingKey;
+    use crate::model::{MissingKey, RowFormat};
 
     /// What one rank passed to a collective build of a [rows, dim] table split along rows, once its
     /// own checks passed: every rank gathers every rank's claim and merges them the same way
@@ -521,6 +548,8 @@ pub(crate) mod claims {
         pub dtype: Option<FloatDtype>,
         pub default_value: f32,
         pub missing: MissingKey,
+        /// How the table stores its rows (`opts->storage`; `None`: as given).
+        pub storage: Option<RowFormat>,
     }
 
     /// One partition of a [`RankClaim`].
@@ -537,6 +566,26 @@ pub(crate) mod claims {
 
     const NO_DTYPE: u64 = u64::MAX;
     const DTYPES: [FloatDtype; 3] = [FloatDtype::F32, FloatDtype::F16, FloatDtype::BF16];
+    /// Storages (`opts->storage`) as numbers: their index.
+    pub(crate) const STORAGES: [Option<RowFormat>; 7] = [
+        None,
+        Some(RowFormat::Float(FloatDtype::F32)),
+        Some(RowFormat::Float(FloatDtype::F16)),
+        Some(RowFormat::Float(FloatDtype::BF16)),
+        Some(RowFormat::Int8),
+        Some(RowFormat::Int4),
+        Some(RowFormat::Fp8),
+    ];
+
+    /// How messages name a storage.
+    pub(crate) fn storage_name(s: Option<RowFormat>) -> &'static str {
+        s.map_or("as given", RowFormat::name)
+    }
+
+    /// A storage as a number ([`STORAGES`]).
+    pub(crate) fn storage_code(s: Option<RowFormat>) -> u64 {
+        STORAGES.iter().position(|x| *x == s).unwrap_or(0) as u64
+    }
 
     fn missing_name(m: MissingKey) -> &'static str {
         match m {
@@ -551,8 +600,8 @@ pub(crate) mod claims {
 
     impl RankClaim {
         /// The claim as plain numbers, for an all-gather: rows, dim, partitions, dtype, the default
-        /// value's bits, missing, then per partition start, rows, here, the number of locations and
-        /// the locations.
+        /// value's bits, missing, storage, then per partition start, rows, here, the number of
+        /// locations and the locations.
         pub fn encode(&self) -> Vec<u64> {
             let dtype = self.dtype.map_or(NO_DTYPE, |d| DTYPES.iter().position(|x| *x == d).unwrap_or(0) as u64);
             let mut v = vec![
@@ -562,6 +611,7 @@ pub(crate) mod claims {
                 dtype,
                 self.default_value.to_bits() as u64,
                 self.missing as u64,
+                storage_code(self.storage),
             ];
             for p in &self.parts {
                 v.extend([p.start as u64, p.rows as u64, p.here as u64, p.locations.len() as u64]);
@@ -572,7 +622,7 @@ pub(crate) mod claims {
 
         /// The inverse of [`RankClaim::encode`]; `None` for anything `encode` cannot make.
         pub fn decode(v: &[u64]) -> Option<RankClaim> {
-            let head = v.get(..6)?;
+            let head = v.get(..7)?;
             let dtype = match head[3] {
                 NO_DTYPE => None,
                 c => Some(*DTYPES.get(usize::try_from(c).ok()?)?),
@@ -582,8 +632,9 @@ pub(crate) mod claims {
                 1 => MissingKey::Error,
                 _ => return None,
             };
+            let storage = *STORAGES.get(usize::try_from(head[6]).ok()?)?;
             let mut parts = Vec::new();
-            let mut rest = &v[6..];
+            let mut rest = &v[7..];
             for _ in 0..head[2] {
                 let [start, rows, here, n] = *rest.get(..4)? else { return None };
                 let n = usize::try_from(n).ok()?;
@@ -597,6 +648,7 @@ pub(crate) mod claims {
                 dtype,
                 default_value: f32::from_bits(head[4] as u32),
                 missing,
+                storage,
             })
         }
 
@@ -677,12 +729,14 @@ pub(crate) mod claims {
                 return Err(differ(&format!("{}: ", grid_name(&[p, 0])), g, quote(spans[g]), b, quote(spans[b])));
             }
         }
-        let opts: Vec<_> = claims.iter().map(|c| (c.default_value.to_bits(), c.missing)).collect();
+        let opts: Vec<_> = claims.iter().map(|c| (c.default_value.to_bits(), c.missing, c.storage)).collect();
         if let Some((g, b)) = odd_one_out(&opts) {
             let (what, a, v) = if opts[g].0 != opts[b].0 {
                 ("default_value", claims[g].default_value.to_string(), claims[b].default_value.to_string())
-            } else {
+            } else if opts[g].1 != opts[b].1 {
                 ("missing_key", missing_name(claims[g].missing).to_string(), missing_name(claims[b].missing).to_string())
+            } else {
+                ("storage", storage_name(claims[g].storage).to_string(), storage_name(claims[b].storage).to_string())
             };
             return Err(Error::invalid(
                 "opts",
@@ -745,7 +799,7 @@ pub(crate) mod claims {
 mod tests {
     use super::claims::*;
     use crate::dlpack::FloatDtype;
-    use crate::model::MissingKey;
+    use crate::model::{MissingKey, RowFormat};
 
     /// A claim of `rows` split into partitions owned by `owners`, holding `here`.
     fn claim(rows: &[usize], owners: &[Vec<i32>], here: &[bool]) -> RankClaim {
@@ -761,7 +815,7 @@ mod tests {
             })
             .collect();
         let dtype = here.iter().any(|&h| h).then_some(FloatDtype::F32);
-        RankClaim { shape: [start, 4], parts, dtype, default_value: 0.0, missing: MissingKey::Fill }
+        RankClaim { shape: [start, 4], parts, dtype, default_value: 0.0, missing: MissingKey::Fill, storage: None }
     }
 
     #[test]
@@ -771,6 +825,10 @@ mod tests {
         c.default_value = -1.5;
         c.missing = MissingKey::Error;
         assert_eq!(RankClaim::decode(&c.encode()), Some(c.clone()));
+        for storage in [Some(RowFormat::Int8), Some(RowFormat::Int4), Some(RowFormat::Fp8), Some(RowFormat::Float(FloatDtype::F16)), None] {
+            let q = RankClaim { storage, ..c.clone() };
+            assert_eq!(RankClaim::decode(&q.encode()), Some(q));
+        }
         let v = c.encode();
         assert_eq!(RankClaim::decode(&v[..v.len() - 1]), None);
         assert_eq!(RankClaim::decode(&[v.clone(), vec![0]].concat()), None);
@@ -808,6 +866,10 @@ mod tests {
         let e = merge_claims(&c).unwrap_err().to_string();
         assert!(e.contains("missing_key fill on rank 0 but error on rank 1"), "{e}");
         c[1].missing = MissingKey::Fill;
+        c[0].storage = Some(RowFormat::Int8);
+        let e = merge_claims(&c).unwrap_err().to_string();
+        assert!(e.contains("opts: storage as given on rank 1 but int8 on rank 0"), "{e}");
+        c[0].storage = None;
         c[2].dtype = Some(FloatDtype::F16);
         let e = merge_claims(&c).unwrap_err().to_string();
         assert!(e.contains("local data has dtype float32 on rank 0 but float16 on rank 2"), "{e}");

@@ -4,7 +4,8 @@
 //! starts itself under `mpirun -n 1`, `-n 2` and `-n 4` (oversubscribed), each under `timeout`
 //! so a hang fails the test. Under mpirun every rank runs every case: lookups compared element by
 //! element with a single-process table of the same data (outputs poisoned first), stats, misses,
-//! zero copy, HugeCTR shares, pooled and batched lookups (tests/mpi/pooled.rs), and each error path
+//! zero copy, HugeCTR shares, pooled and batched lookups (tests/mpi/pooled.rs), quantized tables
+//! (tests/mpi/quantized.rs), and each error path
 //! failing on every rank.
 
 #[path = "mpi/cases.rs"]
@@ -14,6 +15,8 @@ mod common;
 mod desc;
 #[path = "mpi/pooled.rs"]
 mod pooled;
+#[path = "mpi/quantized.rs"]
+mod quantized;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

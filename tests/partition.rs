@@ -431,3 +431,96 @@ fn produced_descriptions_carry_struct_sizes() {
     // SAFETY: p came from strata_table_partitioned and is freed once here, not used after.
     unsafe { strata_partitioned_free(p) };
 }
+
+/// `strata_lookup_pooled` of `offsets`-bagged `keys` (weighted) from `t`, a live table, into a
+/// fresh float32 [B, dim] output poisoned with NaN; returns the output's bits and the stats.
+fn pooled_bits(t: *mut Table, keys: &[i64], offsets: &[i64], weights: &[f32], pooling: i32, dim: usize) -> (Vec<u32>, u64, u64) {
+    let b = offsets.len() - 1;
+    let mut out = vec![f32::NAN; b * dim];
+    let k = Desc::compact(keys.as_ptr().cast(), I64, &[keys.len() as i64]);
+    let o = Desc::compact(offsets.as_ptr().cast(), I64, &[offsets.len() as i64]);
+    let w = Desc::compact(weights.as_ptr().cast(), F32, &[weights.len() as i64]);
+    let mut out_d = Desc::compact(out.as_mut_ptr().cast(), F32, &[b as i64, dim as i64]);
+    let mut st = LookupStats::default();
+    // SAFETY: t is a live table (the promise of every caller); the descriptions cover keys,
+    // offsets, weights and out, which outlive the call; st is a reference.
+    ok(unsafe { strata_lookup_pooled(t, &k.t, &o.t, &w.t, pooling, &mut out_d.t, null(), &mut st) });
+    (out.iter().map(|v| v.to_bits()).collect(), st.hits, st.misses)
+}
+
+/// Tables from descriptions with `opts->storage` set: each row quantized (or converted) where it
+/// lies, so every plain and pooled lookup equals, bit for bit, a table built by
+/// `strata_table_from_dlpack` with the same storage from the same rows, whether the description
+/// has one partition (which is then copied, not borrowed) or several. Rows that cannot be stored
+/// fail naming their partition and row; a quantized table has no `__partitioned__` view.
+#[test]
+fn quantized_storage_matches_a_table_built_from_the_same_rows() {
+    let mut rng = Rng(77);
+    let dim = 6;
+    for (storage, name, row_bytes) in [
+        (strata_storage::STRATA_STORAGE_INT8, "int8", dim + 8),
+        (strata_storage::STRATA_STORAGE_INT4, "int4", dim / 2 + 4),
+        (strata_storage::STRATA_STORAGE_FP8, "fp8", dim + 4),
+        (strata_storage::STRATA_STORAGE_FLOAT16, "float16", dim * 2),
+    ] {
+        let opts = TableOptions { storage: storage as i32, default_value: -0.5, ..TableOptions::default() };
+        let mut global: Vec<f32> = (0..27 * dim).map(|_| rng.f32() * 8.0 - 4.0).collect();
+        global[5 * dim..6 * dim].fill(1.25); // a constant row: its scale is 0
+        let reference = Owned::build(&global, 27, dim, None, &opts);
+        for split in [&[27i64][..], &[7, 7, 7, 6]] {
+            let mut d = Desc2::split_rows(&global, dim, split);
+            let mut t = null_mut();
+            // SAFETY: d.c() points at a description whose pointers point into arrays d owns, and its
+            // data at global; both outlive the call; opts and t are references.
+            ok(unsafe { strata_table_from_partitioned(d.c(), null(), &opts, &mut t) });
+            let t = Owned(t);
+            let mut info = strata_table_info_default();
+            // SAFETY: t is the table built above (Owned); info is a reference.
+            ok(unsafe { strata_table_get_info(t.0, &mut info) });
+            assert_eq!(info.vector_bytes, 27 * row_bytes as u64, "{name} {split:?}");
+            assert!(!info.adopted, "{name}: quantized rows are a copy");
+            let keys: Vec<i64> = (0..200).map(|_| rng.below(31) as i64 - 2).collect();
+            let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+            assert_eq!(bits(rows(t.0, &keys, dim)), bits(rows(reference.0, &keys, dim)), "{name} {split:?}");
+            let mut offsets = vec![0i64];
+            while *offsets.last().unwrap() < keys.len() as i64 {
+                offsets.push((offsets.last().unwrap() + rng.below(9) as i64).min(keys.len() as i64));
+            }
+            let weights: Vec<f32> = (0..keys.len()).map(|_| rng.f32() + 0.25).collect();
+            for pooling in [1, 2, 3] {
+                let got = pooled_bits(t.0, &keys, &offsets, &weights, pooling, dim);
+                assert_eq!(got, pooled_bits(reference.0, &keys, &offsets, &weights, pooling, dim), "{name} {split:?} pooling {pooling}");
+            }
+            if storage != strata_storage::STRATA_STORAGE_FLOAT16 {
+                let mut p = null_mut();
+                // SAFETY: t is the table built above (Owned); p is a reference.
+                let s = unsafe { strata_table_partitioned(t.0, &mut p) };
+                fails(s, Status::STRATA_INVALID_ARGUMENT, &[&format!("table: stores {name} rows, which has no __partitioned__ view")]);
+                assert!(p.is_null());
+            }
+        }
+    }
+    // A NaN in partition (1,0), row 2; an odd dim for int4
+    let dim = 4;
+    let mut global: Vec<f32> = (0..20 * dim).map(|_| rng.f32()).collect();
+    global[(7 + 2) * dim + 3] = f32::NAN;
+    let int8 = TableOptions { storage: strata_storage::STRATA_STORAGE_INT8 as i32, ..TableOptions::default() };
+    for (split, want) in
+        [(&[7i64, 13][..], "desc: partition (1,0): row 2: value NaN at column 3"), (&[20], "desc: row 9: value NaN at column 3")]
+    {
+        let mut d = Desc2::split_rows(&global, dim, split);
+        let mut t = null_mut();
+        // SAFETY: as above.
+        let s = unsafe { strata_table_from_partitioned(d.c(), null(), &int8, &mut t) };
+        fails(s, Status::STRATA_INVALID_ARGUMENT, &[want]);
+        assert!(t.is_null());
+    }
+    let odd: Vec<f32> = (0..4 * 5).map(|_| rng.f32()).collect();
+    let mut d = Desc2::split_rows(&odd, 5, &[2, 2]);
+    let int4 = TableOptions { storage: strata_storage::STRATA_STORAGE_INT4 as i32, ..TableOptions::default() };
+    let mut t = null_mut();
+    // SAFETY: as above.
+    let s = unsafe { strata_table_from_partitioned(d.c(), null(), &int4, &mut t) };
+    fails(s, Status::STRATA_INVALID_ARGUMENT, &["desc: dim = 5; int4 rows hold two values a byte"]);
+    assert!(t.is_null());
+}

@@ -194,6 +194,40 @@ def test_server_table_from_ps_json(tmp_path, rng):
         ops.strata_lookup(tf.constant(k[:5]), dim=8, ps_config=str(tmp_path / "ps.json"), model="m").numpy(), v[:5])
 
 
+def int8_served(x):
+    """What an int8 table serves for float32 rows `x`: FBGEMM's row-wise quantization (in float32),
+    then fma(q, scale, bias) rounded once to float32."""
+    mn, mx = x.min(axis=1, keepdims=True), x.max(axis=1, keepdims=True)
+    q = np.rint((x - mn) * (np.float32(255) / (mx - mn + np.float32(1e-8)))).astype(np.longdouble)
+    scale = ((mx - mn) / np.float32(255)).astype(np.longdouble)
+    return (q * scale + mn.astype(np.longdouble)).astype(np.float32)
+
+
+def test_int8_server_table_from_ps_json(tmp_path, rng):
+    """A ps.json table stored as int8 (`strata_storage_per_table`) is served by both ops unchanged:
+    rows are the dequantized reference's, bags its contract loop, bit for bit (misses too)."""
+    k = rng.permutation(80)
+    v = (rng.standard_normal((80, 8)) * 3).astype(np.float32)
+    write_hugectr(tmp_path / "a0", k, v)
+    ps = {"supportlonglong": True, "models": [{
+        "model": "q", "sparse_files": ["a0"], "embedding_vecsize_per_table": [8], "strata_storage_per_table": ["int8"],
+        "default_value_for_each_table": [0.5], "maxnum_catfeature_query_per_table_per_sample": [4],
+        "deployed_device_list": [0], "max_batch_size": 64}]}
+    (tmp_path / "ps.json").write_text(json.dumps(ps))
+    params = np.empty_like(v)
+    params[k] = int8_served(v)
+    assert not np.array_equal(params[k], v)  # int8 rows differ from the float32 ones
+    attrs = {"dim": 8, "ps_config": str(tmp_path / "ps.json"), "model": "q"}
+    q = np.array([3, 79, 100, 0, 41, -2], np.int64)  # 100 and -2 are missing
+    want = np.array([params[i] if 0 <= i < 80 else np.full(8, 0.5, np.float32) for i in q])
+    np.testing.assert_array_equal(ops.strata_lookup(tf.constant(q), **attrs).numpy(), want)
+    sp_ids, sp_w = random_sparse(rng, 15, 4, 90)  # ids >= 80: not in the table
+    ids, rows_of = sp_ids.values.numpy(), sp_ids.indices.numpy()[:, 0]
+    for combiner in COMBINERS:
+        got = sparse_lookup(sp_ids, sp_w, combiner=combiner, **attrs)
+        np.testing.assert_array_equal(got.numpy(), ref_pooled(params, ids, rows_of, 15, sp_w.values.numpy(), combiner, 0.5))
+
+
 def test_errors(table):
     path, _ = table
     idx = tf.constant([[0, 0], [1, 0], [1, 1]], tf.int64)

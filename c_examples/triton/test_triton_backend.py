@@ -100,6 +100,12 @@ class Data:
         h.write_ps(mem / "1" / "ps.json", [{"model": "mem4", "sparse_files": [str(root / "data" / "m1")],
                                            "embedding_vecsize_per_table": [64]}],
                    volatile={"type": "hash_map", "initial_cache_rate": 1.0})
+        # The wdl tables stored as int8 (strata_storage_per_table), loaded by its test.
+        q8 = h.write_model(repo, "wdl8", h.hps_config("wdl8", 0, keys_dims="[ -1, -1 ]", numkeys_dims="[ -1, -1 ]"))
+        self.ps_int8 = h.write_ps(q8 / "1" / "ps.json", [
+            {"model": "wdl8", "sparse_files": [str(d / "t0"), str(d / "t1")], "embedding_vecsize_per_table": [16, 8],
+             "strata_storage_per_table": ["int8", "int8"]},
+        ])
         # A ps.json error: the load must fail with strata's message and JSON path.
         bad = h.write_model(repo, "bad_ps", h.hps_config("bad_ps", 0))
         h.write_ps(bad / "1" / "ps.json", [{"model": "bad_ps", "sparse_files": ["/nonexistent/strata/table"],
@@ -505,6 +511,30 @@ def wait_for(cond: Any, timeout: float = 30.0) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError("condition not reached")
         time.sleep(0.05)
+
+
+def test_int8_server_tables(server: h.TritonServer, data: Data) -> None:
+    """An HPS model whose ps.json stores its tables as int8 is served unchanged: OUTPUT0 holds
+    strata's own dequantized int8 rows (a lookup of the same configuration in this process), which
+    are the float rows to within int8's step."""
+    client = http.InferenceServerClient(server.http_url)
+    rng = np.random.default_rng(16)
+    try:
+        client.load_model("wdl8")
+        with strata.Server.open(data.ps_int8) as srv:
+            wide, deep = srv.table("wdl8", 0), srv.table("wdl8", 1)
+            for n0, n1 in [(1, 1), (40, 30), (0, 9)]:
+                k0, k1 = data.sample("t0", n0, rng), data.sample("t1", n1, rng)
+                keys = np.concatenate([k0, k1]).reshape(1, -1)
+                out = client.infer("wdl8", hps_inputs(http, keys, np.array([[n0, n1]], np.int32))).as_numpy("OUTPUT0")
+                direct = np.concatenate([strata.lookup(wide, k0).reshape(-1), strata.lookup(deep, k1).reshape(-1)])
+                np.testing.assert_array_equal(out, direct)
+                floats = hps_expected(data, k0, k1)
+                np.testing.assert_allclose(out, floats, atol=0.05)  # half a step: max range / 510
+                assert n0 + n1 < 10 or not np.array_equal(out, floats)
+        client.unload_model("wdl8")
+    finally:
+        client.close()
 
 
 def test_ps_json_error_fails_the_load(server: h.TritonServer) -> None:

@@ -77,6 +77,22 @@ impl<T: Plain> Buf<T> {
     }
 }
 
+impl Buf<u8> {
+    /// The bytes as values of `U` (as many whole ones as they hold): a plain view, since the
+    /// mapping starts page-aligned.
+    pub fn as_mut_slice_of<U: Plain>(&mut self) -> &mut [U] {
+        let bytes = self.as_mut_slice();
+        let n = bytes.len() / std::mem::size_of::<U>();
+        if n == 0 {
+            return &mut [];
+        }
+        // SAFETY: the bytes start at the mapping's page-aligned start (so aligned for U) and hold
+        // at least n * size_of::<U>() bytes, each a valid U whatever they are (U is Plain); the
+        // &mut borrow of self makes this the only access.
+        unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr() as *mut U, n) }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,5 +112,15 @@ mod tests {
         assert_eq!(b.as_slice().len(), 1 << 20);
         b.as_mut_slice()[(1 << 20) - 1] = 1.0;
         assert!(Buf::<u64>::default().resize(usize::MAX / 4).is_err());
+    }
+
+    #[test]
+    fn bytes_are_viewed_as_floats() {
+        let mut b = Buf::<u8>::default();
+        assert!(b.as_mut_slice_of::<f32>().is_empty());
+        b.resize(10).unwrap();
+        assert_eq!(b.as_mut_slice_of::<f32>().len(), 2);
+        b.as_mut_slice_of::<f32>()[1] = 1.5;
+        assert_eq!(&b.as_slice()[4..8], &1.5f32.to_ne_bytes());
     }
 }

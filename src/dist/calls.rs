@@ -82,9 +82,13 @@ impl Collective for DistTable {
 
 impl DistTable {
     /// A pooled lookup: every rank's plan agreed on, then one collective gather of every key's
-    /// row into a staging buffer, pooled locally.
+    /// row into a staging buffer (float32), pooled locally; a quantized table's rows are pooled
+    /// where they lie instead ([`DistTable::pool_stored`]).
     fn pooled(&self, r: &Request, pooling: Pooling, opts: &LookupOptions) -> Result<LookupStats> {
         let p = DistTable::agree(self, plan_pooled(self.dim, (0, 0), r, pooling, opts))?;
+        if self.format.is_quantized() {
+            return self.pool_stored(&p, opts);
+        }
         let dim = self.dim;
         let mut rows = vec![0f32; p.nnz * dim];
         let mut shape = [p.nnz as i64, dim as i64];
@@ -101,7 +105,9 @@ impl DistTable {
         // nnz x dim float32, alive and unborrowed until the lookup returns.
         let gather = unsafe { Request::plain(r.keys, &staged, true) };
         let found = DistTable::lookup(self, &gather, opts)?;
-        crate::exec::pooled::pool_gathered(&rows, dim, &p)?;
+        // Every key has its row (a miss, the default row): the default is never read.
+        let row = |i: usize| rows[i * dim..].as_ptr() as *const u8;
+        crate::exec::pooled::pool_gathered(&row, FloatDtype::F32.into(), dim, &self.default_row, &p)?;
         Ok(found)
     }
 }

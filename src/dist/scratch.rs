@@ -3,7 +3,8 @@
 use super::buf::Buf;
 
 /// Buffers a distributed table's lookups reuse from call to call (kept beside its communicator;
-/// after a call about `keys * (2 * dim * 4 + 40)` bytes, most of it the two row buffers).
+/// after a call about `keys * (2 * row_bytes + 40)` bytes, `row_bytes` the size of a row on
+/// the wire, most of it the two row buffers).
 /// Nothing is zeroed between calls: each step writes what the next reads.
 #[derive(Default)]
 pub(crate) struct Scratch {
@@ -16,9 +17,10 @@ pub(crate) struct Scratch {
     /// (turned into local row numbers in place for a dense partition).
     pub(super) send: Vec<u64>,
     pub(super) asked: Vec<u64>,
-    /// Rows this rank serves, and rows it gets back (float32), with found flags (keyed tables).
-    pub(super) rows: Buf<f32>,
-    pub(super) back: Buf<f32>,
+    /// Rows this rank serves, and rows it gets back, as they travel (bytes: float32 rows of a
+    /// float table, a quantized table's own rows), with found flags (keyed tables).
+    pub(super) rows: Buf<u8>,
+    pub(super) back: Buf<u8>,
     pub(super) found: Vec<u8>,
     pub(super) back_found: Vec<u8>,
 }

@@ -7,8 +7,10 @@ use super::comm::Comm;
 use super::scratch::Scratch;
 use crate::dlpack::FloatDtype;
 use crate::error::{Error, Result};
-use crate::model::{MissingKey, StaticTable, TableInfo, TableOptions};
-use crate::partition::claims::{ClaimedPart, RankClaim, merge_claims, summaries_agree, summary_dtype};
+use crate::model::{MissingKey, RowFormat, StaticTable, TableInfo, TableOptions, quantized_store_named};
+use crate::partition::claims::{
+    ClaimedPart, RankClaim, STORAGES, merge_claims, storage_code, storage_name, summaries_agree, summary_dtype,
+};
 use crate::partition::{
     Description, Layout, Part, RowPart, TableDescription, check_row_split, describe_parts, grid_name, table_from, validate,
 };
@@ -47,7 +49,8 @@ pub struct DistTable {
     pub(crate) dim: usize,
     /// Rows of the whole table (dense: the global shape; keyed: keys over all ranks).
     pub(crate) rows: usize,
-    pub(crate) dtype: FloatDtype,
+    /// How every share stores its rows (the same on every rank).
+    pub(crate) format: RowFormat,
     pub(crate) route: Route,
     pub(crate) local: Vec<LocalPart>,
     pub(crate) default_row: Vec<f32>,
@@ -116,16 +119,16 @@ impl DistTable {
     pub(crate) unsafe fn from_partitioned(d: Result<Description<'_>>, fint: i32, options: Result<TableOptions>) -> Result<Self> {
         let mut comm = Comm::duplicate(fint)?;
         let (rank, size) = (comm.rank, comm.size);
-        let options = options.and_then(|o| o.stored_as_given("distributed tables"));
         // SAFETY: our caller guarantees d is valid as validate requires and that borrowed
         // partitions outlive the table, which is what local_partitions needs.
         let local = options.and_then(|options| Ok((unsafe { local_partitions(d?, rank, size, options) }?, options)));
         let ((claim, local), options) = comm.agree(local)?;
         let (claim, owners) = gather_claims(&mut comm, claim)?;
         let ends = claim.parts.iter().map(|p| p.start + p.rows).collect();
-        let (route, dtype) = (Route::Dense { ends, owners }, claim.dtype.unwrap_or(FloatDtype::F32));
+        let route = Route::Dense { ends, owners };
+        let format = options.storage.unwrap_or(RowFormat::Float(claim.dtype.unwrap_or(FloatDtype::F32)));
         let [rows, dim] = claim.shape;
-        Ok(DistTable::assemble(comm, rows, dim, dtype, route, local, options))
+        Ok(DistTable::assemble(comm, rows, dim, format, route, local, options))
     }
 
     /// Collective: see `strata_table_open_distributed`. `options` may be the error of reading
@@ -133,13 +136,14 @@ impl DistTable {
     pub(crate) fn open(dir: &Path, dim: i64, fint: i32, options: Result<TableOptions>) -> Result<Self> {
         let mut comm = Comm::duplicate(fint)?;
         let (rank, size) = (comm.rank, comm.size);
-        let options = options.and_then(|o| o.stored_as_given("distributed tables"));
         let local = options.and_then(|options| Ok((load_share(dir, dim, rank, size, options)?, options)));
         let ((share, file_rows), options) = comm.agree(local)?;
-        let mine = [dim as u64, file_rows as u64, options.default_value.to_bits() as u64, options.missing as u64];
+        let format = options.storage.unwrap_or(RowFormat::Float(FloatDtype::F32));
+        let mine =
+            [dim as u64, file_rows as u64, options.default_value.to_bits() as u64, options.missing as u64, storage_code(options.storage)];
         let all = comm.all_gather(&mine);
-        if let Some(r) = (1..comm.size).find(|&r| all[r * 4..r * 4 + 4] != all[..4]) {
-            let (a, b) = (&all[..4], &all[r * 4..r * 4 + 4]);
+        if let Some(r) = (1..comm.size).find(|&r| all[r * 5..r * 5 + 5] != all[..5]) {
+            let (a, b) = (&all[..5], &all[r * 5..r * 5 + 5]);
             let what = if a[0] != b[0] {
                 format!("dim {} on rank 0 but {} on rank {r}", a[0], b[0])
             } else if a[1] != b[1] {
@@ -147,15 +151,18 @@ impl DistTable {
             } else if a[2] != b[2] {
                 let v = |x: u64| f32::from_bits(x as u32);
                 format!("default_value {} on rank 0 but {} on rank {r}", v(a[2]), v(b[2]))
-            } else {
+            } else if a[3] != b[3] {
                 let m = |x: u64| if x == MissingKey::Error as u64 { "error" } else { "fill" };
                 format!("missing_key {} on rank 0 but {} on rank {r}", m(a[3]), m(b[3]))
+            } else {
+                let f = |x: u64| storage_name(STORAGES[x as usize]);
+                format!("storage {} on rank 0 but {} on rank {r}", f(a[4]), f(b[4]))
             };
             return Err(Error::invalid("dir", format!("{what}; expected the same folder, dim and options on every rank")));
         }
         let dim = dim as usize;
         let local = vec![LocalPart { start: 0, table: share }];
-        Ok(DistTable::assemble(comm, file_rows, dim, FloatDtype::F32, Route::Keyed, local, options))
+        Ok(DistTable::assemble(comm, file_rows, dim, format, Route::Keyed, local, options))
     }
 
     /// Collective (it asks the node's ranks for their CPUs).
@@ -163,7 +170,7 @@ impl DistTable {
         mut comm: Comm,
         rows: usize,
         dim: usize,
-        dtype: FloatDtype,
+        format: RowFormat,
         route: Route,
         local: Vec<LocalPart>,
         options: TableOptions,
@@ -179,7 +186,7 @@ impl DistTable {
             state: Mutex::new((comm, Scratch::default())),
             dim,
             rows,
-            dtype,
+            format,
             route,
             local,
             default_row: vec![options.default_value; dim],
@@ -209,7 +216,7 @@ impl DistTable {
         TableInfo {
             rows: self.rows as i64,
             dim: self.dim as i64,
-            format: self.dtype.into(),
+            format: self.format,
             keyed,
             mapped: false,
             adopted: false,
@@ -234,6 +241,9 @@ impl DistTable {
                 "is keyed: its rows are not positions of an array; expected a dense table (keys are row numbers)",
             ));
         };
+        if self.format.is_quantized() {
+            return Err(Error::invalid("table", format!("stores {} rows, which has no __partitioned__ view", self.format.name())));
+        }
         let parts = ends
             .iter()
             .zip(owners)
@@ -329,6 +339,7 @@ unsafe fn local_partitions(d: Description<'_>, rank: usize, size: usize, options
         claimed.push(ClaimedPart { start: p.start[0], rows: p.shape[0], locations: ranks, here: mine });
         if mine {
             let start = p.start[0];
+            let given = p.data.as_ref().map(|v| v.dtype);
             let one = Layout {
                 shape: p.shape.clone(),
                 tiling: vec![1, 1],
@@ -347,11 +358,19 @@ unsafe fn local_partitions(d: Description<'_>, rank: usize, size: usize, options
                 Error::Invalid { arg, msg } => Error::Invalid { arg, msg: format!("{name}: {msg}") },
                 other => other,
             })?;
-            dtype = Some(table.dtype());
+            // (The data's dtype, which the table checked, whatever it stores.)
+            dtype = given.map(|d| FloatDtype::of(d, "desc")).transpose()?;
             local.push(LocalPart { start, table });
         }
     }
-    let claim = RankClaim { shape: [rows, dim], parts: claimed, dtype, default_value: options.default_value, missing: options.missing };
+    let claim = RankClaim {
+        shape: [rows, dim],
+        parts: claimed,
+        dtype,
+        default_value: options.default_value,
+        missing: options.missing,
+        storage: options.storage,
+    };
     Ok((claim, local))
 }
 
@@ -371,12 +390,27 @@ fn load_share(dir: &Path, dim: i64, rank: usize, size: usize, options: TableOpti
     })?;
     let row_bytes = dim * 4;
     let vecs = folder.vecs();
-    let store = Store::alloc(FloatDtype::F32, mine.len(), dim, |buf| {
-        for (i, &r) in mine.iter().enumerate() {
-            buf[i * row_bytes..(i + 1) * row_bytes].copy_from_slice(&vecs[r * row_bytes..(r + 1) * row_bytes]);
+    let store = match options.storage.filter(|&f| f != RowFormat::Float(FloatDtype::F32)) {
+        // Quantized (or converted) at load, as strata_table_open does, naming the file's row.
+        Some(format) => {
+            if let Some(m) = format.check_dim(dim) {
+                return Err(Error::invalid("dim", m));
+            }
+            let read = |i: usize, row: &mut [f32]| {
+                let at = mine[i] * row_bytes;
+                for (x, b) in row.iter_mut().zip(vecs[at..at + row_bytes].chunks_exact(4)) {
+                    *x = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+            };
+            quantized_store_named(format, mine.len(), dim, read, |i, m| Error::invalid("dir/emb_vector", format!("row {}: {m}", mine[i])))?
         }
-        Ok(())
-    })?;
+        None => Store::alloc(FloatDtype::F32, mine.len(), dim, |buf| {
+            for (i, &r) in mine.iter().enumerate() {
+                buf[i * row_bytes..(i + 1) * row_bytes].copy_from_slice(&vecs[r * row_bytes..(r + 1) * row_bytes]);
+            }
+            Ok(())
+        })?,
+    };
     let table = StaticTable::keyed_over(store, index, share_options(options))?;
     Ok((table, folder.rows))
 }

@@ -532,21 +532,23 @@ pub(crate) fn pool_tiered(t: &TieredTable, p: &PooledPlan) -> Result<LookupStats
     Ok(LookupStats { hits: found.hits, misses: found.misses, volatile_hits: vh, persistent_hits: ph })
 }
 
-/// Pools rows already gathered for every key (`rows`: nnz x dim float32, misses holding the
-/// default row), as a distributed table's pooled lookup does after its collective gather.
+/// Pools rows already at hand for every key, as a distributed table's pooled lookup does after
+/// its collective gather: `row(i)` is the address of key `i`'s row (a whole row of `dim` values
+/// stored as `format`), or NULL for a missing key, which contributes `default` (`dim` float32)
+/// and counts as a miss.
 #[cfg(feature = "mpi")]
-pub(crate) fn pool_gathered(rows: &[f32], dim: usize, p: &PooledPlan) -> Result<()> {
+pub(crate) fn pool_gathered(
+    row: &(dyn Fn(usize) -> *const u8 + Sync),
+    format: RowFormat,
+    dim: usize,
+    default: &[f32],
+    p: &PooledPlan,
+) -> Result<Found> {
     let fill = move |start: usize, keys: &[u64], ptrs: &mut [*const u8], _: &mut Scratch| -> Result<()> {
         for (i, q) in ptrs[..keys.len()].iter_mut().enumerate() {
-            *q = rows[(start + i) * dim..].as_ptr() as *const u8;
+            *q = row(start + i);
         }
         Ok(())
     };
-    // Every key has its row: the default row is never read, only sized.
-    let default = vec![0f32; dim];
-    run(
-        p,
-        &Rowset { format: FloatDtype::F32.into(), dim, default: &default, missing_error: false, fill: &fill, dense: None, groups: true },
-    )?;
-    Ok(())
+    run(p, &Rowset { format, dim, default, missing_error: false, fill: &fill, dense: None, groups: true })
 }

@@ -35,7 +35,7 @@ pub(crate) use pooled::plan_pooled;
 #[cfg(feature = "cuda")]
 pub(crate) use pooled::{CheckedBags, Devices, PooledChecked, check_offset_values, check_pooled};
 pub use request::{Pooling, Request};
-pub(crate) use static_table::{Rows, read_keys, read_rows};
+pub(crate) use static_table::{Rows, quantized_store_named, read_keys, read_rows};
 pub use static_table::{StaticTable, TableInfo};
 pub(crate) use tiered::Volatile;
 #[cfg(test)]

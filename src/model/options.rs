@@ -54,23 +54,6 @@ pub struct TableOptions {
     pub storage: Option<RowFormat>,
 }
 
-impl TableOptions {
-    /// These options, for a kind of table that keeps its rows as given (`storage` unset);
-    /// `what` names the kind in the error.
-    pub fn stored_as_given(self, what: &str) -> Result<Self> {
-        match self.storage {
-            Some(f) => Err(Error::invalid(
-                "opts->storage",
-                format!(
-                    "{}; {what} keep their rows in the dtype given (STRATA_STORAGE_AS_GIVEN): converted and quantized rows are built by strata_table_from_dlpack, strata_table_adopt_dlpack and strata_table_open",
-                    f.name()
-                ),
-            )),
-            None => Ok(self),
-        }
-    }
-}
-
 impl Default for TableOptions {
     fn default() -> Self {
         TableOptions { default_value: 0.0, missing: MissingKey::Fill, gpu: GpuOptions::default(), storage: None }

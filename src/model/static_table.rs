@@ -405,14 +405,26 @@ fn check_vectors(v: &TensorView, storage: Option<RowFormat>) -> Result<(RowForma
 
 /// A store of `rows` rows of `dim` values as `format`, row `r` read as float32 by `row(r, buf)`
 /// then quantized (or converted); a value that cannot be stored fails the build, naming its
-/// row.
-fn quantized_store(format: RowFormat, rows: usize, dim: usize, mut row: impl FnMut(usize, &mut [f32])) -> Result<Store> {
+/// row of `vectors`.
+fn quantized_store(format: RowFormat, rows: usize, dim: usize, row: impl FnMut(usize, &mut [f32])) -> Result<Store> {
+    quantized_store_named(format, rows, dim, row, |r, m| Error::invalid("vectors", format!("row {r}: {m}")))
+}
+
+/// [`quantized_store`] for rows that come from elsewhere than `vectors`: a value that cannot be
+/// stored fails the build with `failed(r, why)`.
+pub(crate) fn quantized_store_named(
+    format: RowFormat,
+    rows: usize,
+    dim: usize,
+    mut row: impl FnMut(usize, &mut [f32]),
+    failed: impl Fn(usize, String) -> Error,
+) -> Result<Store> {
     let rb = format.row_bytes(dim);
     let mut tmp = vec![0f32; dim];
     Store::alloc(format, rows, dim, |buf| {
         for (r, dst) in buf.chunks_exact_mut(rb).enumerate() {
             row(r, &mut tmp);
-            quantize_row(format, &tmp, dst).map_err(|m| Error::invalid("vectors", format!("row {r}: {m}")))?;
+            quantize_row(format, &tmp, dst).map_err(|m| failed(r, m))?;
         }
         Ok(())
     })

@@ -5,6 +5,7 @@
 use crate::common::*;
 use crate::desc::{Split, at};
 use crate::pooled;
+use crate::quantized;
 use dlpark::ffi::DLDataType;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::{Communicator, CommunicatorCollectives, Root};
@@ -16,7 +17,7 @@ pub struct Ctx {
     pub size: i32,
     /// MPI_COMM_WORLD as an MPI_Fint, what a C or mpi4py host passes.
     pub fint: i32,
-    world: SimpleCommunicator,
+    pub(crate) world: SimpleCommunicator,
 }
 
 impl Ctx {
@@ -66,6 +67,11 @@ pub fn run() {
         ("batch: an invalid request or a missing key on one rank fails every rank, naming it", pooled::batch_errors),
         ("batch: a rank that cannot read its requests or the distributed request's table fails every rank", pooled::batch_unreadable),
         ("one field of one rank's arguments corrupted at random: every rank fails, naming the rank", pooled::one_rank_one_field),
+        ("quantized rows (int8, int4, fp8): plain and pooled lookups equal a single-process table", quantized::dense_quantized),
+        ("quantized rows: a batch equals the single-process tables", quantized::batch_quantized),
+        ("quantized rows travel quantized: fewer bytes sent", quantized::fewer_bytes_on_the_wire),
+        ("quantized rows from a HugeCTR folder, keys hashed over ranks", quantized::hugectr_quantized),
+        ("quantized rows: missing keys, storages that differ or cannot be held fail every rank", quantized::quantized_errors),
     ];
     for (name, case) in cases {
         case(&cx);
@@ -124,7 +130,14 @@ pub(crate) fn reference(global: &[u8], dtype: DLDataType, rows: usize, dim: usiz
 
 /// Looks up `keys` (as `kdt`, shaped `shape`) into an `odt` output poisoned with NaN; returns
 /// the status, the output read as f32, and the stats.
-fn look(t: &Owned, keys: &[i64], kdt: DLDataType, shape: &[i64], odt: DLDataType, dim: usize) -> (Status, Vec<f32>, LookupStats) {
+pub(crate) fn look(
+    t: &Owned,
+    keys: &[i64],
+    kdt: DLDataType,
+    shape: &[i64],
+    odt: DLDataType,
+    dim: usize,
+) -> (Status, Vec<f32>, LookupStats) {
     let (ke, oe) = (elem_size(kdt), elem_size(odt));
     let mut kb = vec![0u8; keys.len() * ke];
     for (i, &k) in keys.iter().enumerate() {
@@ -147,7 +160,7 @@ fn look(t: &Owned, keys: &[i64], kdt: DLDataType, shape: &[i64], odt: DLDataType
 
 /// Asserts the distributed and the reference table give bit-identical rows and equal stats.
 #[track_caller]
-fn same_as_reference(t: &Owned, r: &Owned, keys: &[i64], kdt: DLDataType, shape: &[i64], odt: DLDataType, dim: usize) {
+pub(crate) fn same_as_reference(t: &Owned, r: &Owned, keys: &[i64], kdt: DLDataType, shape: &[i64], odt: DLDataType, dim: usize) {
     let (s1, v1, st1) = look(t, keys, kdt, shape, odt, dim);
     ok(s1);
     let (s2, v2, st2) = look(r, keys, kdt, shape, odt, dim);
@@ -170,6 +183,23 @@ pub(crate) fn all_fail(cx: &Ctx, s: Status, want: Status, culprit: Option<i32>, 
     }
 }
 
+/// Plain lookups of random keys of a [27, dim] table (some missing), every key and out dtype,
+/// 1-D and 2-D keys, then a large call: `t` and the reference `r` give the same rows and stats.
+pub(crate) fn plain_as_reference(cx: &Ctx, t: &Owned, r: &Owned, dim: usize, rng: &mut Rng) {
+    for (i, kdt) in [I32, I64, U32, U64].into_iter().enumerate() {
+        for odt in [F32, F16, BF16] {
+            // rank 1 sometimes has no keys: it still takes part in the exchanges
+            let m = if cx.rank == 1 && i == 2 { 0 } else { 1 + rng.below(150) as usize };
+            let keys: Vec<i64> = (0..2 * m).map(|_| rng.below(34) as i64 - 3).collect();
+            let shape = if i % 2 == 0 { vec![2 * m as i64] } else { vec![2, m as i64] };
+            same_as_reference(t, r, &keys, kdt, &shape, odt, dim);
+        }
+    }
+    // enough keys for the writers to run on several threads
+    let keys: Vec<i64> = (0..20_000).map(|_| rng.below(30) as i64).collect();
+    same_as_reference(t, r, &keys, I64, &[100, 200], F32, dim);
+}
+
 pub(crate) fn split_owners(parts: usize, size: i32) -> Vec<Vec<i32>> {
     (0..parts).map(|p| vec![p as i32 % size]).collect()
 }
@@ -187,18 +217,7 @@ fn dense_uneven_rows(cx: &Ctx) {
         // SAFETY: t.0 is the table built above (Owned).
         assert_eq!(unsafe { strata_table_dim(t.0) }, dim as i64);
         let mut rng = Rng(100 + cx.rank as u64 * 7 + seed);
-        for (i, kdt) in [I32, I64, U32, U64].into_iter().enumerate() {
-            for odt in [F32, F16, BF16] {
-                // rank 1 sometimes has no keys: it still takes part in the exchanges
-                let m = if cx.rank == 1 && i == 2 { 0 } else { 1 + rng.below(150) as usize };
-                let keys: Vec<i64> = (0..2 * m).map(|_| rng.below(34) as i64 - 3).collect();
-                let shape = if i % 2 == 0 { vec![2 * m as i64] } else { vec![2, m as i64] };
-                same_as_reference(&t, &r, &keys, kdt, &shape, odt, dim);
-            }
-        }
-        // enough keys for the writers to run on several threads
-        let keys: Vec<i64> = (0..20_000).map(|_| rng.below(30) as i64).collect();
-        same_as_reference(&t, &r, &keys, I64, &[100, 200], F32, dim);
+        plain_as_reference(cx, &t, &r, dim, &mut rng);
     }
     // Heat's SPMD form: `locals` lists this rank's grid positions
     let global = random_values(F32, 27 * dim, 4);
@@ -571,24 +590,36 @@ fn bad_comm(cx: &Ctx) {
 }
 
 /// A folder name every rank agrees on (rank 0's pid, broadcast).
-fn shared_dir(cx: &Ctx, what: &str) -> std::path::PathBuf {
+pub(crate) fn shared_dir(cx: &Ctx, what: &str) -> std::path::PathBuf {
     let mut pid = std::process::id() as u64;
     cx.world.process_at_rank(0).broadcast_into(&mut pid);
     std::env::temp_dir().join(format!("strata-mpi-{what}-{pid}"))
 }
 
-fn write_folder(dir: &std::path::Path, keys: &[i64], vectors: &[f32]) {
+pub(crate) fn write_folder(dir: &std::path::Path, keys: &[i64], vectors: &[f32]) {
     std::fs::create_dir_all(dir).unwrap();
     std::fs::write(dir.join("key"), keys.iter().flat_map(|k| k.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
     std::fs::write(dir.join("emb_vector"), vectors.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
 }
 
-fn open_dist(cx: &Ctx, dir: &std::path::Path, dim: i64, opts: &TableOptions) -> (Status, *mut Table) {
+pub(crate) fn open_dist(cx: &Ctx, dir: &std::path::Path, dim: i64, opts: &TableOptions) -> (Status, *mut Table) {
     let c = CString::new(dir.to_str().unwrap()).unwrap();
     let mut t = null_mut();
     // SAFETY: c is a NUL-terminated path alive past the call; cx.fint is the world communicator's
     // Fortran handle; opts and t are references.
     (unsafe { strata_table_open_distributed(c.as_ptr(), dim, &cx.fint, opts, &mut t) }, t)
+}
+
+/// The folder `dir` opened over the ranks and, as the reference, in this process alone.
+pub(crate) fn open_both(cx: &Ctx, dir: &std::path::Path, dim: i64, opts: &TableOptions) -> (Owned, Owned) {
+    let (s, t) = open_dist(cx, dir, dim, opts);
+    ok(s);
+    let t = Owned(t);
+    let c = CString::new(dir.to_str().unwrap()).unwrap();
+    let mut r = null_mut();
+    // SAFETY: c is a NUL-terminated path alive past the call; opts and r are references.
+    ok(unsafe { strata_table_open(c.as_ptr(), dim, opts, &mut r) });
+    (t, Owned(r))
 }
 
 fn hugectr_shares(cx: &Ctx) {
@@ -602,14 +633,7 @@ fn hugectr_shares(cx: &Ctx) {
     }
     cx.world.barrier();
     let opts = TableOptions { default_value: -2.0, ..TableOptions::default() };
-    let (s, t) = open_dist(cx, &dir, dim as i64, &opts);
-    ok(s);
-    let t = Owned(t);
-    let c = CString::new(dir.to_str().unwrap()).unwrap();
-    let mut r = null_mut();
-    // SAFETY: c is a NUL-terminated path alive past the call; opts and r are references.
-    ok(unsafe { strata_table_open(c.as_ptr(), dim as i64, &opts, &mut r) });
-    let r = Owned(r);
+    let (t, r) = open_both(cx, &dir, dim as i64, &opts);
     // SAFETY: t.0 is the table opened above (Owned).
     assert_eq!(unsafe { strata_table_len(t.0) }, rows as i64);
     let mut info = strata_table_info_default();

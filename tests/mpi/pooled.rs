@@ -553,7 +553,7 @@ impl Tables {
 }
 
 /// One request of a batch: its table, keys (and bags when pooled), output and stats.
-struct Req<'a> {
+pub(crate) struct Req<'a> {
     table: &'a Owned,
     dim: usize,
     pooling: i32,
@@ -568,7 +568,7 @@ struct Req<'a> {
 }
 
 impl Req<'_> {
-    fn out(&self) -> Out {
+    pub(crate) fn out(&self) -> Out {
         if self.pooling == 0 {
             let mut s = self.shape.clone();
             s.push(self.dim as i64);
@@ -593,7 +593,7 @@ impl Req<'_> {
     }
 
     /// The same lookup as a separate call (`strata_lookup` or `strata_lookup_pooled`).
-    fn alone(&self, out: &mut Out, stats: &mut LookupStats) -> Status {
+    pub(crate) fn alone(&self, out: &mut Out, stats: &mut LookupStats) -> Status {
         if self.pooling != 0 {
             return pooled(self.table, &self.x, self.weighted, self.pooling, out, stats);
         }
@@ -610,7 +610,7 @@ fn draw(rng: &mut Rng, n: i64, f: impl Fn(&mut Rng) -> i64) -> Vec<i64> {
 
 /// A plain request of `table` (rows of `dim`) for `keys` as `kdt`, shaped `shape`.
 #[allow(clippy::too_many_arguments)]
-fn plain_req<'a>(
+pub(crate) fn plain_req<'a>(
     table: &'a Owned,
     dim: usize,
     keys: Vec<i64>,
@@ -627,7 +627,7 @@ fn plain_req<'a>(
 
 /// A pooled request of `table` (rows of `dim`) for `bags`, keys as `kdt`, offsets as `offdt`.
 #[allow(clippy::too_many_arguments)]
-fn pooled_req<'a>(
+pub(crate) fn pooled_req<'a>(
     table: &'a Owned,
     dim: usize,
     pooling: i32,
@@ -674,7 +674,7 @@ fn requests<'a>(tb: &'a Tables, rng: &mut Rng) -> Vec<Req<'a>> {
 
 /// Runs `reqs` as one `strata_lookup_batch` into fresh poisoned outputs; returns the status,
 /// outputs and stats.
-fn batch(reqs: &[Req]) -> (Status, Vec<Out>, Vec<LookupStats>) {
+pub(crate) fn batch(reqs: &[Req]) -> (Status, Vec<Out>, Vec<LookupStats>) {
     batch_with(reqs, null())
 }
 
