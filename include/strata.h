@@ -505,7 +505,31 @@ typedef struct strata_table_stats {
   uint64_t upserts;
   // Keys removed by `strata_table_erase`.
   uint64_t erases;
+  // (0.3.1) A `strata_storage`: how the table stores its rows (a parameter-server table: its
+  // volatile tier's rows), as `strata_table_info.storage`.
+  int32_t storage;
+  // (0.3.1) Bytes of one stored row, as `strata_table_info.row_bytes`: `volatile_bytes` is
+  // `volatile_rows` of them plus the tier's index.
+  uint64_t row_bytes;
 } strata_table_stats;
+
+// `strata_table_stats` as 0.3.0 laid it out (up to `erases`, 96 bytes): what
+// `strata_table_stats_default` returns.
+typedef struct strata_table_stats_v0_3 {
+  // 96: the 0.3.0 fields.
+  size_t struct_size;
+  uint64_t lookups;
+  uint64_t keys;
+  uint64_t volatile_hits;
+  uint64_t persistent_hits;
+  uint64_t misses;
+  uint64_t evictions;
+  uint64_t volatile_rows;
+  uint64_t volatile_bytes;
+  uint64_t persistent_rows;
+  uint64_t upserts;
+  uint64_t erases;
+} strata_table_stats_v0_3;
 
 // `strata_table_options` as 0.3.0 laid it out (up to `gpu_sharding`, 32 bytes): what
 // `strata_table_options_default` returns.
@@ -544,7 +568,29 @@ typedef struct strata_table_info {
   // Bytes of the vectors (rows times a row's bytes: `dim` elements, or a quantized row's
   // values, scale and bias).
   uint64_t vector_bytes;
+  // (0.3.1) A `strata_storage`: how the rows are stored (`STRATA_STORAGE_FLOAT32` ...
+  // `STRATA_STORAGE_FP8`; never `STRATA_STORAGE_AS_GIVEN`). For a parameter-server table, the
+  // format of its volatile tier's rows.
+  int32_t storage;
+  // (0.3.1) Bytes of one stored row: `dim` elements of the float dtype, or a quantized row's
+  // values, scale and bias (int8 at dim 64: 72).
+  uint64_t row_bytes;
 } strata_table_info;
+
+// `strata_table_info` as 0.3.0 laid it out (up to `vector_bytes`, 48 bytes): what
+// `strata_table_info_default` returns.
+typedef struct strata_table_info_v0_3 {
+  // 48: the 0.3.0 fields.
+  size_t struct_size;
+  int64_t rows;
+  int64_t dim;
+  DLDataType dtype;
+  bool keyed;
+  bool mapped;
+  bool adopted;
+  uint64_t index_bytes;
+  uint64_t vector_bytes;
+} strata_table_info_v0_3;
 
 // Every status, in value order.
 #define strata_status_ALL { STRATA_OK, STRATA_NULL_ARGUMENT, STRATA_INVALID_ARGUMENT, STRATA_UNSUPPORTED_DTYPE, STRATA_UNSUPPORTED_DEVICE, STRATA_INVALID_LAYOUT, STRATA_READ_ONLY, STRATA_KEY_NOT_FOUND, STRATA_DUPLICATE_KEY, STRATA_IO_ERROR, STRATA_INVALID_FILE, STRATA_OUT_OF_MEMORY, STRATA_INTERNAL, STRATA_CONFIG_ERROR, STRATA_STORE_ERROR, STRATA_CUDA_ERROR, }
@@ -836,8 +882,14 @@ strata_status strata_table_partitioned(const struct strata_table *table,
 void strata_partitioned_free(struct strata_partitioned *desc);
 
 // A `strata_table_stats` with `struct_size = sizeof(strata_table_stats)` and zero counters,
-// to pass to `strata_table_get_stats`.
-struct strata_table_stats strata_table_stats_default(void);
+// to pass to `strata_table_get_stats`. The header's `strata_table_stats_default` is a macro
+// for this name.
+struct strata_table_stats strata_table_stats_default_0_3_1(void);
+
+// The 0.3.0 initialiser, for hosts built against 0.3.0's header: `struct_size = 96` and zero
+// counters, in the room those hosts have. This header's `strata_table_stats_default` is a
+// macro for `strata_table_stats_default_0_3_1`.
+struct strata_table_stats_v0_3 strata_table_stats_default(void);
 
 // Opens a parameter server from an HPS configuration file (`ps.json`): every model's tables,
 // tiered as its `volatile_db` and `persistent_db` say. Relative paths in the file are relative
@@ -981,8 +1033,14 @@ struct strata_table_options strata_table_options_default_0_3_1(void);
 struct strata_table_options_v0_3 strata_table_options_default(void);
 
 // A `strata_table_info` with `struct_size = sizeof(strata_table_info)` and zero fields, to
-// pass to `strata_table_get_info`.
-struct strata_table_info strata_table_info_default(void);
+// pass to `strata_table_get_info`. The header's `strata_table_info_default` is a macro for
+// this name.
+struct strata_table_info strata_table_info_default_0_3_1(void);
+
+// The 0.3.0 initialiser, for hosts built against 0.3.0's header: `struct_size = 48` and zero
+// fields, in the room those hosts have. This header's `strata_table_info_default` is a macro
+// for `strata_table_info_default_0_3_1`.
+struct strata_table_info_v0_3 strata_table_info_default(void);
 
 // Builds a table from a copy of `vectors` ([rows, dim], float32, float16 or bfloat16, host
 // memory, any non-negative strides). `keys` NULL makes a dense table (key = row number);
@@ -1091,4 +1149,10 @@ strata_status strata_table_get_info(const struct strata_table *table,
 
 #ifndef strata_table_options_default
 #define strata_table_options_default strata_table_options_default_0_3_1
+#endif
+#ifndef strata_table_info_default
+#define strata_table_info_default strata_table_info_default_0_3_1
+#endif
+#ifndef strata_table_stats_default
+#define strata_table_stats_default strata_table_stats_default_0_3_1
 #endif

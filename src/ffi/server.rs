@@ -7,11 +7,12 @@ pub use super::handle::strata_server;
 use super::handle::{boxed, free_boxed, handle_arg, lent};
 use super::sized::{Extensible, out_struct_required};
 use super::status::Status;
-use super::table::{strata_table, table_arg};
+use super::table::{storage_value, strata_table, table_arg};
 use crate::dlpack::Vouched;
 use crate::error::Result;
 use crate::model::TableStats;
 use crate::server::Server;
+use crate::table::Table;
 use dlpark::ffi::DLTensor;
 use std::ffi::c_char;
 use std::path::Path;
@@ -65,6 +66,12 @@ pub struct strata_table_stats {
     pub upserts: u64,
     /// Keys removed by `strata_table_erase`.
     pub erases: u64,
+    /// (0.3.1) A `strata_storage`: how the table stores its rows (a parameter-server table: its
+    /// volatile tier's rows), as `strata_table_info.storage`.
+    pub storage: i32,
+    /// (0.3.1) Bytes of one stored row, as `strata_table_info.row_bytes`: `volatile_bytes` is
+    /// `volatile_rows` of them plus the tier's index.
+    pub row_bytes: u64,
 }
 
 impl Default for strata_table_stats {
@@ -94,15 +101,74 @@ impl From<TableStats> for strata_table_stats {
             persistent_rows: s.persistent_rows,
             upserts: s.upserts,
             erases: s.erases,
+            storage: 0,
+            row_bytes: 0,
+        }
+    }
+}
+
+impl strata_table_stats {
+    /// `table`'s counters and how it stores its rows.
+    fn of(table: &Table) -> Self {
+        let info = table.info();
+        strata_table_stats {
+            storage: storage_value(info.format),
+            row_bytes: info.format.row_bytes(info.dim as usize) as u64,
+            ..table.stats().into()
         }
     }
 }
 
 /// A `strata_table_stats` with `struct_size = sizeof(strata_table_stats)` and zero counters,
-/// to pass to `strata_table_get_stats`.
+/// to pass to `strata_table_get_stats`. The header's `strata_table_stats_default` is a macro
+/// for this name.
 #[unsafe(no_mangle)]
-pub extern "C" fn strata_table_stats_default() -> strata_table_stats {
+pub extern "C" fn strata_table_stats_default_0_3_1() -> strata_table_stats {
     strata_table_stats::default()
+}
+
+/// `strata_table_stats` as 0.3.0 laid it out (up to `erases`, 96 bytes): what
+/// `strata_table_stats_default` returns.
+#[repr(C)]
+#[allow(non_camel_case_types)]
+pub struct strata_table_stats_v0_3 {
+    /// 96: the 0.3.0 fields.
+    pub struct_size: usize,
+    pub lookups: u64,
+    pub keys: u64,
+    pub volatile_hits: u64,
+    pub persistent_hits: u64,
+    pub misses: u64,
+    pub evictions: u64,
+    pub volatile_rows: u64,
+    pub volatile_bytes: u64,
+    pub persistent_rows: u64,
+    pub upserts: u64,
+    pub erases: u64,
+}
+
+const _: () = assert!(size_of::<strata_table_stats_v0_3>() == 96, "0.3.0's strata_table_stats is 96 bytes");
+
+/// The 0.3.0 initialiser, for hosts built against 0.3.0's header: `struct_size = 96` and zero
+/// counters, in the room those hosts have. This header's `strata_table_stats_default` is a
+/// macro for `strata_table_stats_default_0_3_1`.
+#[unsafe(no_mangle)]
+pub extern "C" fn strata_table_stats_default() -> strata_table_stats_v0_3 {
+    let d = strata_table_stats::default();
+    strata_table_stats_v0_3 {
+        struct_size: size_of::<strata_table_stats_v0_3>(),
+        lookups: d.lookups,
+        keys: d.keys,
+        volatile_hits: d.volatile_hits,
+        persistent_hits: d.persistent_hits,
+        misses: d.misses,
+        evictions: d.evictions,
+        volatile_rows: d.volatile_rows,
+        volatile_bytes: d.volatile_bytes,
+        persistent_rows: d.persistent_rows,
+        upserts: d.upserts,
+        erases: d.erases,
+    }
 }
 
 /// Opens a parameter server from an HPS configuration file (`ps.json`): every model's tables,
@@ -351,7 +417,7 @@ pub unsafe extern "C" fn strata_table_get_stats(table: *const strata_table, stat
         let table = unsafe { table_arg(table, "table") }?;
         // SAFETY: `stats` is NULL or valid as this export's # Safety section requires.
         let stats = unsafe { out_struct_required(stats, "stats") }?;
-        stats.write(&table.stats().into());
+        stats.write(&strata_table_stats::of(table));
         Ok(())
     })
 }
@@ -367,6 +433,10 @@ mod tests {
     fn first_published_layout_is_frozen() {
         assert_eq!([offset_of!(strata_table_stats, lookups), offset_of!(strata_table_stats, erases)], [8, 88]);
         assert_eq!(strata_table_stats::FIRST_SIZE, 96);
-        assert_eq!(size_of::<strata_table_stats>(), 96);
+        // 0.3.1 appended how rows are stored.
+        assert_eq!([offset_of!(strata_table_stats, storage), offset_of!(strata_table_stats, row_bytes)], [96, 104]);
+        assert_eq!(size_of::<strata_table_stats>(), 112);
+        assert_eq!(strata_table_stats_default().struct_size, 96);
+        assert_eq!(strata_table_stats_default_0_3_1().struct_size, 112);
     }
 }

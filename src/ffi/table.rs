@@ -280,6 +280,13 @@ pub struct strata_table_info {
     /// Bytes of the vectors (rows times a row's bytes: `dim` elements, or a quantized row's
     /// values, scale and bias).
     pub vector_bytes: u64,
+    /// (0.3.1) A `strata_storage`: how the rows are stored (`STRATA_STORAGE_FLOAT32` ...
+    /// `STRATA_STORAGE_FP8`; never `STRATA_STORAGE_AS_GIVEN`). For a parameter-server table, the
+    /// format of its volatile tier's rows.
+    pub storage: i32,
+    /// (0.3.1) Bytes of one stored row: `dim` elements of the float dtype, or a quantized row's
+    /// values, scale and bias (int8 at dim 64: 72).
+    pub row_bytes: u64,
 }
 
 impl Default for strata_table_info {
@@ -294,6 +301,8 @@ impl Default for strata_table_info {
             adopted: false,
             index_bytes: 0,
             vector_bytes: 0,
+            storage: 0,
+            row_bytes: 0,
         }
     }
 }
@@ -319,15 +328,68 @@ impl From<TableInfo> for strata_table_info {
             adopted: i.adopted,
             index_bytes: i.index_bytes,
             vector_bytes: i.vector_bytes,
+            storage: storage_value(i.format),
+            row_bytes: i.format.row_bytes(i.dim as usize) as u64,
         }
     }
 }
 
+/// `format`'s `strata_storage` value (the inverse of `opts->storage`'s reading).
+pub(crate) fn storage_value(format: RowFormat) -> i32 {
+    match format {
+        RowFormat::Float(FloatDtype::F32) => 1,
+        RowFormat::Float(FloatDtype::F16) => 2,
+        RowFormat::Float(FloatDtype::BF16) => 3,
+        RowFormat::Int8 => 4,
+        RowFormat::Int4 => 5,
+        RowFormat::Fp8 => 6,
+    }
+}
+
 /// A `strata_table_info` with `struct_size = sizeof(strata_table_info)` and zero fields, to
-/// pass to `strata_table_get_info`.
+/// pass to `strata_table_get_info`. The header's `strata_table_info_default` is a macro for
+/// this name.
 #[unsafe(no_mangle)]
-pub extern "C" fn strata_table_info_default() -> strata_table_info {
+pub extern "C" fn strata_table_info_default_0_3_1() -> strata_table_info {
     strata_table_info::default()
+}
+
+/// `strata_table_info` as 0.3.0 laid it out (up to `vector_bytes`, 48 bytes): what
+/// `strata_table_info_default` returns.
+#[repr(C)]
+#[allow(non_camel_case_types)]
+pub struct strata_table_info_v0_3 {
+    /// 48: the 0.3.0 fields.
+    pub struct_size: usize,
+    pub rows: i64,
+    pub dim: i64,
+    pub dtype: DLDataType,
+    pub keyed: bool,
+    pub mapped: bool,
+    pub adopted: bool,
+    pub index_bytes: u64,
+    pub vector_bytes: u64,
+}
+
+const _: () = assert!(size_of::<strata_table_info_v0_3>() == 48, "0.3.0's strata_table_info is 48 bytes");
+
+/// The 0.3.0 initialiser, for hosts built against 0.3.0's header: `struct_size = 48` and zero
+/// fields, in the room those hosts have. This header's `strata_table_info_default` is a macro
+/// for `strata_table_info_default_0_3_1`.
+#[unsafe(no_mangle)]
+pub extern "C" fn strata_table_info_default() -> strata_table_info_v0_3 {
+    let d = strata_table_info::default();
+    strata_table_info_v0_3 {
+        struct_size: size_of::<strata_table_info_v0_3>(),
+        rows: d.rows,
+        dim: d.dim,
+        dtype: d.dtype,
+        keyed: d.keyed,
+        mapped: d.mapped,
+        adopted: d.adopted,
+        index_bytes: d.index_bytes,
+        vector_bytes: d.vector_bytes,
+    }
 }
 
 /// Builds a table from a copy of `vectors` ([rows, dim], float32, float16 or bfloat16, host
@@ -557,7 +619,11 @@ mod tests {
         assert!(size_of::<strata_table_options>() >= strata_table_options::FIRST_SIZE);
         assert_eq!(strata_table_options::FIRST_SIZE, 32);
         assert_eq!(strata_table_info::FIRST_SIZE, 48);
-        assert_eq!(size_of::<strata_table_info>(), 48);
+        // 0.3.1 appended how rows are stored.
+        assert_eq!([offset_of!(strata_table_info, storage), offset_of!(strata_table_info, row_bytes)], [48, 56]);
+        assert_eq!(size_of::<strata_table_info>(), 64);
+        assert_eq!(strata_table_info_default().struct_size, 48);
+        assert_eq!(strata_table_info_default_0_3_1().struct_size, 64);
     }
 
     #[test]
