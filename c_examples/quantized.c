@@ -107,6 +107,21 @@ int main(int argc, char **argv) {
                 qi.vector_bytes, qi.dtype.code, qi.dtype.bits, (uint64_t)rows * row_bytes);
         failures++;
     }
+    int32_t want_storage = int4 ? STRATA_STORAGE_INT4 : STRATA_STORAGE_INT8;
+    if (qi.storage != want_storage || qi.row_bytes != row_bytes || fi.storage != STRATA_STORAGE_FLOAT32 ||
+        fi.row_bytes != (uint64_t)dim * 4) {
+        fprintf(stderr, "quantized: info says storage %d of %" PRIu64 " bytes a row (float32 table: %d, %" PRIu64
+                "); expected %d of %" PRIu64 " (%d, %" PRIu64 ")\n", qi.storage, qi.row_bytes, fi.storage, fi.row_bytes,
+                want_storage, row_bytes, STRATA_STORAGE_FLOAT32, (uint64_t)dim * 4);
+        failures++;
+    }
+    strata_table_stats qs = strata_table_stats_default();
+    check(strata_table_get_stats(q, &qs), "strata_table_get_stats(quantized)");
+    if (qs.storage != want_storage || qs.row_bytes != row_bytes) {
+        fprintf(stderr, "quantized: stats say storage %d of %" PRIu64 " bytes a row; expected %d of %" PRIu64 "\n",
+                qs.storage, qs.row_bytes, want_storage, row_bytes);
+        failures++;
+    }
 
     /* Plain lookups in both tables. */
     enum { N = 4096, BAGS = 256 };

@@ -96,7 +96,12 @@ class TableInfo:
     storage: str = ""
 
 
+#: strata_storage values and their names (strata_table_info.storage, 0.3.1).
+_STORAGE_NAMES = {1: "float32", 2: "float16", 3: "bfloat16", 4: "int8", 5: "int4", 6: "fp8"}
+
+
 def _storage_of(dtype: str, rows: int, dim: int, vector_bytes: int) -> str:
+    """How rows are stored, from their bytes (a library before 0.3.1 has no storage field)."""
     if dtype != "uint8":
         return dtype
     per_row = vector_bytes // rows if rows else 0
@@ -298,7 +303,7 @@ class Table(_Closeable):
             bool(i.adopted),
             int(i.index_bytes),
             int(i.vector_bytes),
-            _storage_of(dtype, int(i.rows), int(i.dim), int(i.vector_bytes)),
+            _STORAGE_NAMES.get(int(getattr(i, "storage", 0))) or _storage_of(dtype, int(i.rows), int(i.dim), int(i.vector_bytes)),
         )
 
     def stats(self) -> Dict[str, int]:
