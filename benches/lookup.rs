@@ -92,7 +92,7 @@ fn main() {
     // dense is a reference.
     ok(unsafe { strata_table_from_dlpack(&vdesc.t, std::ptr::null(), std::ptr::null(), &mut dense) });
     let (keyed, dense) = (Owned(keyed), Owned(dense));
-    let mut info = strata_table_info_default();
+    let mut info = strata_table_info_default_0_3_1();
     // SAFETY: keyed.0 is the live table just built; info is a reference, its struct_size set by its
     // initialiser.
     ok(unsafe { strata_table_get_info(keyed.0, &mut info) });

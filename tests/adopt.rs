@@ -99,7 +99,7 @@ fn legacy_adoption_is_zero_copy_and_deletes_once() {
     // table keeps alive until it is freed below; element 7 is in bounds and no lookup is running.
     unsafe { *raw_data.add(7) = 70.0 };
     assert_eq!(lookup_rows(t, &[2], 3), vec![6.0, 70.0, 8.0]);
-    let mut info = strata_table_info_default();
+    let mut info = strata_table_info_default_0_3_1();
     // SAFETY: t is the live adopted table; info is a reference.
     ok(unsafe { strata_table_get_info(t, &mut info) });
     assert!(info.adopted && !info.mapped && !info.keyed);

@@ -34,7 +34,7 @@ fn opens_and_looks_up_like_the_files_say() {
     let (s, t) = open(dir.path(), dim as i64, &opts);
     ok(s);
     let t = Owned(t);
-    let mut info = strata_table_info_default();
+    let mut info = strata_table_info_default_0_3_1();
     // SAFETY: t is the table opened above (Owned); info is a reference.
     ok(unsafe { strata_table_get_info(t.0, &mut info) });
     assert_eq!((info.rows, info.dim, info.keyed, info.mapped), (rows as i64, dim as i64, true, true));

@@ -337,7 +337,7 @@ fn copied_tables_from_strided_vectors_and_int32_keys() {
     for kd in KEY_DTYPES {
         f.check(&q, &Layout::compact(kd, &[64], F32, dim as i64), 1);
     }
-    let mut info = strata_table_info_default();
+    let mut info = strata_table_info_default_0_3_1();
     // SAFETY: f.table is a live table (Owned); info is a reference.
     ok(unsafe { strata_table_get_info(f.table.0, &mut info) });
     assert_eq!((info.rows, info.dim, info.keyed, info.mapped, info.adopted), (30, 4, true, false, false));

@@ -135,7 +135,7 @@ fn single_and_replicated_partitions_are_zero_copy_both_ways() {
             d.locations[0] = (0..4).map(loc).collect(); // Heat split=None: every rank holds it
         }
         let t = build(d.c());
-        let mut info = strata_table_info_default();
+        let mut info = strata_table_info_default_0_3_1();
         // SAFETY: t is the table built above (Owned); info is a reference.
         ok(unsafe { strata_table_get_info(t.0, &mut info) });
         // source -> table: a write into the source is seen by lookups
@@ -474,7 +474,7 @@ fn quantized_storage_matches_a_table_built_from_the_same_rows() {
             // data at global; both outlive the call; opts and t are references.
             ok(unsafe { strata_table_from_partitioned(d.c(), null(), &opts, &mut t) });
             let t = Owned(t);
-            let mut info = strata_table_info_default();
+            let mut info = strata_table_info_default_0_3_1();
             // SAFETY: t is the table built above (Owned); info is a reference.
             ok(unsafe { strata_table_get_info(t.0, &mut info) });
             assert_eq!(info.vector_bytes, 27 * row_bytes as u64, "{name} {split:?}");

@@ -491,7 +491,7 @@ fn server_tables_pool_through_their_tiers() {
     check_out(&buf, &out, F32, &want, dim, "server table");
     assert_eq!((stats.hits, stats.misses), (5, 1));
     assert_eq!(stats.volatile_hits + stats.persistent_hits, 5);
-    let mut ts = strata_table_stats_default();
+    let mut ts = strata_table_stats_default_0_3_1();
     // SAFETY: a live table.
     ok(unsafe { strata_table_get_stats(t, &mut ts) });
     assert_eq!((ts.lookups, ts.keys, ts.misses), (1, 6, 1), "the pooled lookup is counted");

@@ -636,7 +636,7 @@ fn hugectr_shares(cx: &Ctx) {
     let (t, r) = open_both(cx, &dir, dim as i64, &opts);
     // SAFETY: t.0 is the table opened above (Owned).
     assert_eq!(unsafe { strata_table_len(t.0) }, rows as i64);
-    let mut info = strata_table_info_default();
+    let mut info = strata_table_info_default_0_3_1();
     // SAFETY: t.0 is the table opened above (Owned); info is a reference.
     ok(unsafe { strata_table_get_info(t.0, &mut info) });
     assert!(info.keyed && info.rows == rows as i64);

@@ -64,7 +64,7 @@ pub fn dense_quantized(cx: &Ctx) {
         let mut d = Split::new(&global, sdt, dim, &[7, 7, 7, 6], &split_owners(4, cx.size), cx.rank);
         let t = dist(d.c(), cx, &opts);
         let r = reference(&global, sdt, rows, dim, &opts);
-        let (mut info, mut rinfo) = (strata_table_info_default(), strata_table_info_default());
+        let (mut info, mut rinfo) = (strata_table_info_default_0_3_1(), strata_table_info_default_0_3_1());
         // SAFETY: t.0 and r.0 are the tables built above (Owned); info and rinfo are references.
         ok(unsafe { strata_table_get_info(t.0, &mut info) });
         // SAFETY: as above.
