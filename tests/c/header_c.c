@@ -69,7 +69,7 @@ int header_c_uses_fields(void) {
     strata_lookup_stats st = {sizeof(strata_lookup_stats), 0, 0, 0, 0};
     strata_table_options to = {sizeof(strata_table_options), 0.0f, STRATA_MISSING_FILL, STRATA_GPU_CACHE, 0.5f, 0.9f,
                                STRATA_GPU_REPLICATE, STRATA_STORAGE_INT8};
-    struct strata_table_info info = {sizeof(struct strata_table_info), 0, 0, {kDLFloat, 32, 1}, false, false, false, 0, 0};
+    struct strata_table_info info = {sizeof(struct strata_table_info), 0, 0, {kDLFloat, 32, 1}, false, false, false, 0, 0, STRATA_STORAGE_FLOAT32, 0};
     strata_missing_key mk = STRATA_MISSING_ERROR;
     DLManagedTensorVersioned v = {{DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION}, NULL, NULL,
                                   DLPACK_FLAG_BITMASK_READ_ONLY, {NULL, {kDLCPU, 0}, 0, {kDLInt, 64, 1}, NULL, NULL, 0}};
