@@ -29,7 +29,7 @@ def edit(path: pathlib.Path, old: str, new: str) -> None:
 
 def main() -> None:
     crate, kind = pathlib.Path(sys.argv[1]), sys.argv[2]
-    types = crate / "src" / "ffi" / "types.rs"
+    types = crate / "src" / "ffi" / "lookup.rs"
     if kind == "incompatible":
         edit(types, "    pub hits: u64,\n    /// Keys not in the table", "    pub hits: u64,\n    pub retries: u64,\n    /// Keys not in the table")
         edit(types, "            hits: s.hits,\n", "            hits: s.hits,\n            retries: 0,\n")
