@@ -291,7 +291,7 @@ fn group(p: &PooledPlan, rows: &Rowset, b0: usize, b1: usize, k: Kernels, s: &mu
     let misses = match rows.dense {
         Some((_, _, count)) => {
             let count = count as u64;
-            let misses = keys[..n].iter().filter(|&&k| k >= count).count() as u64;
+            let misses = crate::kernels::keys::count_at_least(&keys[..n], count) as u64;
             if misses != 0 && rows.missing_error {
                 let i = keys[..n].iter().position(|&k| k >= count).unwrap_or(0);
                 if found.first_miss.is_none_or(|(m, _)| klo + i < m) {

@@ -6,7 +6,8 @@
 //!   ordinary or non-temporal stores ([`copy`]);
 //! - [`Pooler`]: add a run of rows, each scaled by its weight or not, into a float32
 //!   accumulator held in vector registers, prefetching rows ahead ([`pool`]);
-//! - [`prefetch_row`]: hint every cache line of a row.
+//! - [`prefetch_row`]: hint every cache line of a row;
+//! - [`keys::count_at_least`]: count the keys past a dense store (its misses) ([`keys`]).
 //!
 //! The instruction set is chosen once per process ([`isa`]): AVX-512 (AVX512F), else AVX2 with
 //! F16C and FMA, else the portable code, which every build has and the tests also run.
@@ -18,6 +19,7 @@
 
 pub mod copy;
 pub mod format;
+pub mod keys;
 pub mod pool;
 
 pub use copy::{row_fn, store_fence};

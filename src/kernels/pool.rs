@@ -99,6 +99,14 @@ struct Args<Src> {
     out_dtype: FloatDtype,
 }
 
+impl<Src> Args<Src> {
+    /// Whether rows may not start on cache lines, so that a row's last byte can sit one line
+    /// past those its length covers (prefetched with one more hint).
+    fn last_line(&self) -> bool {
+        !(self.lines_aligned && self.row_bytes.is_multiple_of(64))
+    }
+}
+
 /// What a bag's sum is divided by before it is written (the contract's pooling modes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Divide {
@@ -527,30 +535,45 @@ fn bf16_to_f32(bits: u16) -> f32 {
 #[inline(always)]
 unsafe fn accumulate<S: Simd, E: Elem, Src: Source, const R: usize, const W: bool, const PF: bool, const M: bool>(
     a: &Args<Src>,
+    acc: [S::V; R],
+    lo: usize,
+    hi: usize,
+    col: usize,
+) -> [S::V; R] {
+    // A row this pass covers whole (the common case) is prefetched by unrolled hints, one per
+    // line it spans (and the line of its last byte, unless rows start on lines); others by the
+    // general loop. The loop is specialised (unswitched by hand) on how the row is prefetched,
+    // so no row pays for the choice.
+    let whole = col == 0 && a.dim == R * S::LANES;
+    // SAFETY: forwarded: the caller's split and rows, as `accumulate_as` states.
+    unsafe {
+        match (whole, a.last_line()) {
+            (true, true) => accumulate_as::<S, E, Src, R, W, PF, M, 1>(a, acc, lo, hi, col),
+            (true, false) => accumulate_as::<S, E, Src, R, W, PF, M, 0>(a, acc, lo, hi, col),
+            (false, _) => accumulate_as::<S, E, Src, R, W, PF, M, 2>(a, acc, lo, hi, col),
+        }
+    }
+}
+
+/// [`accumulate`] with the way rows are prefetched chosen by the caller (`HOW` as in
+/// [`prefetching`]; 0 and 1 only where the pass covers the row whole).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn accumulate_as<S: Simd, E: Elem, Src: Source, const R: usize, const W: bool, const PF: bool, const M: bool, const HOW: u8>(
+    a: &Args<Src>,
     mut acc: [S::V; R],
     lo: usize,
     hi: usize,
     col: usize,
 ) -> [S::V; R] {
-    let row_bytes = a.row_bytes;
     let pf_end = a.len.saturating_sub(a.ahead);
-    // A row this pass covers whole (the common case) is prefetched by unrolled hints, one per
-    // line it spans (and the line of its last byte, unless rows start on lines); others by the
-    // general loop.
-    let whole = col == 0 && a.dim == R * S::LANES;
-    let last_line = !(a.lines_aligned && row_bytes.is_multiple_of(64));
     // SAFETY: col + R * LANES <= dim (the caller's split), so every access stays in
     // the default row and the rows the caller vouched for; the source's entry i for i < len and
     // weights[i] for i < hi are in their slices; a prefetch is a hint.
     unsafe {
-        // Rows with a row `ahead` further to prefetch, then the rest. The loop is specialised
-        // (unswitched by hand) on how the row is prefetched, so no row pays for the choice.
+        // Rows with a row `ahead` further to prefetch, then the rest.
         let split = if PF { hi.min(pf_end).max(lo) } else { lo };
-        match (whole, last_line) {
-            (true, true) => acc = prefetching::<S, E, Src, R, W, M, 1>(a, acc, lo, split, col),
-            (true, false) => acc = prefetching::<S, E, Src, R, W, M, 0>(a, acc, lo, split, col),
-            (false, _) => acc = prefetching::<S, E, Src, R, W, M, 2>(a, acc, lo, split, col),
-        }
+        acc = prefetching::<S, E, Src, R, W, M, HOW>(a, acc, lo, split, col);
         for i in split..hi {
             acc = add_row::<S, E, Src, R, W, M>(a, acc, i, col);
         }
@@ -730,12 +753,22 @@ unsafe fn bag_pass<S: Simd, E: Elem, Src: Source, const R: usize, const W: bool,
     // SAFETY: as in `pass`, with dst + col + R * LANES <= dst + dim, the bag's
     // output row, writable by the caller's contract.
     unsafe {
-        let mut acc = [S::zero(); R];
-        if prefetch {
-            acc = accumulate::<S, E, Src, R, W, true, M>(a, acc, lo, hi, col);
+        let acc = if prefetch {
+            accumulate::<S, E, Src, R, W, true, M>(a, [S::zero(); R], lo, hi, col)
         } else {
-            acc = accumulate::<S, E, Src, R, W, false, M>(a, acc, lo, hi, col);
-        }
+            accumulate::<S, E, Src, R, W, false, M>(a, [S::zero(); R], lo, hi, col)
+        };
+        finish::<S, R>(a, acc, div, dst, col);
+    }
+}
+
+/// Divides a bag's `R` pooled vectors by `div` (zeros for 0) and stores them at `dst + col` as
+/// [`Args::out_dtype`].
+#[inline(always)]
+unsafe fn finish<S: Simd, const R: usize>(a: &Args<impl Source>, mut acc: [S::V; R], div: Option<f32>, dst: *mut u8, col: usize) {
+    // SAFETY: dst + col + R * LANES <= dst + dim, the bag's output row (the callers' split),
+    // writable by the caller's contract.
+    unsafe {
         match div {
             None => {}
             Some(0.0) => acc = [S::zero(); R],
@@ -808,32 +841,84 @@ unsafe fn bag_tail<E: Elem, Src: Source, const W: bool>(
     }
 }
 
-/// Whole bags, one after another, each in passes as [`run`] splits a row.
+/// What bag rows `lo..hi` are divided by ([`Args::divide`]): None for a sum.
+///
+/// # Safety
+/// `lo..hi` inside the call's rows (and its weights, with `W`).
+#[inline(always)]
+unsafe fn divisor<const W: bool>(a: &Args<impl Source>, lo: usize, hi: usize) -> Option<f32> {
+    // Without weights, the float32 sum of hi - lo ones: the count, which stops growing at 2^24.
+    let ones = (hi - lo).min(1 << 24) as f32;
+    // SAFETY: weights[i] for i in lo..hi, the caller's promise.
+    unsafe {
+        match a.divide {
+            Divide::Nothing => None,
+            Divide::WeightSum => Some(if W { (lo..hi).fold(0f32, |t, i| t + *a.weights.add(i)) } else { ones }),
+            Divide::RootSquareSum => Some(
+                if W {
+                    (lo..hi).fold(0f32, |t, i| {
+                        let w = *a.weights.add(i);
+                        t + w * w
+                    })
+                } else {
+                    ones
+                }
+                .sqrt(),
+            ),
+        }
+    }
+}
+
+/// Whole bags whose rows are exactly one pass of `R` vectors (1, 2, 4, 8 or 16: dim 16 to 256 on
+/// AVX-512, 8 to 128 on AVX2), each bag pooled in one pass, with the choices a pass
+/// makes per bag in [`bags_run`] (which pass, how rows are prefetched) made once per call;
+/// `HOW` as in [`prefetching`] (0 or 1: rows covered whole).
+#[inline(always)]
+unsafe fn bags_one_pass<S: Simd, E: Elem, Src: Source, const R: usize, const W: bool, const M: bool, const HOW: u8>(a: &Args<Src>) {
+    let out_row = a.out_stride * a.out_dtype.size();
+    // SAFETY: j < nbags indexes starts[j + 1] (nbags + 1 entries); the pass covers the whole
+    // row (dim = R * LANES, the caller's check); the output rows are the caller's.
+    unsafe {
+        for j in 0..a.nbags {
+            let (lo, hi) = (*a.starts.add(j), *a.starts.add(j + 1));
+            let div = divisor::<W>(a, lo, hi);
+            let acc = accumulate_as::<S, E, Src, R, W, true, M, HOW>(a, [S::zero(); R], lo, hi, 0);
+            finish::<S, R>(a, acc, div, a.out.add(j * out_row), 0);
+        }
+    }
+}
+
+/// Whole bags, one after another, each in passes as [`run`] splits a row ([`bags_one_pass`]
+/// where one pass covers a row).
 #[inline(always)]
 unsafe fn bags_run<S: Simd, E: Elem, Src: Source, const W: bool, const M: bool, const RMAX: usize>(a: &Args<Src>) {
     let vecs = a.dim / S::LANES;
     // SAFETY: j < nbags indexes starts[j + 1] (nbags + 1 entries); every pass covers vectors
     // inside the row; the output rows are the caller's.
     unsafe {
+        if vecs * S::LANES == a.dim {
+            let last_line = a.last_line();
+            macro_rules! one_pass {
+                ($r:expr) => {
+                    if last_line {
+                        return bags_one_pass::<S, E, Src, { $r }, W, M, 1>(a);
+                    } else {
+                        return bags_one_pass::<S, E, Src, { $r }, W, M, 0>(a);
+                    }
+                };
+            }
+            match vecs {
+                v if v == RMAX => one_pass!(RMAX),
+                8 if RMAX > 8 => one_pass!(8),
+                4 => one_pass!(4),
+                2 => one_pass!(2),
+                1 => one_pass!(1),
+                _ => {}
+            }
+        }
         for j in 0..a.nbags {
             let (lo, hi) = (*a.starts.add(j), *a.starts.add(j + 1));
-            let div = match a.divide {
-                Divide::Nothing => None,
-                Divide::WeightSum => {
-                    Some(if W { (lo..hi).fold(0f32, |t, i| t + *a.weights.add(i)) } else { (lo..hi).fold(0f32, |t, _| t + 1.0) })
-                }
-                Divide::RootSquareSum => Some(
-                    if W {
-                        (lo..hi).fold(0f32, |t, i| {
-                            let w = *a.weights.add(i);
-                            t + w * w
-                        })
-                    } else {
-                        (lo..hi).fold(0f32, |t, _| t + 1.0)
-                    }
-                    .sqrt(),
-                ),
-            };
+            let div = divisor::<W>(a, lo, hi);
             let dst = a.out.add(j * a.out_stride * a.out_dtype.size());
             let mut v = 0;
             let mut first = true;
@@ -1437,7 +1522,7 @@ mod tests {
         let mut next = xorshift(0x2545_F491_4F6C_DD1Du64);
         for isa in Isa::available() {
             for dtype in [FloatDtype::F32, FloatDtype::F16, FloatDtype::BF16] {
-                for dim in [1, 3, 8, 15, 16, 17, 31, 64, 100, 128, 200, 256, 272] {
+                for dim in [1, 3, 8, 15, 16, 17, 31, 32, 64, 100, 128, 200, 256, 272] {
                     let k = Pooler::with_isa(isa, dtype, dim);
                     let size = dtype.size();
                     let table_rows = 40usize;

@@ -126,28 +126,27 @@ pub(crate) struct PooledChecked {
 /// Checks offset values (`values.len()` = B + 1 entries): the first 0, non-decreasing, the last
 /// `nnz`. The messages are the CPU path's, wherever the offsets were read.
 pub(crate) fn check_offset_values(values: impl IntoIterator<Item = i64>, nnz: usize) -> Result<Dims<usize>> {
-    let values = values.into_iter();
-    let mut out = Dims::with_capacity(values.size_hint().0);
-    let mut prev = 0i64;
-    for (i, x) in values.into_iter().enumerate() {
-        if i == 0 && x != 0 {
-            return Err(Error::invalid("offsets", format!("offsets[0] = {x}; expected 0")));
-        }
-        if x < prev {
-            return Err(Error::invalid(
-                "offsets",
-                format!("offsets[{i}] = {x} is less than offsets[{}] = {prev}; expected non-decreasing offsets", i - 1),
-            ));
-        }
-        prev = x;
-        out.push(x as usize);
+    // Read first, check after: the copy is then a plain loop (no branch a value), and the checks
+    // are one pass over a slice. A small batch's requests each pay this.
+    let out: Dims<usize> = values.into_iter().map(|x| x as usize).collect();
+    let signed = |i: usize| out[i] as i64;
+    let n = out.len();
+    if n > 0 && signed(0) != 0 {
+        return Err(Error::invalid("offsets", format!("offsets[0] = {}; expected 0", signed(0))));
     }
-    if prev as u64 != nnz as u64 {
+    if let Some(i) = out.windows(2).position(|w| (w[1] as i64) < (w[0] as i64)) {
+        return Err(Error::invalid(
+            "offsets",
+            format!("offsets[{}] = {} is less than offsets[{i}] = {}; expected non-decreasing offsets", i + 1, signed(i + 1), signed(i)),
+        ));
+    }
+    let last = if n == 0 { 0 } else { signed(n - 1) };
+    if last as u64 != nnz as u64 {
         return Err(Error::invalid(
             "offsets",
             format!(
-                "offsets[{}] = {prev}; expected nnz = {nnz}, the number of keys (the last offset ends the last bag)",
-                out.len().saturating_sub(1)
+                "offsets[{}] = {last}; expected nnz = {nnz}, the number of keys (the last offset ends the last bag)",
+                n.saturating_sub(1)
             ),
         ));
     }
@@ -190,12 +189,22 @@ unsafe fn check_offsets(offsets: &DLTensor, nnz: usize, devices: Devices) -> Res
         }
         return Ok(CheckedBags::InPlace { view: v, wide });
     }
-    let values = (0..v.shape[0]).map(|i| {
-        let p = v.at(i as isize * v.strides[0]);
-        // SAFETY: the view validated element i (i < shape[0]) as readable and aligned.
-        unsafe { if wide { *(p as *const i64) } else { *(p as *const i32) as i64 } }
-    });
-    let o = check_offset_values(values, nnz)?;
+    let n = v.shape[0];
+    let o = if v.strides[0] == 1 && wide {
+        // SAFETY: n >= 1 (checked above), so `ptr` is the real base; the view validated elements
+        // 0..n, contiguous here, as readable and aligned.
+        check_offset_values(unsafe { std::slice::from_raw_parts(v.ptr as *const i64, n) }.iter().copied(), nnz)
+    } else if v.strides[0] == 1 {
+        // SAFETY: as above, for int32 offsets.
+        check_offset_values(unsafe { std::slice::from_raw_parts(v.ptr as *const i32, n) }.iter().map(|&x| x as i64), nnz)
+    } else {
+        let values = (0..n).map(|i| {
+            let p = v.at(i as isize * v.strides[0]);
+            // SAFETY: the view validated element i (i < shape[0]) as readable and aligned.
+            unsafe { if wide { *(p as *const i64) } else { *(p as *const i32) as i64 } }
+        });
+        check_offset_values(values, nnz)
+    }?;
     Ok(CheckedBags::Read(o, v))
 }
 
