@@ -1141,6 +1141,32 @@ int64_t strata_table_len(const struct strata_table *table);
 strata_status strata_table_get_info(const struct strata_table *table,
                                     struct strata_table_info *info);
 
+// Describes `n` host tensors of one producer for a lookup, in one call: for each `i < n` whose
+// `objects[i]` is not NULL, `fill(objects[i], &tensors[i])`, then a check that `tensors[i]` is
+// host memory (`kDLCPU`); `tensors[i]` of a NULL object is left as it is. It stops at the first
+// failure: `fill` returning nonzero gives `STRATA_INVALID_ARGUMENT` (a Python producer has then
+// set the interpreter's error), a tensor on another device `STRATA_UNSUPPORTED_DEVICE`; the
+// message names `objects[i]`, and `tensors[i..]` are then unspecified. Nothing else about the
+// tensors is checked here: the lookup that takes them checks them as it checks any DLTensor.
+//
+// This is how a Python host calls strata without crossing its FFI once per tensor: a batch of
+// 26 pooled requests is 78 tensors, and one ctypes call costs about as much as a small lookup.
+//
+// Threading: `fill` runs on the calling thread, which must be allowed to call it (a Python
+// host holds the GIL for this call, as the exchange API requires: ctypes' `PYFUNCTYPE`, not
+// `CDLL`'s prototypes, and releases it for the lookup). Ownership: borrows `objects` for the
+// call; each filled `DLTensor` points into its object's memory, valid while the object lives
+// and its storage is not replaced.
+//
+// # Safety
+// `fill` is NULL or a function of that signature; `objects` is NULL (only with `n = 0`) or
+// points to `n` readable pointers, each NULL or an object `fill` accepts; `tensors` is NULL
+// (only with `n = 0`) or points to `n` writable `DLTensor`s.
+strata_status strata_dlpack_fill_host(DLPackDLTensorFromPyObjectNoSync fill,
+                                      void *const *objects,
+                                      size_t n,
+                                      DLTensor *tensors);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

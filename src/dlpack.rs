@@ -305,7 +305,11 @@ impl<T: Copy + Default, const N: usize> std::ops::DerefMut for Dims<T, N> {
 impl<T: Copy + Default, const N: usize> FromIterator<T> for Dims<T, N> {
     fn from_iter<I: IntoIterator<Item = T>>(iter: I) -> Self {
         let iter = iter.into_iter();
-        let mut d = Dims::with_capacity(iter.size_hint().0);
+        if iter.size_hint().0 > N {
+            // Vec's collect sizes once and copies in a plain loop (offsets of a batch's bags).
+            return Dims::Heap(iter.collect());
+        }
+        let mut d = Dims::new();
         for v in iter {
             d.push(v);
         }

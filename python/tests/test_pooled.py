@@ -686,6 +686,69 @@ def test_fast_batch_with_torch_tensors(rng, three_tables):
         strata.lookup_batch([strata.Request(ta, k, torch.zeros(3, 8), off, None, "sum"), strata.Request(ta, k, grad, off, None, "sum")])
 
 
+def test_fast_batch_of_one_producer_fills_every_tensor_in_one_call(rng, three_tables, monkeypatch):
+    """A batch whose tensors all come from PyTorch is described by one strata_dlpack_fill_host
+    call (the general path is not taken): plain and pooled requests, ragged int32/int64 offsets,
+    fixed hotness, weights, a strided out, each equal to the reference in outs poisoned first,
+    over rounds that reuse the thread's arrays with requests of other shapes. strata's own
+    refusals still name the request, and an out that requires grad goes the general way."""
+    torch = pytest.importorskip("torch", reason="skipped: PyTorch is not installed (pip install torch)")
+    from strata import _fast
+    if _fast._fill_host is None:
+        pytest.fail("the library lacks strata_dlpack_fill_host")
+    (ta, a, _), (tb, b, bkeys), (tc, c, _) = three_tables
+    calls = []
+    real = _fast._fill_host
+    monkeypatch.setattr(_fast, "_fill_host", lambda *args: calls.append(args[2]) or real(*args))
+    _no_general_path(monkeypatch)
+    T = torch.from_numpy
+    for rnd in range(3):
+        bsz = int(rng.integers(1, 9))
+        off = ragged_offsets(rng, bsz, 6, np.int32 if rnd % 2 else np.int64)
+        k_rag = bkeys[rng.integers(0, 50, size=int(off[-1]))]
+        w = rng.uniform(-1, 2, size=k_rag.shape).astype(np.float32)
+        k_fix = rng.integers(0, 30, size=(bsz, 3))
+        k_plain = rng.integers(0, len(a), size=bsz + 3)
+        wide = torch.full((bsz, 32), float("nan"))
+        outs = [torch.full((bsz, 4), float("nan")), torch.full((bsz, 16), float("nan")),
+                torch.full((bsz + 3, 8), float("nan")), wide[:, ::4]]
+        got = strata.lookup_batch([
+            strata.Request(tb, T(k_rag), outs[0], T(off), T(w), "mean"),
+            strata.Request(tc, T(k_fix), outs[1], None, None, "sqrtn"),
+            strata.Request(ta, T(k_plain), outs[2]),
+            strata.Request(ta, T(k_rag % len(a)), outs[3], T(off), None, "sum"),
+        ])
+        assert all(g is o for g, o in zip(got, outs))
+        assert calls[-1] == 16, "one fill for the batch's 16 tensor slots"
+        np.testing.assert_allclose(outs[0].numpy(), ref_pooled(b, k_rag, off, w, "mean", table_keys=bkeys), rtol=1e-6)
+        np.testing.assert_array_equal(outs[1].numpy(), ref_pooled(c, k_fix.reshape(-1), np.arange(0, 3 * bsz + 1, 3), None, "sqrtn"))
+        np.testing.assert_array_equal(outs[2].numpy(), a[k_plain])
+        np.testing.assert_array_equal(outs[3].numpy(), ref_pooled(a, k_rag % len(a), off, None, "sum"))
+        assert torch.isnan(wide[:, 1::4]).all(), "nothing written between a strided out's columns"
+    assert len(calls) == 3
+    with pytest.raises(strata.InvalidArgument, match=r"^requests\[1\]\.out: shape \[3, 8\]; expected \[B, dim\] = \[2, 8\]"):
+        strata.lookup_batch([strata.Request(ta, T(np.arange(4)), torch.zeros(2, 8), T(np.array([0, 2, 4])), None, "sum"),
+                             strata.Request(ta, T(np.arange(4)), torch.zeros(3, 8), T(np.array([0, 2, 4])), None, "sum")])
+    assert len(calls) == 4
+
+
+def test_fast_batch_of_one_producer_leaves_out_what_it_cannot_take(rng, three_tables):
+    """All-PyTorch batches the one-call path must not take go the general way with its
+    message: an out that requires grad, a closed table, a pooling it does not know."""
+    torch = pytest.importorskip("torch", reason="skipped: PyTorch is not installed (pip install torch)")
+    (ta, a, _), _, _ = three_tables
+    k, off = torch.arange(4), torch.tensor([0, 2, 4])
+    with pytest.raises(strata.InvalidArgument, match=r"^requests\[1\]\.out: .*require"):
+        strata.lookup_batch([strata.Request(ta, k, torch.zeros(2, 8), off, None, "sum"),
+                             strata.Request(ta, k, torch.zeros((2, 8), requires_grad=True), off, None, "sum")])
+    with pytest.raises((strata.InvalidArgument, ValueError), match="pooling"):
+        strata.lookup_batch([strata.Request(ta, k, torch.zeros(2, 8), off, None, "max")])
+    t = strata.Table.from_array(a)
+    t.close()
+    with pytest.raises(strata.NullArgument, match="closed"):
+        strata.lookup_batch([strata.Request(t, k, torch.zeros(2, 8), off, None, "sum")])
+
+
 def test_large_batch_runs_as_one_piece_of_work(rng):
     """A batch big enough for several threads (its static requests share the participants,
     exec/batch.rs): plain and pooled requests of tables of different dims and dtypes, ragged

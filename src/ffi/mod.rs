@@ -32,3 +32,4 @@ pub use partition::*;
 pub use server::*;
 pub use status::Status;
 pub use table::*;
+pub use tensor::{DLPackDLTensorFromPyObjectNoSync, strata_dlpack_fill_host};
