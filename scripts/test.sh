@@ -72,6 +72,16 @@ export STRATA_REQUIRE_NVRTC=1
 # and occupancy, and fails on local-memory spills.
 export STRATA_PTXAS="$(python3 -c 'import nvidia.cuda_nvcc, os; print(os.path.join(list(nvidia.cuda_nvcc.__path__)[0], "bin", "ptxas"))')"
 
+# STRATA_CI_TIDY=1 (.ci/run sets it): each suite's virtual environment is removed once no later
+# suite uses it, so the run's disk peak is its largest venv (build/py-venv: torch's PyPI wheel
+# brings its CUDA libraries, about 8 GB) beside target/, not every venv at once (about 30 GB).
+tidy() {
+    [ -n "${STRATA_CI_TIDY:-}" ] || return 0
+    echo "== removing ${*#"$ROOT"/} (STRATA_CI_TIDY: no later suite uses it)"
+    rm -rf "$@"
+}
+echo "== disk: $(df -h --output=avail "$ROOT" | tail -1 | tr -d ' ') free where the build goes"
+
 export PROPTEST_CASES="${PROPTEST_CASES:-1000}"
 echo "== cargo test"
 cargo test
@@ -93,6 +103,7 @@ echo "== C tests"
 bash scripts/c-tests.sh
 echo "== Python tests"
 bash scripts/py-tests.sh
+tidy "$ROOT/build/py-venv" "$ROOT/build/py-wheels"
 echo "== release checks (abidiff against 0.3.0, the sdist)"
 bash scripts/release-tests.sh
 # tensorflow-cpu goes into build/tf-venv (about 1 minute to install, once; 40 s to build and test).
@@ -101,6 +112,7 @@ if [ -n "${STRATA_SKIP_TF:-}" ]; then
 else
     echo "== TensorFlow op tests"
     bash scripts/tf-tests.sh
+    tidy "$ROOT/build/tf-venv"
 fi
 # nvidia-pytriton (tritonserver 2.51) and tritonclient go into build/triton-venv (about 1 minute to
 # install, once; under a minute to build and test).
@@ -108,6 +120,7 @@ if [ -n "${STRATA_SKIP_TRITON:-}" ]; then
     echo "== Triton backend tests: SKIPPED (STRATA_SKIP_TRITON is set)"
 else
     echo "== Triton backend tests"; bash scripts/triton-tests.sh
+    tidy "$ROOT/build/triton-venv"
 fi
 echo "== MPI tests (feature mpi)"; bash scripts/mpi-tests.sh
 # heat (with PyTorch) and mpi4py go into build/heat-venv (about 5 GB, a few minutes, once).
@@ -116,6 +129,7 @@ if [ -n "${STRATA_SKIP_HEAT:-}" ]; then
 else
     echo "== Heat round trips under MPI"
     bash scripts/heat-tests.sh
+    tidy "$ROOT/build/heat-venv"
 fi
 echo "== benchmark smoke run (small sizes; the numbers mean nothing here)"
 # The peer benchmark against embedding_bag, TorchRec and FBGEMM's TBE (build/peer-venv, about
@@ -133,12 +147,14 @@ else
     echo "== framework tests (PyTorch ops, TorchScript, PyG, JAX)"
     bash scripts/framework-tests.sh
 fi
+tidy "$ROOT/build/peer-venv"
 # legate and cuPyNumeric 26.6 go into build/legate-venv (about 3 GB, 1.5 min once; tests about 10 s).
 if [ -n "${STRATA_SKIP_LEGATE:-}" ]; then
     echo "== Legate tests: SKIPPED (STRATA_SKIP_LEGATE is set)"
 else
     echo "== Legate tests (strata.legate on 1 and 2 CPU processors)"
     bash scripts/legate-tests.sh
+    tidy "$ROOT/build/legate-venv"
 fi
 cargo bench --bench lookup -- 20000 64 5000 2
 cargo bench --bench tiered -- 20000 16 2000 3
