@@ -8,11 +8,13 @@ of 26 ``embedding_bag`` calls, TorchRec's ``EmbeddingBagCollection`` and FBGEMM'
 embedding (TBE, fp32, CPU). Workloads (``--scale`` shrinks every row count and batch, for smoke
 runs):
 
-  pooled       one table 1M x 128, 10K bags of 20 uniform keys: sum and mean, with and without
-               per-sample weights, float32, float16 and bfloat16 tables; one fixed key set (rows
-               stay in cache) and, on a 4M x 64 table, 12 key sets in turn (rows mostly not in
-               cache). strata adopts PyTorch's tensor (copy=False: both read the same 4 KiB
-               pages) and, separately, reads its own copy (huge pages).
+  pooled       10K bags of 20 uniform keys, sum and mean, with and without per-sample weights,
+               float32, float16 and bfloat16 tables: on a 2,000-row table of dim 64 and 128
+               (rows in cache; what is left is the kernel's cost a key), on one table 1M x 128
+               with one fixed key set (the same 200K rows, 100 MB, every call) and, on a 4M x 64
+               table, 12 key sets in turn (rows mostly not in cache). strata adopts PyTorch's
+               tensor (copy=False: both read the same 4 KiB pages) and, separately, reads its
+               own copy (huge pages).
   dlrm         26 tables of dim 64 (two of 4M rows, four of 500K, twenty of 10K-100K), B = 2048,
                Poisson pooling factors 1-40 (ragged, some empty bags), uniform and Zipf(1.05)
                keys: strata_lookup_batch of 26 pooled requests, 26 lookup_pooled calls, the loop
@@ -152,9 +154,23 @@ def pooled(b: Bench, a, rng) -> None:
     import torch
     import torch.nn.functional as F
 
-    def one(label: str, rows: int, dim: int, bags: int, hot: int, key_sets: int, dtype, mode: str, weighted: bool, own_copy: bool) -> None:
+    def placed(x, skew: int):
+        """A copy of `x` whose first row starts `skew` bytes past a 64-byte line."""
+        e = x.element_size()
+        buf = torch.empty(x.numel() + 64 // e, dtype=x.dtype)
+        at = ((-buf.data_ptr()) % 64 + skew) // e
+        y = buf[at:at + x.numel()].view(x.shape)
+        y.copy_(x)
+        return y
+
+    def one(label: str, rows: int, dim: int, bags: int, hot: int, key_sets: int, dtype, mode: str, weighted: bool, own_copy: bool,
+            skew: Optional[int] = None) -> None:
         tdt = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+        # As a user gets it (NumPy's memory for float32, PyTorch's for a converted dtype), or
+        # placed `skew` bytes past a line.
         w = torch.from_numpy(rng.random((rows, dim), dtype=np.float32)).to(tdt)
+        if skew is not None:
+            w = placed(w, skew)
         table = strata.Table.from_array(w, copy=own_copy)
         sets = []
         for _ in range(key_sets):
@@ -211,6 +227,7 @@ def pooled(b: Bench, a, rng) -> None:
             cases["read every line (limit)"] = touch_call
             ratios += [("strata lookup_pooled", "plain C loop"), ("strata lookup_pooled", "read every line (limit)")]
         where = "own copy, " + pages_of_table(w, own_copy) if own_copy else "adopted, same memory (" + pages_of(w) + ")"
+        where += f"; the peer's rows start {w.data_ptr() % 64} bytes past a 64-byte line"
         b.run(f"pooled {label}: {rows} x {dim} {dtype}, {bags} bags of {hot}, {mode}{', weighted' if weighted else ''}, "
               f"{key_sets} key set(s); strata {where}", cases, ratios)
         table.close()
@@ -221,12 +238,26 @@ def pooled(b: Bench, a, rng) -> None:
     s = a.scale
     rows1, rows4 = max(1000, int(1_000_000 * s)), max(4000, int(4_000_000 * s))
     bags = max(100, int(10_000 * s))
+    # In cache: a 2,000-row table (1 MB at dim 128 float32) stays in the last-level cache, and
+    # the same key set comes back every call: what is left is the kernel's own cost a key.
+    for dim in (64, 128):
+        for dtype in ("float32", "float16", "bfloat16"):
+            for mode, weighted in (("sum", False), ("mean", False), ("sum", True)):  # embedding_bag weights only sum
+                if (dtype != "float32" or dim != 128) and (mode, weighted) == ("mean", False):
+                    continue
+                if dtype != "float32" and (dim != 128 or weighted):
+                    continue
+                # float32 twice: on lines (PyTorch's allocator) and 16 bytes past them
+                # (NumPy's, what torch.from_numpy shares): every vector load then spans two lines.
+                for skew in ((0, 16) if dtype == "float32" else (0,)):
+                    one("in cache", 2000, dim, bags, 20, 1, dtype, mode, weighted, False, skew)
+    # One key set over a table far larger than the cache: the same 200K rows (100 MB) every call.
     for dtype in ("float32", "float16", "bfloat16"):
-        for mode, weighted in (("sum", False), ("mean", False), ("sum", True)):  # embedding_bag weights only sum
+        for mode, weighted in (("sum", False), ("mean", False), ("sum", True)):
             if dtype != "float32" and (mode, weighted) != ("sum", False):
                 continue
-            one("in cache", rows1, 128, bags, 20, 1, dtype, mode, weighted, False)
-    one("in cache", rows1, 128, bags, 20, 1, "float32", "sum", False, True)
+            one("one key set", rows1, 128, bags, 20, 1, dtype, mode, weighted, False)
+    one("one key set", rows1, 128, bags, 20, 1, "float32", "sum", False, True)
     one("not in cache", rows4, 64, bags, 20, 12, "float32", "sum", False, False)
     one("not in cache", rows4, 64, bags, 20, 12, "float32", "sum", False, True)
     one("not in cache", rows4, 64, bags, 20, 12, "float32", "sum", True, False)
