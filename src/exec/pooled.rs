@@ -288,17 +288,25 @@ fn group(p: &PooledPlan, rows: &Rowset, b0: usize, b1: usize, k: Kernels, s: &mu
             }
         },
     };
-    let misses = match rows.dense {
+    // A dense store's misses are counted after the pooling, while the group's keys are still in
+    // cache (a count first read them cold, about a tenth of an in-cache call), unless this
+    // participant has met misses already in this call: then first, so the group pools once.
+    let first_miss_at = |keys: &[u64], found: &mut Found, at: Option<usize>| {
+        if let Some(i) = at
+            && found.first_miss.is_none_or(|(m, _)| klo + i < m)
+        {
+            found.first_miss = Some((klo + i, keys[i]));
+        }
+    };
+    let (mut misses, counted) = match rows.dense {
+        Some(_) if found.misses == 0 => (0, false),
         Some((_, _, count)) => {
             let count = count as u64;
             let misses = crate::kernels::keys::count_at_least(&keys[..n], count) as u64;
             if misses != 0 && rows.missing_error {
-                let i = keys[..n].iter().position(|&k| k >= count).unwrap_or(0);
-                if found.first_miss.is_none_or(|(m, _)| klo + i < m) {
-                    found.first_miss = Some((klo + i, keys[i]));
-                }
+                first_miss_at(keys, found, keys[..n].iter().position(|&k| k >= count));
             }
-            misses
+            (misses, true)
         }
         None => {
             if let Err(e) = (rows.fill)(klo, keys, &mut ptrs[..n], s) {
@@ -307,16 +315,11 @@ fn group(p: &PooledPlan, rows: &Rowset, b0: usize, b1: usize, k: Kernels, s: &mu
             }
             let misses = ptrs[..n].iter().filter(|q| q.is_null()).count() as u64;
             if misses != 0 && rows.missing_error {
-                let i = ptrs[..n].iter().position(|q| q.is_null()).unwrap_or(0);
-                if found.first_miss.is_none_or(|(m, _)| klo + i < m) {
-                    found.first_miss = Some((klo + i, keys[i]));
-                }
+                first_miss_at(keys, found, ptrs[..n].iter().position(|q| q.is_null()));
             }
-            misses
+            (misses, true)
         }
     };
-    found.misses += misses;
-    found.hits += n as u64 - misses;
     s.starts.clear();
     s.starts.extend((b0..=b1).map(|b| p.bag_start(b) - klo));
     let divide = match p.pooling {
@@ -324,53 +327,77 @@ fn group(p: &PooledPlan, rows: &Rowset, b0: usize, b1: usize, k: Kernels, s: &mu
         Pooling::Mean => Divide::WeightSum,
         Pooling::Sqrtn => Divide::RootSquareSum,
     };
-    let source = match rows.dense {
-        Some((base, stride, count)) => RowsOf::Dense { base, stride, rows: count, keys },
-        None => RowsOf::Ptrs(&ptrs[..n]),
-    };
     let dim = rows.dim;
     let direct = match p.out.walk.linear_stride() {
         Some(stride) if p.out.col_stride == 1 && stride >= 0 => Some(stride as usize),
         _ => None,
     };
-    match direct {
-        // SAFETY: the rows are whole rows of the store or the fill's (as in `bags`); out was
-        // validated as [B, dim] with non-overlapping rows, row b at b * stride elements, so rows
-        // b0 .. b1 are writable and overlap neither the table nor the keys.
-        Some(stride) => unsafe {
-            let out = p.out.ptr.wrapping_add(b0 * stride * p.out.dtype.size());
-            k.pool.pool_bags(source, misses != 0, &s.starts, weights, rows.default, divide, out, p.out.dtype, stride)
-        },
-        None => {
-            // Strided columns: pooled into s.pooled (nb x dim float32), then written row by row.
-            let nb = b1 - b0;
-            s.pooled.resize(nb * dim, 0.0);
-            // SAFETY: as above, with the pooled rows written into s.pooled.
-            unsafe {
-                k.pool.pool_bags(
-                    source,
-                    misses != 0,
-                    &s.starts,
-                    weights,
-                    rows.default,
-                    divide,
-                    s.pooled.as_mut_ptr() as *mut u8,
-                    FloatDtype::F32,
-                    dim,
-                )
-            };
-            let size = p.out.dtype.size() as isize;
-            let mut off = [0isize; 1];
-            for j in 0..nb {
-                p.out.walk.fill(b0 + j, &mut off);
-                // SAFETY: the plan validated out as [B, dim] with non-overlapping rows; row
-                // b0 + j < B; the source holds dim float32 values.
+    // One kernel call over the group; `missing` false only where no key is missing, or (a
+    // dense store, not yet counted) where the kernel's stand-in rows are pooled again below.
+    let pool = |missing: bool, s: &mut Scratch| {
+        let source = match rows.dense {
+            Some((base, stride, count)) => RowsOf::Dense { base, stride, rows: count, keys },
+            None => RowsOf::Ptrs(&ptrs[..n]),
+        };
+        match direct {
+            // SAFETY: the rows are whole rows of the store or the fill's (as in `bags`); out was
+            // validated as [B, dim] with non-overlapping rows, row b at b * stride elements, so
+            // rows b0 .. b1 are writable and overlap neither the table nor the keys. A dense
+            // store's key past it, with `missing` false, reads a row of the store
+            // (`Pooler::pool_bags`).
+            Some(stride) => unsafe {
+                let out = p.out.ptr.wrapping_add(b0 * stride * p.out.dtype.size());
+                k.pool.pool_bags(source, missing, &s.starts, weights, rows.default, divide, out, p.out.dtype, stride)
+            },
+            None => {
+                // Strided columns: pooled into s.pooled (nb x dim float32), then written row by row.
+                let nb = b1 - b0;
+                s.pooled.resize(nb * dim, 0.0);
+                // SAFETY: as above, with the pooled rows written into s.pooled.
                 unsafe {
-                    (k.write)(s.pooled[j * dim..].as_ptr() as *const u8, p.out.ptr.wrapping_offset(off[0] * size), dim, p.out.col_stride)
+                    k.pool.pool_bags(
+                        source,
+                        missing,
+                        &s.starts,
+                        weights,
+                        rows.default,
+                        divide,
+                        s.pooled.as_mut_ptr() as *mut u8,
+                        FloatDtype::F32,
+                        dim,
+                    )
                 };
+                let size = p.out.dtype.size() as isize;
+                let mut off = [0isize; 1];
+                for j in 0..nb {
+                    p.out.walk.fill(b0 + j, &mut off);
+                    // SAFETY: the plan validated out as [B, dim] with non-overlapping rows; row
+                    // b0 + j < B; the source holds dim float32 values.
+                    unsafe {
+                        (k.write)(
+                            s.pooled[j * dim..].as_ptr() as *const u8,
+                            p.out.ptr.wrapping_offset(off[0] * size),
+                            dim,
+                            p.out.col_stride,
+                        )
+                    };
+                }
             }
         }
+    };
+    pool(misses != 0, s);
+    if !counted && let Some((_, _, count)) = rows.dense {
+        let count = count as u64;
+        misses = crate::kernels::keys::count_at_least(&keys[..n], count) as u64;
+        if misses != 0 {
+            if rows.missing_error {
+                first_miss_at(keys, found, keys[..n].iter().position(|&k| k >= count));
+            }
+            pool(true, s);
+        }
     }
+    found.misses += misses;
+    found.hits += n as u64 - misses;
     (s.ptrs, s.keys, s.weights) = (ptrs, own_keys, own_weights);
     Ok(())
 }

@@ -6,7 +6,9 @@
 //! vector registers for the whole run of rows, a pass of up to 16 vectors (AVX-512; AVX2 16 for float32 rows without weights, else 8)
 //! at a time, so a row costs its loads and adds and nothing else; rows are prefetched, every
 //! cache line of the row 16 rows further (fewer for rows over 8 lines), across bag boundaries; half-precision
-//! rows are widened in registers (F16C's `vcvtph2ps`, a 16-bit shift for bfloat16). Rows wider
+//! rows are widened in registers (F16C's `vcvtph2ps`; bfloat16 by a 16-bit shift, or, where one
+//! pass covers a row, a shift and an AND of one load: even and odd columns, put back in order
+//! once a bag). Rows wider
 //! than one pass take several passes over the same rows, the later ones from L1.
 //!
 //! The accumulator travels by value (`[S::V; R]` in and out of every loop): handed by `&mut`,
@@ -27,11 +29,17 @@ trait Source {
     /// # Safety
     /// `i` below the source's length.
     unsafe fn row(&self, i: usize) -> *const u8;
-    /// Row `i`'s address, which the caller knows is there (not missing).
+    /// Row `i`'s address, which the caller knows is there (not missing); for a dense store, a
+    /// key past it gives the store's last row, never an address outside it.
     ///
     /// # Safety
     /// As for [`Source::row`].
     unsafe fn present(&self, i: usize) -> *const u8;
+    /// An address to prefetch for row `i` (any address: a prefetch is a hint).
+    ///
+    /// # Safety
+    /// As for [`Source::row`].
+    unsafe fn hint(&self, i: usize) -> *const u8;
 }
 
 /// Rows by address.
@@ -48,9 +56,15 @@ impl Source for Ptrs {
         // SAFETY: as for row.
         unsafe { *self.0.add(i) }
     }
+    #[inline(always)]
+    unsafe fn hint(&self, i: usize) -> *const u8 {
+        // SAFETY: as for row.
+        unsafe { *self.0.add(i) }
+    }
 }
 
-/// Rows of a dense store by row number: key `k` is row `k` below `rows` (else missing).
+/// Rows of a dense store by row number: key `k` is row `k` below `rows` (else missing);
+/// `rows` is at least 1.
 struct Indexed {
     keys: *const u64,
     base: *const u8,
@@ -67,8 +81,15 @@ impl Source for Indexed {
     }
     #[inline(always)]
     unsafe fn present(&self, i: usize) -> *const u8 {
-        // SAFETY: as for row; the caller knows k < rows.
-        self.base.wrapping_add(unsafe { *self.keys.add(i) } as usize * self.stride)
+        // SAFETY: as for row. A key past the store is clamped to its last row (rows >= 1), so a
+        // caller that pools before it counts the misses reads nothing outside the store.
+        let k = unsafe { *self.keys.add(i) }.min(self.rows - 1);
+        self.base.wrapping_add(k as usize * self.stride)
+    }
+    #[inline(always)]
+    unsafe fn hint(&self, i: usize) -> *const u8 {
+        // SAFETY: as for row; the address is only prefetched (any key: the product wraps).
+        self.base.wrapping_add((unsafe { *self.keys.add(i) } as usize).wrapping_mul(self.stride))
     }
 }
 
@@ -235,11 +256,15 @@ impl Pooler {
     /// `out_dtype` (rounded to nearest even) at `out + j * out_stride` elements. The accumulator never leaves the registers for rows
     /// of up to 256 (AVX-512) or 64 values; wider rows take several passes over each bag.
     /// `missing` false promises that no row is missing (no NULL address, no key past a dense
-    /// store's rows): the kernel then checks none.
+    /// store's rows): the kernel then checks none. A dense store's key past it is then no
+    /// memory error: the kernel pools the store's last row in its place (the default row for
+    /// elements past the row's last whole vector), so a caller may pool
+    /// first, count the misses while the keys are in cache, and pool again with `missing` true
+    /// where there were any.
     ///
     /// # Safety
     /// Every row `rows` names for a key of a bag must be readable (as [`Pooler::add`] and
-    /// [`RowsOf`] say), and with `missing` false every key must name one; `out + j * out_stride` must be writable for `dim` values of `out_dtype`
+    /// [`RowsOf`] say), and with `missing` false every address in `RowsOf::Ptrs` must name one; `out + j * out_stride` must be writable for `dim` values of `out_dtype`
     /// for every bag `j`, and not overlap the rows.
     ///
     /// # Panics
@@ -267,6 +292,8 @@ impl Pooler {
         if let Some(w) = weights {
             assert!(w.len() >= len, "pooling kernel weights");
         }
+        // An empty dense store has no row to stand in for a missing one.
+        let missing = missing || matches!(rows, RowsOf::Dense { rows: 0, .. });
         let (w, m) = (weights.is_some() as usize, missing as usize);
         let nbags = starts.len() - 1;
         macro_rules! args {
@@ -344,6 +371,20 @@ trait Simd {
     unsafe fn load(p: *const f32) -> Self::V;
     unsafe fn load_f16(p: *const u16) -> Self::V;
     unsafe fn load_bf16(p: *const u16) -> Self::V;
+    /// `2 * LANES` bfloat16 from `p`, widened to float32 as two vectors in an order of this
+    /// set's own choosing, which [`Simd::unpair`] undoes (AVX2, AVX-512: the even columns, then
+    /// the odd ones, from one load, a shift and an AND: no shuffle a row).
+    #[inline(always)]
+    unsafe fn load_bf16_pair(p: *const u16) -> (Self::V, Self::V) {
+        // SAFETY: the caller's p holds 2 * LANES bfloat16.
+        unsafe { (Self::load_bf16(p), Self::load_bf16(p.add(Self::LANES))) }
+    }
+    /// Two vectors in the order of [`Simd::load_bf16_pair`] (or sums of such vectors, lane by
+    /// lane), back in column order.
+    #[inline(always)]
+    unsafe fn unpair(a: Self::V, b: Self::V) -> (Self::V, Self::V) {
+        (a, b)
+    }
     /// `LANES` bytes, each widened to float32.
     unsafe fn load_u8(p: *const u8) -> Self::V;
     /// `LANES / 2` bytes of 4-bit values (low nibble first), each widened to float32.
@@ -381,6 +422,28 @@ trait Elem {
     }
     /// `S::LANES` values from value `col` of the row at `row`, whose [`Elem::params`] are `p`.
     unsafe fn load<S: Simd>(row: *const u8, col: usize, p: (S::V, S::V)) -> S::V;
+    /// `2 * S::LANES` values from value `col`, as two vectors in an order [`Elem::unpair`]
+    /// undoes (column order unless the format overrides both).
+    #[inline(always)]
+    unsafe fn load_pair<S: Simd>(row: *const u8, col: usize, p: (S::V, S::V)) -> (S::V, S::V) {
+        // SAFETY: the caller's row holds 2 * LANES values from col.
+        unsafe { (Self::load::<S>(row, col, p), Self::load::<S>(row, col + S::LANES, p)) }
+    }
+    /// Two vectors (or lane-by-lane sums of them) in [`Elem::load_pair`]'s order, in column order.
+    #[inline(always)]
+    unsafe fn unpair<S: Simd>(a: S::V, b: S::V) -> (S::V, S::V) {
+        (a, b)
+    }
+    /// Pools the bags of a whole-bag call whose rows are one pass of `R` vectors, none missing,
+    /// with vectors loaded in pairs ([`bags_paired`]), and says true; false (nothing done) for
+    /// formats whose pairs have no order of their own, which need no such kernel.
+    ///
+    /// # Safety
+    /// As for [`bags_one_pass`] with `M` false.
+    #[inline(always)]
+    unsafe fn pool_paired<S: Simd, Src: Source, const R: usize, const W: bool, const HOW: u8>(_a: &Args<Src>) -> bool {
+        false
+    }
     /// Value `col` of the row of `dim` values at `row`.
     #[inline(always)]
     unsafe fn scalar(row: *const u8, dim: usize, col: usize) -> f32 {
@@ -443,6 +506,25 @@ impl Elem for BF16 {
     unsafe fn load<S: Simd>(row: *const u8, col: usize, _: (S::V, S::V)) -> S::V {
         // SAFETY: as for F32, with 16-bit elements.
         unsafe { S::load_bf16((row as *const u16).add(col)) }
+    }
+    #[inline(always)]
+    unsafe fn load_pair<S: Simd>(row: *const u8, col: usize, _: (S::V, S::V)) -> (S::V, S::V) {
+        // SAFETY: the caller's row holds 2 * LANES bfloat16 from col.
+        unsafe { S::load_bf16_pair((row as *const u16).add(col)) }
+    }
+    #[inline(always)]
+    unsafe fn unpair<S: Simd>(a: S::V, b: S::V) -> (S::V, S::V) {
+        // SAFETY: register operations of the set the caller is compiled for.
+        unsafe { S::unpair(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn pool_paired<S: Simd, Src: Source, const R: usize, const W: bool, const HOW: u8>(a: &Args<Src>) -> bool {
+        if !R.is_multiple_of(2) {
+            return false;
+        }
+        // SAFETY: forwarded: the caller's promise.
+        unsafe { bags_paired::<S, Self, Src, R, W, HOW>(a) };
+        true
     }
     #[inline(always)]
     unsafe fn scalar(row: *const u8, _: usize, col: usize) -> f32 {
@@ -548,18 +630,30 @@ unsafe fn accumulate<S: Simd, E: Elem, Src: Source, const R: usize, const W: boo
     // SAFETY: forwarded: the caller's split and rows, as `accumulate_as` states.
     unsafe {
         match (whole, a.last_line()) {
-            (true, true) => accumulate_as::<S, E, Src, R, W, PF, M, 1>(a, acc, lo, hi, col),
-            (true, false) => accumulate_as::<S, E, Src, R, W, PF, M, 0>(a, acc, lo, hi, col),
-            (false, _) => accumulate_as::<S, E, Src, R, W, PF, M, 2>(a, acc, lo, hi, col),
+            (true, true) => accumulate_as::<S, E, Src, R, W, PF, M, 1, false>(a, acc, lo, hi, col),
+            (true, false) => accumulate_as::<S, E, Src, R, W, PF, M, 0, false>(a, acc, lo, hi, col),
+            (false, _) => accumulate_as::<S, E, Src, R, W, PF, M, 2, false>(a, acc, lo, hi, col),
         }
     }
 }
 
 /// [`accumulate`] with the way rows are prefetched chosen by the caller (`HOW` as in
-/// [`prefetching`]; 0 and 1 only where the pass covers the row whole).
+/// [`prefetching`]; 0 and 1 only where the pass covers the row whole). `P`: vectors are loaded
+/// in pairs ([`Elem::load_pair`]), so `acc` holds each pair in the format's own order, which
+/// the caller undoes ([`Elem::unpair`]); only without missing rows (`!M`) and for even `R`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn accumulate_as<S: Simd, E: Elem, Src: Source, const R: usize, const W: bool, const PF: bool, const M: bool, const HOW: u8>(
+unsafe fn accumulate_as<
+    S: Simd,
+    E: Elem,
+    Src: Source,
+    const R: usize,
+    const W: bool,
+    const PF: bool,
+    const M: bool,
+    const HOW: u8,
+    const P: bool,
+>(
     a: &Args<Src>,
     mut acc: [S::V; R],
     lo: usize,
@@ -573,9 +667,9 @@ unsafe fn accumulate_as<S: Simd, E: Elem, Src: Source, const R: usize, const W: 
     unsafe {
         // Rows with a row `ahead` further to prefetch, then the rest.
         let split = if PF { hi.min(pf_end).max(lo) } else { lo };
-        acc = prefetching::<S, E, Src, R, W, M, HOW>(a, acc, lo, split, col);
+        acc = prefetching::<S, E, Src, R, W, M, HOW, P>(a, acc, lo, split, col);
         for i in split..hi {
-            acc = add_row::<S, E, Src, R, W, M>(a, acc, i, col);
+            acc = add_row::<S, E, Src, R, W, M, P>(a, acc, i, col);
         }
     }
     acc
@@ -585,7 +679,7 @@ unsafe fn accumulate_as<S: Simd, E: Elem, Src: Source, const R: usize, const W: 
 /// `HOW` 0, one hint per line of a row the pass covers whole; 1, the same and the line of its
 /// last byte (rows not starting on lines); 2, every line of the row (other passes).
 #[inline(always)]
-unsafe fn prefetching<S: Simd, E: Elem, Src: Source, const R: usize, const W: bool, const M: bool, const HOW: u8>(
+unsafe fn prefetching<S: Simd, E: Elem, Src: Source, const R: usize, const W: bool, const M: bool, const HOW: u8, const P: bool>(
     a: &Args<Src>,
     mut acc: [S::V; R],
     lo: usize,
@@ -598,7 +692,7 @@ unsafe fn prefetching<S: Simd, E: Elem, Src: Source, const R: usize, const W: bo
     // a hint.
     unsafe {
         for i in lo..hi {
-            let q = if M { src.row(i + ahead) } else { src.present(i + ahead) };
+            let q = if M { src.row(i + ahead) } else { src.hint(i + ahead) };
             if HOW == 2 {
                 super::prefetch_row(q, row_bytes);
             } else if !M || !q.is_null() {
@@ -609,16 +703,16 @@ unsafe fn prefetching<S: Simd, E: Elem, Src: Source, const R: usize, const W: bo
                     crate::util::prefetch(q.wrapping_add(row_bytes - 1));
                 }
             }
-            acc = add_row::<S, E, Src, R, W, M>(a, acc, i, col);
+            acc = add_row::<S, E, Src, R, W, M, P>(a, acc, i, col);
         }
     }
     acc
 }
 
 /// Adds row `i` (elements `col ..`, `R` vectors), times its weight when `W`, into `acc`; with
-/// `M`, a missing row adds the default row.
+/// `M`, a missing row adds the default row; with `P`, as [`accumulate_as`] says.
 #[inline(always)]
-unsafe fn add_row<S: Simd, E: Elem, Src: Source, const R: usize, const W: bool, const M: bool>(
+unsafe fn add_row<S: Simd, E: Elem, Src: Source, const R: usize, const W: bool, const M: bool, const P: bool>(
     a: &Args<Src>,
     mut acc: [S::V; R],
     i: usize,
@@ -639,6 +733,14 @@ unsafe fn add_row<S: Simd, E: Elem, Src: Source, const R: usize, const W: bool, 
             for (r, v) in acc.iter_mut().enumerate() {
                 let x = S::load(d.add(r * S::LANES));
                 *v = S::add(*v, if W { S::mul(w, x) } else { x });
+            }
+        } else if P {
+            debug_assert!(!M && R.is_multiple_of(2));
+            let prm = E::params::<S>(p, a.dim);
+            for k in 0..R / 2 {
+                let (x, y) = E::load_pair::<S>(p, col + 2 * k * S::LANES, prm);
+                acc[2 * k] = S::add(acc[2 * k], if W { S::mul(w, x) } else { x });
+                acc[2 * k + 1] = S::add(acc[2 * k + 1], if W { S::mul(w, y) } else { y });
             }
         } else {
             let prm = E::params::<S>(p, a.dim);
@@ -879,10 +981,35 @@ unsafe fn bags_one_pass<S: Simd, E: Elem, Src: Source, const R: usize, const W: 
     // SAFETY: j < nbags indexes starts[j + 1] (nbags + 1 entries); the pass covers the whole
     // row (dim = R * LANES, the caller's check); the output rows are the caller's.
     unsafe {
+        // Pairs where the format has an order of its own (bfloat16) and no row is missing.
+        if !M && E::pool_paired::<S, Src, R, W, HOW>(a) {
+            return;
+        }
         for j in 0..a.nbags {
             let (lo, hi) = (*a.starts.add(j), *a.starts.add(j + 1));
             let div = divisor::<W>(a, lo, hi);
-            let acc = accumulate_as::<S, E, Src, R, W, true, M, HOW>(a, [S::zero(); R], lo, hi, 0);
+            let acc = accumulate_as::<S, E, Src, R, W, true, M, HOW, false>(a, [S::zero(); R], lo, hi, 0);
+            finish::<S, R>(a, acc, div, a.out.add(j * out_row), 0);
+        }
+    }
+}
+
+/// [`bags_one_pass`] with no row missing and the vectors of each row loaded in pairs
+/// ([`Elem::load_pair`]: bfloat16's even and odd columns from one load), put back in column
+/// order once a bag ([`Elem::unpair`]); `R` even. Each column is still summed in key order.
+#[inline(always)]
+unsafe fn bags_paired<S: Simd, E: Elem, Src: Source, const R: usize, const W: bool, const HOW: u8>(a: &Args<Src>) {
+    let out_row = a.out_stride * a.out_dtype.size();
+    // SAFETY: as in `bags_one_pass`, every key naming a row (or, for a dense store, clamped to
+    // one: `Indexed::present`).
+    unsafe {
+        for j in 0..a.nbags {
+            let (lo, hi) = (*a.starts.add(j), *a.starts.add(j + 1));
+            let div = divisor::<W>(a, lo, hi);
+            let mut acc = accumulate_as::<S, E, Src, R, W, true, false, HOW, true>(a, [S::zero(); R], lo, hi, 0);
+            for k in 0..R / 2 {
+                (acc[2 * k], acc[2 * k + 1]) = E::unpair::<S>(acc[2 * k], acc[2 * k + 1]);
+            }
             finish::<S, R>(a, acc, div, a.out.add(j * out_row), 0);
         }
     }
@@ -1215,6 +1342,28 @@ mod x86 {
             unsafe { _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i)))) }
         }
         #[inline(always)]
+        unsafe fn load_bf16_pair(p: *const u16) -> (__m256, __m256) {
+            // SAFETY: as above; p holds 16 bfloat16. A bfloat16 is the high half of its float32:
+            // shifting each 32-bit lane left by 16 gives the even columns, clearing its low half
+            // the odd ones.
+            unsafe {
+                let x = _mm256_loadu_si256(p as *const __m256i);
+                let odd = _mm256_and_si256(x, _mm256_set1_epi32(0xFFFF_0000u32 as i32));
+                (_mm256_castsi256_ps(_mm256_slli_epi32::<16>(x)), _mm256_castsi256_ps(odd))
+            }
+        }
+        #[inline(always)]
+        unsafe fn unpair(even: __m256, odd: __m256) -> (__m256, __m256) {
+            // SAFETY: register operations of this set. Within each 128-bit half the unpacks
+            // interleave even and odd columns: (0-3, 8-11) and (4-7, 12-15); the permutes put
+            // the halves in order.
+            unsafe {
+                let lo = _mm256_unpacklo_ps(even, odd);
+                let hi = _mm256_unpackhi_ps(even, odd);
+                (_mm256_permute2f128_ps::<0x20>(lo, hi), _mm256_permute2f128_ps::<0x31>(lo, hi))
+            }
+        }
+        #[inline(always)]
         unsafe fn load_u8(p: *const u8) -> __m256 {
             // SAFETY: only called from kernels compiled with this set's features, which the CPU has; p holds 8 bytes.
             unsafe { _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i))) }
@@ -1316,6 +1465,26 @@ mod x86 {
         unsafe fn load_bf16(p: *const u16) -> __m512 {
             // SAFETY: only called from kernels compiled with this set's features, which the CPU has; p holds LANES elements.
             unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i)))) }
+        }
+        #[inline(always)]
+        unsafe fn load_bf16_pair(p: *const u16) -> (__m512, __m512) {
+            // SAFETY: as above; p holds 32 bfloat16. As for AVX2: the even columns by a shift,
+            // the odd ones by an AND.
+            unsafe {
+                let x = _mm512_loadu_si512(p as *const __m512i);
+                let odd = _mm512_and_si512(x, _mm512_set1_epi32(0xFFFF_0000u32 as i32));
+                (_mm512_castsi512_ps(_mm512_slli_epi32::<16>(x)), _mm512_castsi512_ps(odd))
+            }
+        }
+        #[inline(always)]
+        unsafe fn unpair(even: __m512, odd: __m512) -> (__m512, __m512) {
+            // SAFETY: register operations of this set. Index i < 16 takes even lane i, 16 + i
+            // odd lane i: columns 0-15 are even 0, odd 0, ... even 7, odd 7; 16-31 the rest.
+            unsafe {
+                let lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+                let hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+                (_mm512_permutex2var_ps(even, lo, odd), _mm512_permutex2var_ps(even, hi, odd))
+            }
         }
         #[inline(always)]
         unsafe fn load_u8(p: *const u8) -> __m512 {
@@ -1702,6 +1871,60 @@ mod tests {
                         let both_nan = v.is_nan() && (got & 0x7FFF) > 0x7C00 && out_dtype == FloatDtype::F16;
                         assert!(got == want || both_nan, "{isa:?} {out_dtype:?} {v:e} (col {c}): {got:#x} != {want:#x}");
                     }
+                }
+            }
+        }
+    }
+
+    /// A dense store's key past it, pooled with `missing` false (the pooled executor counts the
+    /// misses after the call), reads the store's last row in its place (the default row for
+    /// the elements past the last whole vector) and nothing past the store: with the default
+    /// row equal to the last row, the same output, bit for bit, as the keys clamped by hand, on
+    /// every instruction set.
+    #[test]
+    fn keys_past_a_dense_store_read_its_last_row_when_not_checked() {
+        let mut next = xorshift(0x9E37_79B9_7F4A_7C15);
+        for isa in Isa::available() {
+            for dtype in [FloatDtype::F32, FloatDtype::F16, FloatDtype::BF16] {
+                for dim in [16, 64, 100, 128] {
+                    let k = Pooler::with_isa(isa, dtype, dim);
+                    let rows = 7usize;
+                    let stride = dim * dtype.size();
+                    let store: Vec<u8> = (0..rows * stride).map(|_| (next() % 61) as u8).collect();
+                    let keys: Vec<u64> = (0..60)
+                        .map(|i| match i % 5 {
+                            0 => rows as u64 + next() % 3,
+                            1 => u64::MAX - next() % 2,
+                            _ => next() % rows as u64,
+                        })
+                        .collect();
+                    let clamped: Vec<u64> = keys.iter().map(|&q| q.min(rows as u64 - 1)).collect();
+                    // SAFETY: the last row of store holds dim values of dtype.
+                    let last: Vec<f32> = (0..dim)
+                        .map(|c| unsafe { super::super::format::value(dtype.into(), store[(rows - 1) * stride..].as_ptr(), dim, c) })
+                        .collect();
+                    let starts = [0, 1, 20, 20, 45, 60];
+                    let mut outs = Vec::new();
+                    for ks in [&keys, &clamped] {
+                        let mut out = vec![f32::NAN; 5 * dim];
+                        // SAFETY: every clamped key names a row of store; a key past it reads the
+                        // last row (pool_bags with missing false); out holds 5 rows of dim.
+                        unsafe {
+                            k.pool_bags(
+                                RowsOf::Dense { base: store.as_ptr(), stride, rows, keys: ks },
+                                false,
+                                &starts,
+                                None,
+                                &last,
+                                Divide::Nothing,
+                                out.as_mut_ptr() as *mut u8,
+                                FloatDtype::F32,
+                                dim,
+                            )
+                        };
+                        outs.push(out.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+                    }
+                    assert_eq!(outs[0], outs[1], "{isa:?} {dtype:?} dim {dim}");
                 }
             }
         }
