@@ -609,3 +609,79 @@ fn a_threads_reused_buffers_carry_nothing_between_calls() {
         }
     }
 }
+
+/// A keyless (dense) table pools a group of bags before it counts the group's misses, and a
+/// participant that has met a miss counts first for the rest of the call: keys in many groups
+/// (60K keys, several tasks a participant), misses in some groups and not in others, give the
+/// reference rows bit for bit (float32 out, sum) and the reference stats, with 1, 2 and the
+/// default number of threads.
+#[test]
+fn a_dense_tables_misses_in_some_groups_of_many() {
+    let mut rng = Rng(91);
+    for dim in [64usize, 20] {
+        let rows = 300usize;
+        let vectors: Vec<f32> = (0..rows * dim).map(|_| rng.f32() * 4.0 - 2.0).collect();
+        let mut o = strata_table_options_default_0_3_1();
+        o.default_value = 0.75;
+        let table = Owned::build(&vectors, rows, dim, None, &o);
+        let row = |k: i64| (0..rows as i64).contains(&k).then(|| &vectors[k as usize * dim..(k as usize + 1) * dim]);
+        let (offsets, bags) = ragged(&mut rng, 3000, 40);
+        let nnz = *offsets.last().unwrap() as usize;
+        assert!(nnz > 40_000, "keys enough for many groups");
+        // Misses: none in the first 8K keys, 5% in 8K..12K, none in 12K..30K, one at 31,000,
+        // none after but the last key; past the store by a little and by a lot.
+        let keys: Vec<i64> = (0..nnz)
+            .map(|i| {
+                let miss = match i {
+                    8000..12000 => rng.below(20) == 0,
+                    31_000 => true,
+                    _ => i == nnz - 1,
+                };
+                match (miss, rng.below(3)) {
+                    (false, _) => rng.below(rows as u64) as i64,
+                    (true, 0) => i64::MAX - rng.below(5) as i64,
+                    (true, _) => rows as i64 + rng.below(1000) as i64,
+                }
+            })
+            .collect();
+        let weights: Vec<f32> = (0..nnz).map(|_| rng.f32() * 2.0 - 0.5).collect();
+        let kd = Desc::compact(keys.as_ptr().cast(), I64, &[nnz as i64]);
+        let od = Desc::compact(offsets.as_ptr().cast(), I64, &[offsets.len() as i64]);
+        let wd = Desc::compact(weights.as_ptr().cast(), F32, &[nnz as i64]);
+        for (pooling, name) in POOLINGS {
+            for weighted in [false, true] {
+                let w = weighted.then_some(&weights[..]);
+                let (want, misses) = pool_reference(row, o.default_value, dim, &keys, &bags, w, pooling);
+                assert!(misses > 100, "the keys miss");
+                for threads in [1, 2, 0] {
+                    let (buf, mut out) = out_buffer(bags.len(), dim, F32, dim, 1);
+                    let mut opts = strata_lookup_options_default();
+                    opts.num_threads = threads;
+                    let mut stats = strata_lookup_stats_default();
+                    // SAFETY: live descriptions and table.
+                    ok(unsafe {
+                        strata_lookup_pooled(
+                            table.0,
+                            &kd.t,
+                            &od.t,
+                            if weighted { &wd.t } else { null() },
+                            pooling,
+                            &mut out.t,
+                            &opts,
+                            &mut stats,
+                        )
+                    });
+                    let what = format!("dim {dim} {name} weighted={weighted} threads {threads}");
+                    check_out(&buf, &out, F32, &want, dim, &what);
+                    if pooling == 1 {
+                        for (i, (got, want)) in buf.chunks_exact(4).zip(&want).enumerate() {
+                            let got = f32::from_ne_bytes(got.try_into().unwrap());
+                            assert_eq!(got.to_bits(), want.to_bits(), "{what}: element {i}: got {got}, want {want}");
+                        }
+                    }
+                    assert_eq!((stats.hits, stats.misses), (nnz as u64 - misses, misses), "{what}: stats");
+                }
+            }
+        }
+    }
+}

@@ -14,7 +14,7 @@ use super::pool;
 use crate::dlpack::FloatDtype;
 use crate::error::{Error, Result};
 use crate::kernels::{Divide, Pooler, RowFn, RowFormat, RowsOf, row_fn};
-use crate::model::{LookupStats, PooledPlan, Pooling, RowSource, Rows, StaticTable, TierScratch, TieredTable};
+use crate::model::{Bags, LookupStats, PooledPlan, Pooling, RowSource, Rows, StaticTable, TierScratch, TieredTable};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -320,8 +320,16 @@ fn group(p: &PooledPlan, rows: &Rowset, b0: usize, b1: usize, k: Kernels, s: &mu
             (misses, true)
         }
     };
-    s.starts.clear();
-    s.starts.extend((b0..=b1).map(|b| p.bag_start(b) - klo));
+    // The plan's offsets serve as the bag starts; fixed hotness makes them here.
+    let mut own_starts = std::mem::take(&mut s.starts);
+    let (starts, first): (&[usize], usize) = match &p.bags {
+        Bags::Offsets(o) => (&o[b0..=b1], klo),
+        Bags::Fixed(_) => {
+            own_starts.clear();
+            own_starts.extend((b0..=b1).map(|b| p.bag_start(b) - klo));
+            (&own_starts, 0)
+        }
+    };
     let divide = match p.pooling {
         Pooling::Sum => Divide::Nothing,
         Pooling::Mean => Divide::WeightSum,
@@ -347,7 +355,7 @@ fn group(p: &PooledPlan, rows: &Rowset, b0: usize, b1: usize, k: Kernels, s: &mu
             // (`Pooler::pool_bags`).
             Some(stride) => unsafe {
                 let out = p.out.ptr.wrapping_add(b0 * stride * p.out.dtype.size());
-                k.pool.pool_bags(source, missing, &s.starts, weights, rows.default, divide, out, p.out.dtype, stride)
+                k.pool.pool_bags(source, missing, starts, first, weights, rows.default, divide, out, p.out.dtype, stride)
             },
             None => {
                 // Strided columns: pooled into s.pooled (nb x dim float32), then written row by row.
@@ -358,7 +366,8 @@ fn group(p: &PooledPlan, rows: &Rowset, b0: usize, b1: usize, k: Kernels, s: &mu
                     k.pool.pool_bags(
                         source,
                         missing,
-                        &s.starts,
+                        starts,
+                        first,
                         weights,
                         rows.default,
                         divide,
@@ -398,7 +407,7 @@ fn group(p: &PooledPlan, rows: &Rowset, b0: usize, b1: usize, k: Kernels, s: &mu
     }
     found.misses += misses;
     found.hits += n as u64 - misses;
-    (s.ptrs, s.keys, s.weights) = (ptrs, own_keys, own_weights);
+    (s.ptrs, s.keys, s.weights, s.starts) = (ptrs, own_keys, own_weights, own_starts);
     Ok(())
 }
 

@@ -113,6 +113,9 @@ struct Args<Src> {
     /// bag is divided, and where bag `j`'s row goes (`out + j * out_stride` elements of
     /// `out_dtype`).
     starts: *const usize,
+    /// Subtracted from every bag start (a group's first key, where the starts are the caller's
+    /// offsets).
+    first: usize,
     nbags: usize,
     divide: Divide,
     out: *mut u8,
@@ -121,6 +124,16 @@ struct Args<Src> {
 }
 
 impl<Src> Args<Src> {
+    /// Bag `j`'s rows (`j < nbags`).
+    ///
+    /// # Safety
+    /// A whole-bag call's `Args` ([`Pooler::pool_bags`] checked the starts).
+    #[inline(always)]
+    unsafe fn bag(&self, j: usize) -> (usize, usize) {
+        // SAFETY: starts holds nbags + 1 entries, each at least `first`.
+        unsafe { (*self.starts.add(j) - self.first, *self.starts.add(j + 1) - self.first) }
+    }
+
     /// Whether rows may not start on cache lines, so that a row's last byte can sit one line
     /// past those its length covers (prefetched with one more hint).
     fn last_line(&self) -> bool {
@@ -237,6 +250,7 @@ impl Pooler {
             row_bytes: self.row_bytes,
             lines_aligned: false,
             starts: std::ptr::null(),
+            first: 0,
             nbags: 0,
             divide: Divide::Nothing,
             out: std::ptr::null_mut(),
@@ -250,11 +264,13 @@ impl Pooler {
         unsafe { f(&a) }
     }
 
-    /// Pools whole bags: bag `j` is rows `starts[j] .. starts[j + 1]` of `rows` (each times its
-    /// weight when weights are given), added in order from zero, divided as `divide` says (a
+    /// Pools whole bags: bag `j` is rows `starts[j] - first .. starts[j + 1] - first` of `rows`
+    /// (so a caller's offsets serve as they are, `first` their group's first key), each times
+    /// its weight when weights are given, added in order from zero, divided as `divide` says (a
     /// zero divisor gives zeros, as an empty bag does), and written as `dim` values of
-    /// `out_dtype` (rounded to nearest even) at `out + j * out_stride` elements. The accumulator never leaves the registers for rows
-    /// of up to 256 (AVX-512) or 64 values; wider rows take several passes over each bag.
+    /// `out_dtype` (rounded to nearest even) at `out + j * out_stride` elements. The accumulator
+    /// never leaves the registers for rows of up to 256 (AVX-512) or 64 values; wider rows take
+    /// several passes over each bag.
     /// `missing` false promises that no row is missing (no NULL address, no key past a dense
     /// store's rows): the kernel then checks none. A dense store's key past it is then no
     /// memory error: the kernel pools the store's last row in its place (the default row for
@@ -264,11 +280,14 @@ impl Pooler {
     ///
     /// # Safety
     /// Every row `rows` names for a key of a bag must be readable (as [`Pooler::add`] and
-    /// [`RowsOf`] say), and with `missing` false every address in `RowsOf::Ptrs` must name one; `out + j * out_stride` must be writable for `dim` values of `out_dtype`
-    /// for every bag `j`, and not overlap the rows.
+    /// [`RowsOf`] say), and with `missing` false every address in `RowsOf::Ptrs` must name one;
+    /// `out + j * out_stride` must be writable for `dim` values of `out_dtype` for every bag
+    /// `j`, and not overlap the rows; `starts` must be non-decreasing (the offsets a plan
+    /// validated: checked again only in debug builds, as a check a bag cost a tenth of a
+    /// one-key bag's time).
     ///
     /// # Panics
-    /// When `default` is not `dim` long, `starts` is empty, not non-decreasing, or ends past
+    /// When `default` is not `dim` long, `starts` is empty, starts below `first` or ends past
     /// the rows, or `weights` is shorter than the rows.
     #[allow(clippy::too_many_arguments)] // the rows, the bags, the pooling, the output
     pub unsafe fn pool_bags(
@@ -276,6 +295,7 @@ impl Pooler {
         rows: RowsOf,
         missing: bool,
         starts: &[usize],
+        first: usize,
         weights: Option<&[f32]>,
         default: &[f32],
         divide: Divide,
@@ -287,8 +307,11 @@ impl Pooler {
             RowsOf::Ptrs(p) => p.len(),
             RowsOf::Dense { keys, .. } => keys.len(),
         };
-        assert!(default.len() == self.dim && !starts.is_empty() && starts[starts.len() - 1] <= len, "pooling kernel arguments");
-        assert!(starts.windows(2).all(|w| w[0] <= w[1]), "pooling kernel bag starts");
+        assert!(
+            default.len() == self.dim && !starts.is_empty() && starts[0] >= first && starts[starts.len() - 1] - first <= len,
+            "pooling kernel arguments"
+        );
+        debug_assert!(starts.windows(2).all(|w| w[0] <= w[1]), "pooling kernel bag starts");
         if let Some(w) = weights {
             assert!(w.len() >= len, "pooling kernel weights");
         }
@@ -312,6 +335,7 @@ impl Pooler {
                     row_bytes: self.row_bytes,
                     lines_aligned: $aligned,
                     starts: starts.as_ptr(),
+                    first,
                     nbags,
                     divide,
                     out,
@@ -986,7 +1010,7 @@ unsafe fn bags_one_pass<S: Simd, E: Elem, Src: Source, const R: usize, const W: 
             return;
         }
         for j in 0..a.nbags {
-            let (lo, hi) = (*a.starts.add(j), *a.starts.add(j + 1));
+            let (lo, hi) = a.bag(j);
             let div = divisor::<W>(a, lo, hi);
             let acc = accumulate_as::<S, E, Src, R, W, true, M, HOW, false>(a, [S::zero(); R], lo, hi, 0);
             finish::<S, R>(a, acc, div, a.out.add(j * out_row), 0);
@@ -1004,7 +1028,7 @@ unsafe fn bags_paired<S: Simd, E: Elem, Src: Source, const R: usize, const W: bo
     // one: `Indexed::present`).
     unsafe {
         for j in 0..a.nbags {
-            let (lo, hi) = (*a.starts.add(j), *a.starts.add(j + 1));
+            let (lo, hi) = a.bag(j);
             let div = divisor::<W>(a, lo, hi);
             let mut acc = accumulate_as::<S, E, Src, R, W, true, false, HOW, true>(a, [S::zero(); R], lo, hi, 0);
             for k in 0..R / 2 {
@@ -1044,7 +1068,7 @@ unsafe fn bags_run<S: Simd, E: Elem, Src: Source, const W: bool, const M: bool, 
             }
         }
         for j in 0..a.nbags {
-            let (lo, hi) = (*a.starts.add(j), *a.starts.add(j + 1));
+            let (lo, hi) = a.bag(j);
             let div = divisor::<W>(a, lo, hi);
             let dst = a.out.add(j * a.out_stride * a.out_dtype.size());
             let mut v = 0;
@@ -1758,6 +1782,7 @@ mod tests {
                                             rows,
                                             with_misses,
                                             &starts,
+                                            0,
                                             wv,
                                             &default,
                                             divide,
@@ -1854,6 +1879,7 @@ mod tests {
                             RowsOf::Ptrs(&ptrs),
                             false,
                             &[0, 1],
+                            0,
                             None,
                             &[0.0; 16],
                             Divide::Nothing,
@@ -1914,6 +1940,7 @@ mod tests {
                                 RowsOf::Dense { base: store.as_ptr(), stride, rows, keys: ks },
                                 false,
                                 &starts,
+                                0,
                                 None,
                                 &last,
                                 Divide::Nothing,
@@ -1976,6 +2003,7 @@ mod tests {
                                     rows,
                                     true,
                                     &starts,
+                                    0,
                                     wv,
                                     &default,
                                     Divide::Nothing,

@@ -29,9 +29,9 @@ pub(crate) use plan::{Checked, check};
 pub use plan::{KeySource, LookupOptions, LookupStats, OutTarget};
 pub(crate) use plan::{Plan, plan};
 pub(crate) use planned::Planned;
-pub(crate) use pooled::PooledPlan;
 #[cfg(feature = "mpi")]
 pub(crate) use pooled::plan_pooled;
+pub(crate) use pooled::{Bags, PooledPlan};
 #[cfg(feature = "cuda")]
 pub(crate) use pooled::{CheckedBags, Devices, PooledChecked, check_offset_values, check_pooled};
 pub use request::{Pooling, Request};
