@@ -251,6 +251,10 @@ def pooled(b: Bench, a, rng) -> None:
                 # (NumPy's, what torch.from_numpy shares): every vector load then spans two lines.
                 for skew in ((0, 16) if dtype == "float32" else (0,)):
                     one("in cache", 2000, dim, bags, 20, 1, dtype, mode, weighted, False, skew)
+    # Small bags in cache (pooling factors 1 and 4, like the DLRM tables' one-key features):
+    # what a bag costs beside its keys (its start, the divisor, the store) shows here.
+    for hot in (1, 4):
+        one("small bags in cache", 2000, 64, bags, hot, 1, "float32", "sum", False, False, 0)
     # One key set over a table far larger than the cache: the same 200K rows (100 MB) every call.
     for dtype in ("float32", "float16", "bfloat16"):
         for mode, weighted in (("sum", False), ("mean", False), ("sum", True)):

@@ -41,7 +41,7 @@ pub(super) struct Scratch {
     acc: Vec<f32>,
     /// The output of an empty bag.
     zeros: Vec<f32>,
-    /// A group's bag starts, relative to its first key.
+    /// A group's bag starts for fixed hotness, as key indices into the call's keys.
     starts: Vec<usize>,
     /// A group's pooled rows, where they cannot be written into `out` directly.
     pooled: Vec<f32>,
@@ -326,8 +326,8 @@ fn group(p: &PooledPlan, rows: &Rowset, b0: usize, b1: usize, k: Kernels, s: &mu
         Bags::Offsets(o) => (&o[b0..=b1], klo),
         Bags::Fixed(_) => {
             own_starts.clear();
-            own_starts.extend((b0..=b1).map(|b| p.bag_start(b) - klo));
-            (&own_starts, 0)
+            own_starts.extend((b0..=b1).map(|b| p.bag_start(b)));
+            (&own_starts, klo)
         }
     };
     let divide = match p.pooling {
