@@ -9,7 +9,7 @@
 //! when they are not, so no call waits for a worker to become free.
 //!
 //! A worker that finishes spins for [`spin`] (`STRATA_SPIN_US`, 100 us by default) before it
-//! sleeps, and so does a caller that waits for its workers: a sleeping thread took 12-30 us to
+//! sleeps, and so does a caller that waits for its workers: a sleeping thread took 12-37 us to
 //! wake on the 2-vCPU machine of docs/performance.md, a fifth to a half of a 60-us pooled call.
 //! A caller that does sleep is woken with `Thread::unpark`; the last worker unparks it even when
 //! it did not sleep, so a host thread's own `park` may return once early (as `park` may anyway).
@@ -40,7 +40,7 @@ fn wait(done: impl Fn() -> bool) {
     let limit = spin();
     if !limit.is_zero() {
         let t0 = Instant::now();
-        'spin: loop {
+        loop {
             for _ in 0..64 {
                 if done() {
                     return;
@@ -48,7 +48,7 @@ fn wait(done: impl Fn() -> bool) {
                 std::hint::spin_loop();
             }
             if t0.elapsed() >= limit {
-                break 'spin;
+                break;
             }
         }
     }
@@ -101,11 +101,12 @@ impl Worker {
     }
 }
 
-/// The workers, started on first use (none on a one-CPU process). They are leaked: they serve
-/// until the process ends.
-fn workers() -> &'static [Worker] {
-    static WORKERS: OnceLock<&'static [Worker]> = OnceLock::new();
-    WORKERS.get_or_init(|| {
+/// The workers, started on first use (none on a one-CPU process), and the id of the process
+/// that started them. They are leaked: they serve until the process ends. A child made by
+/// `fork` inherits the slots but not the threads, so it must not use them (see [`run`]).
+fn pool() -> &'static (u32, &'static [Worker]) {
+    static POOL: OnceLock<(u32, &'static [Worker])> = OnceLock::new();
+    POOL.get_or_init(|| {
         let n = default_threads().saturating_sub(1);
         let ws: &'static [Worker] = Box::leak(
             (0..n)
@@ -127,15 +128,24 @@ fn workers() -> &'static [Worker] {
                 w.busy.store(false, Ordering::Release);
             }
         }
-        ws
+        (std::process::id(), ws)
     })
+}
+
+/// The workers this process may hand work to: none in a child forked after they started.
+fn workers() -> &'static [Worker] {
+    let (pid, ws) = pool();
+    // One getpid per parallel call (each is at least 256 KiB of work). A forked child that
+    // claimed a slot would wait forever for a thread it does not have; it runs alone instead.
+    if *pid == std::process::id() { ws } else { &[] }
 }
 
 /// Runs `work` on `threads` participants at once (the caller plus up to `threads - 1`
 /// workers, those free at the call) and returns each participant's result. `work` must share
 /// out its own work items (e.g. with an atomic counter): a participant may start late or not
 /// at all before the others have finished everything. A panic in `work` propagates to the
-/// caller once every participant has finished.
+/// caller once every participant has finished. In a child forked after the workers started,
+/// the caller runs alone.
 pub fn run<R: Send>(threads: usize, work: impl Fn() -> R + Sync) -> Vec<R> {
     if threads <= 1 {
         return vec![work()];
@@ -234,12 +244,17 @@ mod tests {
     fn no_participant_outlives_the_call() {
         // Each participant sleeps before it writes to the caller's frame: the call must not
         // return before the last of them is done.
+        // Each counts itself at its start too: one still running would be missing from `done`
+        // but not from `started` (and a call that returned early would also lack its result).
         for _ in 0..20 {
+            let started = AtomicUsize::new(0);
             let done = AtomicUsize::new(0);
             let parts = run(4, || {
+                started.fetch_add(1, Ordering::SeqCst);
                 std::thread::sleep(std::time::Duration::from_millis(2));
                 done.fetch_add(1, Ordering::SeqCst);
             });
+            assert_eq!(done.load(Ordering::SeqCst), started.load(Ordering::SeqCst));
             assert_eq!(done.load(Ordering::SeqCst), parts.len());
         }
     }
@@ -309,6 +324,52 @@ mod tests {
                 });
             }
         });
+    }
+
+    #[test]
+    fn a_forked_child_runs_alone() {
+        // The workers exist before the fork; the child has none of their threads, and its
+        // parallel call must still finish (on the child's one thread) and do every item.
+        let _ = run(2, || ());
+        // SAFETY: the child only runs `run` with a closure of atomics and a Vec, then leaves
+        // with `_exit`, which runs no atexit handlers or destructors of the parent's state.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0, "fork failed");
+        if child == 0 {
+            let next = AtomicUsize::new(0);
+            let parts = run(2, || {
+                let mut sum = 0usize;
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= 1000 {
+                        break sum;
+                    }
+                    sum += i;
+                }
+            });
+            let ok = parts.len() == 1 && parts[0] == 999 * 1000 / 2;
+            // SAFETY: ends the child at once, as a forked child of a threaded process should.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let mut status = 0;
+        loop {
+            // SAFETY: waits for our own child; `status` is a live local.
+            let r = unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) };
+            if r == child {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                // SAFETY: kills and reaps our own child, which has hung.
+                unsafe {
+                    libc::kill(child, libc::SIGKILL);
+                    libc::waitpid(child, &mut status, 0);
+                }
+                panic!("the forked child's parallel call did not finish in 30 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child status {status}");
     }
 
     #[test]
