@@ -185,7 +185,7 @@ check "STRATA_CUDA=OFF: no cargo features, STRATA_HAS_CUDA 0 == strata_build_fea
 mpi_option_maps_to_the_feature() {
     local log="$WORK/mpi-configure.log"
     cmake -S "$ROOT" -B "$ROOT/build/c-mpi" -DSTRATA_MPI=ON -DSTRATA_CUDA=ON >"$log" 2>&1 &&
-        grep -qx "build --profile release --lib --no-default-features --features cuda,mpi" \
+        grep -qx "build --profile release --lib --no-default-features --features cuda,default,mpi" \
             "$ROOT/build/c-mpi/strata_cargo_args.txt" &&
         grep -q "define STRATA_HAS_MPI 1" "$ROOT/build/c-mpi/include/strata_features.h"
 }

@@ -9,18 +9,21 @@
 #      the bounded property tests (tests/fuzz.rs, tests/fuzz_pooled.rs; PROPTEST_CASES, default
 #      1000 here); then the build without CUDA, rustfmt (cargo fmt --check), and clippy,
 #      warnings denied;
-#   2. the C side (scripts/c-tests.sh): examples under ASan/UBSan and valgrind, header compiles;
-#   3. the Python tests (scripts/py-tests.sh: the manylinux wheel from auditwheel, ctypes, the
-#      installed package, README snippets), the release checks (scripts/release-tests.sh: abidiff
-#      against the 0.3.0 baseline and on deliberate scratch changes, the sdist built and installed),
-#      the TensorFlow op (scripts/tf-tests.sh, tensorflow-cpu in build/tf-venv) and the Triton
-#      backend (scripts/triton-tests.sh, tritonserver from nvidia-pytriton in build/triton-venv); after the
-#      MPI tests, the Heat round trips (scripts/heat-tests.sh, heat and mpi4py in build/heat-venv);
-#   4. smoke runs of the benchmarks on small sizes, the peer benchmark against PyTorch, TorchRec
-#      and FBGEMM included (scripts/bench-peers.sh; proves they build, run and agree with
-#      embedding_bag; times are not checked), and in its venv the framework integrations
-#      (scripts/framework-tests.sh: torch.ops.strata, libstrata_torch.so, strata.pyg, strata.jax),
-#      and strata.legate in its own venv (scripts/legate-tests.sh).
+#   2. the benchmark builds and their smoke runs on small sizes;
+#   3. the suites that load the plain release library: the C side (scripts/c-tests.sh: examples
+#      under ASan/UBSan and valgrind, header compiles), the TensorFlow op (scripts/tf-tests.sh,
+#      tensorflow-cpu in build/tf-venv), the Triton backend (scripts/triton-tests.sh,
+#      tritonserver from nvidia-pytriton in build/triton-venv), the peer benchmark against
+#      PyTorch, TorchRec and FBGEMM (scripts/bench-peers.sh, smoke sizes; proves it builds,
+#      runs and agrees with embedding_bag; times are not checked), in its venv the framework
+#      integrations (scripts/framework-tests.sh: torch.ops.strata, libstrata_torch.so,
+#      strata.pyg, strata.jax), and strata.legate in its own venv (scripts/legate-tests.sh);
+#   4. the Python package (scripts/py-tests.sh: the manylinux wheel from auditwheel, ctypes, the
+#      installed package, README snippets), the release checks (scripts/release-tests.sh:
+#      abidiff against the 0.3.0 baseline and on deliberate scratch changes, the sdist built and
+#      installed), the MPI tests, and the Heat round trips (scripts/heat-tests.sh, heat and
+#      mpi4py in build/heat-venv).
+# Each heading shows the minutes since the start.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -80,12 +83,21 @@ tidy() {
     echo "== removing ${*#"$ROOT"/} (STRATA_CI_TIDY: no later suite uses it)"
     rm -rf "$@"
 }
-echo "== disk: $(df -h --output=avail "$ROOT" | tail -1 | tr -d ' ') free where the build goes"
+# step TITLE: a suite's heading, with the minutes since the run started (where CI's time goes).
+step() { echo "== [$((SECONDS / 60))m$((SECONDS % 60))s] $*"; }
+step "disk: $(df -h --output=avail "$ROOT" | tail -1 | tr -d ' ') free where the build goes"
 
+# The order keeps cargo's builds from undoing each other: `target/release` holds one libstrata
+# at a time, and a build with other features or crate types (the benchmarks with their
+# dev-dependencies, setuptools-rust's `cargo rustc --crate-type cdylib`, the mpi feature)
+# replaces it, so the next plain `cargo build --release` compiles the crate again (3-4 min
+# here, fat LTO). So the benchmark smoke runs follow their build, and every suite that loads
+# the plain release library (C, TensorFlow, Triton, the peers, the frameworks, Legate) runs
+# before the Python package, the sdist and the mpi builds.
 export PROPTEST_CASES="${PROPTEST_CASES:-1000}"
-echo "== cargo test"
+step "cargo test"
 cargo test
-echo "== the build without CUDA (cargo feature cuda off), warnings denied"
+step "the build without CUDA (cargo feature cuda off), warnings denied"
 nocuda_log="$(mktemp)"
 cargo build --lib --no-default-features 2>&1 | tee "$nocuda_log"
 if grep -q '^warning' "$nocuda_log"; then
@@ -93,71 +105,73 @@ if grep -q '^warning' "$nocuda_log"; then
     exit 1
 fi
 rm -f "$nocuda_log"
-echo "== rustfmt (cargo fmt --check, with rustfmt.toml)"
+step "rustfmt (cargo fmt --check, with rustfmt.toml)"
 cargo fmt --check
-echo "== clippy (all targets, features cuda and mpi; undocumented unsafe blocks and missing # Safety docs are errors)"
+step "clippy (all targets, features cuda and mpi; undocumented unsafe blocks and missing # Safety docs are errors)"
 cargo clippy --all-targets --features mpi -- -D warnings
-echo "== benchmark builds"
+step "benchmark builds"
 cargo bench --no-run
-echo "== C tests"
+step "benchmark smoke run (small sizes; the numbers mean nothing here)"
+cargo bench --bench lookup -- 20000 64 5000 2
+cargo bench --bench tiered -- 20000 16 2000 3
+cargo bench --bench pooled -- 20000 32 500 8
+cargo bench --bench redis -- 20000 16 3
+step "C tests"
 bash scripts/c-tests.sh
-echo "== Python tests"
-bash scripts/py-tests.sh
-tidy "$ROOT/build/py-venv" "$ROOT/build/py-wheels"
-echo "== release checks (abidiff against 0.3.0, the sdist)"
-bash scripts/release-tests.sh
 # tensorflow-cpu goes into build/tf-venv (about 1 minute to install, once; 40 s to build and test).
 if [ -n "${STRATA_SKIP_TF:-}" ]; then
-    echo "== TensorFlow op tests: SKIPPED (STRATA_SKIP_TF is set)"
+    step "TensorFlow op tests: SKIPPED (STRATA_SKIP_TF is set)"
 else
-    echo "== TensorFlow op tests"
+    step "TensorFlow op tests"
     bash scripts/tf-tests.sh
     tidy "$ROOT/build/tf-venv"
 fi
 # nvidia-pytriton (tritonserver 2.51) and tritonclient go into build/triton-venv (about 1 minute to
 # install, once; under a minute to build and test).
 if [ -n "${STRATA_SKIP_TRITON:-}" ]; then
-    echo "== Triton backend tests: SKIPPED (STRATA_SKIP_TRITON is set)"
+    step "Triton backend tests: SKIPPED (STRATA_SKIP_TRITON is set)"
 else
-    echo "== Triton backend tests"; bash scripts/triton-tests.sh
+    step "Triton backend tests"; bash scripts/triton-tests.sh
     tidy "$ROOT/build/triton-venv"
 fi
-echo "== MPI tests (feature mpi)"; bash scripts/mpi-tests.sh
-# heat (with PyTorch) and mpi4py go into build/heat-venv (about 5 GB, a few minutes, once).
-if [ -n "${STRATA_SKIP_HEAT:-}" ]; then
-    echo "== Heat round trips under MPI: SKIPPED (STRATA_SKIP_HEAT is set)"
-else
-    echo "== Heat round trips under MPI"
-    bash scripts/heat-tests.sh
-    tidy "$ROOT/build/heat-venv"
-fi
-echo "== benchmark smoke run (small sizes; the numbers mean nothing here)"
 # The peer benchmark against embedding_bag, TorchRec and FBGEMM's TBE (build/peer-venv, about
 # 5.5 GB, once); it checks every contender's output against embedding_bag before timing.
 if [ -n "${STRATA_SKIP_PEERS:-}" ]; then
-    echo "== peer benchmark smoke run: SKIPPED (STRATA_SKIP_PEERS is set)"
+    step "peer benchmark smoke run: SKIPPED (STRATA_SKIP_PEERS is set)"
 else
+    step "peer benchmark smoke run"
     STRATA_PEERS_SMOKE=1 bash scripts/bench-peers.sh
 fi
 # PyTorch custom ops and libstrata_torch.so, the PyG feature store and the JAX FFI call, in the same
 # build/peer-venv (torch-geometric and jax added: about 1 minute once; build and tests about 2 min).
 if [ -n "${STRATA_SKIP_FRAMEWORKS:-}" ]; then
-    echo "== framework tests: SKIPPED (STRATA_SKIP_FRAMEWORKS is set)"
+    step "framework tests: SKIPPED (STRATA_SKIP_FRAMEWORKS is set)"
 else
-    echo "== framework tests (PyTorch ops, TorchScript, PyG, JAX)"
+    step "framework tests (PyTorch ops, TorchScript, PyG, JAX)"
     bash scripts/framework-tests.sh
 fi
 tidy "$ROOT/build/peer-venv"
 # legate and cuPyNumeric 26.6 go into build/legate-venv (about 3 GB, 1.5 min once; tests about 10 s).
 if [ -n "${STRATA_SKIP_LEGATE:-}" ]; then
-    echo "== Legate tests: SKIPPED (STRATA_SKIP_LEGATE is set)"
+    step "Legate tests: SKIPPED (STRATA_SKIP_LEGATE is set)"
 else
-    echo "== Legate tests (strata.legate on 1 and 2 CPU processors)"
+    step "Legate tests (strata.legate on 1 and 2 CPU processors)"
     bash scripts/legate-tests.sh
     tidy "$ROOT/build/legate-venv"
 fi
-cargo bench --bench lookup -- 20000 64 5000 2
-cargo bench --bench tiered -- 20000 16 2000 3
-cargo bench --bench pooled -- 20000 32 500 8
-cargo bench --bench redis -- 20000 16 3
+step "Python tests"
+bash scripts/py-tests.sh
+tidy "$ROOT/build/py-venv" "$ROOT/build/py-wheels"
+step "release checks (abidiff against 0.3.0, the sdist)"
+bash scripts/release-tests.sh
+step "MPI tests (feature mpi)"; bash scripts/mpi-tests.sh
+# heat (with PyTorch) and mpi4py go into build/heat-venv (about 5 GB, a few minutes, once).
+if [ -n "${STRATA_SKIP_HEAT:-}" ]; then
+    step "Heat round trips under MPI: SKIPPED (STRATA_SKIP_HEAT is set)"
+else
+    step "Heat round trips under MPI"
+    bash scripts/heat-tests.sh
+    tidy "$ROOT/build/heat-venv"
+fi
+step "done"
 echo "all test suites passed"
