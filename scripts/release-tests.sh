@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # What a distribution checks before it ships a release (scripts/test.sh runs this; the wheel's
 # auditwheel check is in scripts/py-tests.sh, the symbol versions in tests/abi_surface.rs):
-#   1. the ABI against the last release: abidw describes this checkout's libstrata (a dev build,
-#      full debug info) and abidiff compares it with tests/abi/libstrata-0.3.0.abi, with the
+#   1. the ABI against the last release: abidw describes this checkout's libstrata (a dev build
+#      at opt-level 0, full debug info) and abidiff compares it with tests/abi/libstrata-0.3.0.abi, with the
 #      suppressions of tests/abi/libstrata.abignore, after tests/abi/follow_moves.py has moved
 #      the baseline's structs to the Rust modules that now hold them. Only added functions (and
 #      fields appended to structs passed by pointer) may differ. The same check runs on three scratch copies of the
@@ -12,10 +12,10 @@
 #   2. the source distribution: `python -m build --sdist python` (the crate inside, from `cargo
 #      package`), installed into a fresh venv with `pip install --no-binary strata`, which builds
 #      the library from that crate, then imported and used from outside the source tree.
-# Installs abigail-tools with apt-get when root (else says to). About 6 minutes on the 2-core
-# dev machine: the scratch copies share one target folder (the first builds the dependencies),
-# and the sdist's library is built with thin LTO and 16 codegen units (it checks that the sdist
-# builds and works, not its speed; the wheel of scripts/py-tests.sh has the release profile).
+# Installs abigail-tools with apt-get when root (else says to). The checkout and the scratch
+# copies share one target folder (the checkout's build compiles the dependencies), and the
+# sdist's library is built with thin LTO and 16 codegen units (it checks that the sdist builds
+# and works, not its speed; the wheel of scripts/py-tests.sh has the release profile).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -53,9 +53,19 @@ abi_check() {
     return 0
 }
 
+# Every library this script describes is a dev build at opt-level 0 in one target folder of its
+# own: abidw reads the exported symbols and the DWARF types, which the optimisation level does
+# not change (the verdicts and reports below were the same at opt-level 1), and the checkout's
+# build compiles the dependencies once for it and the scratch copies. It also leaves
+# target/debug, which the other suites build with their own features, alone.
+SCRATCH_TARGET="$WORK/scratch/target"
+mkdir -p "$WORK/scratch"
+dev_build() { CARGO_TARGET_DIR="$SCRATCH_TARGET" CARGO_PROFILE_DEV_OPT_LEVEL=0 cargo build --lib -q; }
+
 echo "== abidiff: this checkout against 0.3.0 ($(abidiff --version))"
-cargo build --lib -q
-if ! abi_check current "$ROOT/target/debug/libstrata.so" "$ROOT/include"; then
+dev_build
+cp "$SCRATCH_TARGET/debug/libstrata.so" "$WORK/current.so"
+if ! abi_check current "$WORK/current.so" "$ROOT/include"; then
     cat "$WORK/current.abidiff"
     echo "release-tests: the ABI changed incompatibly since 0.3.0 (abidiff's report above); see docs/releasing.md" >&2
     exit 1
@@ -64,7 +74,6 @@ cat "$WORK/current.moves"
 sed -n 's/^/   /; /summary/p; /\[A\]/p' "$WORK/current.abidiff"
 
 echo "== abidiff on scratch copies of the crate, each with one deliberate change"
-mkdir -p "$WORK/scratch"
 cargo package --no-verify --allow-dirty -q --target-dir "$WORK/scratch/package" >"$WORK/package.log" 2>&1 ||
     { cat "$WORK/package.log"; echo "release-tests: cargo package failed" >&2; exit 1; }
 crate="$(ls "$WORK"/scratch/package/package/strata-*.crate)"
@@ -73,8 +82,8 @@ for change in incompatible appended-unversioned compatible; do
     mkdir -p "$dir"
     tar xzf "$crate" -C "$dir" --strip-components=1
     python3 tests/abi/scratch_change.py "$dir" "$change"
-    (cd "$dir" && CARGO_TARGET_DIR="$WORK/scratch/target" cargo build --lib -q)
-    cp "$WORK/scratch/target/debug/libstrata.so" "$WORK/scratch/$change.so"
+    (cd "$dir" && dev_build)
+    cp "$SCRATCH_TARGET/debug/libstrata.so" "$WORK/scratch/$change.so"
     if abi_check "scratch-$change" "$WORK/scratch/$change.so" "$dir/include"; then verdict=compatible; else verdict=incompatible; fi
     want=incompatible
     [ "$change" = compatible ] && want=compatible
