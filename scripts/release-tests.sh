@@ -2,13 +2,14 @@
 # What a distribution checks before it ships a release (scripts/test.sh runs this; the wheel's
 # auditwheel check is in scripts/py-tests.sh, the symbol versions in tests/abi_surface.rs):
 #   1. the ABI against the last release: abidw describes this checkout's libstrata (a dev build
-#      at opt-level 0, full debug info) and abidiff compares it with tests/abi/libstrata-0.3.0.abi, with the
-#      suppressions of tests/abi/libstrata.abignore, after tests/abi/follow_moves.py has moved
-#      the baseline's structs to the Rust modules that now hold them. Only added functions (and
-#      fields appended to structs passed by pointer) may differ. The same check runs on three scratch copies of the
-#      crate, each with one deliberate change (tests/abi/scratch_change.py): a field inserted
-#      mid-struct and a field appended to a struct returned by value must fail it, an appended
-#      field with its initialiser kept at the old version node plus a new function must pass;
+#      at opt-level 0, full debug info) and abidiff compares it with
+#      tests/abi/libstrata-0.3.0.abi, with the suppressions of tests/abi/libstrata.abignore,
+#      after tests/abi/follow_moves.py has moved the baseline's structs to the Rust modules that
+#      now hold them. Only added functions (and fields appended to structs passed by pointer)
+#      may differ. The same check runs on three scratch copies of the crate, each with one
+#      deliberate change (tests/abi/scratch_change.py): a field inserted mid-struct and a field
+#      appended to a struct returned by value must fail it, an appended field with its
+#      initialiser kept at the old version node plus a new function must pass;
 #   2. the source distribution: `python -m build --sdist python` (the crate inside, from `cargo
 #      package`), installed into a fresh venv with `pip install --no-binary strata`, which builds
 #      the library from that crate, then imported and used from outside the source tree.
